@@ -1,0 +1,153 @@
+//! The [`Backend`] trait: the tensor ops a decoder needs, at the level of fused layer ops.
+
+use crate::{DType, DeviceStepMeta, HostTensor, StepMeta};
+use anyhow::Result;
+
+/// Shape and dtype of a device tensor.
+pub trait TensorInfo {
+    /// Row-major dimensions, outermost first.
+    fn shape(&self) -> &[usize];
+    /// Element type.
+    fn dtype(&self) -> DType;
+    /// Number of elements.
+    fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+}
+
+/// How rotary embedding pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimension `i` pairs with `i + rot/2` (HF `rotate_half`; Llama, Qwen3, GPT-NeoX).
+    HalfSplit,
+    /// Dimension `2i` pairs with `2i + 1` (GPT-J / original DeepSeek `view_as_complex`).
+    Interleaved,
+}
+
+/// A compute device that runs dayone's tensor ops.
+///
+/// Conventions for every op:
+/// - Tensors are row-major. Shapes in the docs below use `N` = tokens in the step, `H` = query
+///   heads, `Hkv` = key/value heads, `D` = hidden width, `hd` = head width, `V` = vocabulary.
+/// - Floating-point inputs of one op share one dtype (the *activation dtype*, see
+///   [`Backend::activation_dtype`]) unless an op says otherwise; reductions (norms, softmax,
+///   dot products) accumulate in f32.
+/// - Ops return new tensors, except `write_kv`, which writes into the cache tensors it is given.
+/// - Errors: a shape or dtype that does not fit the op, or a device failure, is returned as an
+///   error naming the op and the expected shape; no op panics on bad input.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A handle to device memory; clones share the same memory.
+    type Tensor: TensorInfo + Clone + Send + Sync;
+
+    /// A one-line description of the device, e.g. `wgsl: Vulkan llvmpipe (CPU)`.
+    fn name(&self) -> String;
+
+    /// The dtype activations and the KV cache use when the user asks for `requested`
+    /// (a backend without native bf16 arithmetic may answer `F32`).
+    fn activation_dtype(&self, requested: DType) -> DType;
+
+    /// Copies a host tensor to the device.
+    fn upload(&self, host: &HostTensor) -> Result<Self::Tensor>;
+
+    /// Copies a device tensor to the host (waits for pending work).
+    fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
+
+    /// A new zero-filled tensor.
+    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<Self::Tensor>;
+
+    /// The same memory seen with another shape of equal element count (no copy).
+    fn reshape(&self, t: &Self::Tensor, shape: &[usize]) -> Result<Self::Tensor>;
+
+    /// Waits until all submitted work has finished (for timing).
+    fn synchronize(&self) -> Result<()>;
+
+    /// Row gather: `out[i] = table[ids[i]]`.
+    /// `table` `[V, D]` float, `ids` `[N]` u32 → `[N, D]` in `table`'s dtype.
+    /// Used for token embeddings and for picking the rows that need logits.
+    fn embedding(&self, table: &Self::Tensor, ids: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// `y = x · wᵀ (+ bias)`: `x` `[M, K]`, `w` `[N, K]` (the safetensors `[out, in]` layout),
+    /// `bias` `[N]` → `[M, N]` in `x`'s dtype, f32 accumulation.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor>;
+
+    /// RMSNorm over the last dimension: `y = w ⊙ x / sqrt(mean(x²) + eps)`, computed in f32.
+    /// `x` `[R, D]`, `w` `[D]` → `[R, D]`. Per-head norms pass `x` as `[N·H, hd]`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+
+    /// Rotary position embedding on the first `rot_dim` dims of every head (the rest pass through).
+    /// `x` `[N, H, hd]`, `positions` `[N]` u32, `inv_freq` `[rot_dim/2]` f32 (frequency scaling
+    /// such as `llama3` or YaRN is folded into it by the caller) → `[N, H, hd]`.
+    /// angle = `positions[n] · inv_freq[i]` in f32; `cos`/`sin` are multiplied by `mscale`
+    /// (1.0 except YaRN). Source: RoFormer (Su et al. 2021), HF `apply_rotary_pos_emb`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        positions: &Self::Tensor,
+        inv_freq: &Self::Tensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<Self::Tensor>;
+
+    /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Element-wise sum of two tensors of equal shape (residual add).
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Stores this step's keys and values in the paged cache:
+    /// `k_cache[slot / bs, slot % bs] = k[n]` with `slot = meta.slot_mapping[n]`.
+    /// `k` `[N, Hkv, hd_k]`, `v` `[N, Hkv, hd_v]`; caches `[blocks, bs, Hkv, hd_k]` and
+    /// `[blocks, bs, Hkv, hd_v]` in the activation dtype.
+    fn write_kv(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<()>;
+
+    /// Causal attention over the paged cache (keys of this step already written).
+    /// Query token `n` of sequence `s = meta.token_seq[n]` at position `p = meta.positions[n]`
+    /// attends to that sequence's keys at positions `0..=p`, found through `meta.block_tables[s]`.
+    /// GQA: query head `h` reads KV head `h / (H / Hkv)`.
+    /// `q` `[N, H, hd_k]`, caches as in [`Backend::write_kv`] → `[N, H, hd_v]`;
+    /// `softmax(scale · q·k)` in f32. Source: PagedAttention (Kwon et al. 2023).
+    fn paged_attention(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        meta: &DeviceStepMeta<Self::Tensor>,
+        scale: f32,
+    ) -> Result<Self::Tensor>;
+
+    /// Index of the largest value in each row (first on ties): `x` `[R, V]` → `[R]` u32.
+    fn argmax(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Uploads one step's metadata (one host→device copy per field).
+    fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<Self::Tensor>> {
+        let u = |v: &[u32]| {
+            // Empty tensors are awkward on some devices: keep at least one element.
+            let v: Vec<u32> = if v.is_empty() { vec![0] } else { v.to_vec() };
+            self.upload(&HostTensor::from_u32(vec![v.len()], &v)?)
+        };
+        Ok(DeviceStepMeta {
+            positions: u(&meta.positions)?,
+            token_seq: u(&meta.token_seq)?,
+            slot_mapping: u(&meta.slot_mapping)?,
+            block_tables: u(&meta.block_tables)?,
+            seq_lens: u(&meta.seq_lens)?,
+            query_start: u(&meta.query_start)?,
+            logit_rows: u(&meta.logit_rows)?,
+            host: meta,
+        })
+    }
+}

@@ -1,0 +1,14 @@
+//! The contract between dayone's model code and its compute backends.
+//!
+//! Model, scheduler and cache code in `dayone-engine` is written once against [`Backend`]; the WGSL
+//! backend (`dayone-wgsl`) and the CUDA backend (`dayone-cuda`) implement it. Backends know tensor
+//! ops, never models. Per-step metadata (positions, slot mapping, block tables) travels in
+//! [`StepMeta`], apart from weights.
+
+mod backend;
+mod batch;
+mod dtype;
+
+pub use backend::{Backend, RopeStyle, TensorInfo};
+pub use batch::{DeviceStepMeta, StepMeta};
+pub use dtype::{DType, HostTensor};

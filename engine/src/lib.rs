@@ -1,0 +1,1 @@
+//! dayone's engine.

@@ -1,0 +1,1 @@
+//! The CUDA backend (filled in by the CUDA work).

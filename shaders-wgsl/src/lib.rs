@@ -1,0 +1,1 @@
+//! The WGSL backend (filled in by the WGSL work).
