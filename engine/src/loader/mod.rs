@@ -1,0 +1,74 @@
+//! Checkpoint loading: safetensors directories (single file or sharded) and GGUF files,
+//! both presented as HF-named tensors plus an HF-style `config.json` value.
+
+mod gguf;
+mod hf_dir;
+mod safetensors;
+
+use crate::tokenizer::Tokenizer;
+use anyhow::Result;
+use dayone_backend::HostTensor;
+use std::path::{Path, PathBuf};
+
+pub use self::gguf::open_gguf;
+pub use self::safetensors::SafetensorsSource;
+
+/// Where a checkpoint's tensors come from. Names are Hugging Face names
+/// (`model.layers.0.self_attn.q_proj.weight`), whatever the file format.
+pub trait TensorSource: Send + Sync {
+    /// Every tensor name available.
+    fn names(&self) -> Vec<String>;
+    /// Shape of a tensor, `None` when absent.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Reads one tensor as F32, BF16 or F16 (quantized formats are dequantized to F32).
+    /// Errors name the file and the tensor.
+    fn load(&self, name: &str) -> Result<HostTensor>;
+    /// The file or directory the tensors come from, for error messages.
+    fn origin(&self) -> String;
+}
+
+/// Special-token and template facts a checkpoint carries beside its weights.
+#[derive(Clone, Debug, Default)]
+pub struct TokenizerAssets {
+    /// The tokenizer, when the checkpoint has one (`tokenizer.json` or GGUF vocabulary).
+    pub tokenizer: Option<Tokenizer>,
+    /// Jinja chat template (`tokenizer_config.json`, `chat_template.jinja` or GGUF metadata).
+    pub chat_template: Option<String>,
+    /// Text of the BOS token, for templates that print it.
+    pub bos_token: Option<String>,
+    /// Text of the EOS token, for templates that print it.
+    pub eos_token: Option<String>,
+    /// BOS id; prepended to raw prompts when `add_bos` is set.
+    pub bos_id: Option<u32>,
+    /// Whether raw prompts start with BOS (GGUF `tokenizer.ggml.add_bos_token`, tokenizer post-processor).
+    pub add_bos: bool,
+    /// Token ids that end generation (`generation_config.json`, `config.json` or GGUF metadata).
+    pub eos_ids: Vec<u32>,
+}
+
+/// An opened checkpoint: HF-style config, tensors and tokenizer assets.
+pub struct Checkpoint {
+    /// The directory or file opened.
+    pub path: PathBuf,
+    /// Contents of `config.json` (for GGUF, a config synthesised from its metadata with HF field names).
+    pub config: serde_json::Value,
+    /// The weights.
+    pub tensors: Box<dyn TensorSource>,
+    /// Tokenizer, chat template and special ids.
+    pub assets: TokenizerAssets,
+}
+
+/// Opens a checkpoint: a directory with `config.json` and `*.safetensors`
+/// (or `model.safetensors.index.json` shards), or a `.gguf` file.
+///
+/// Errors: a missing path, a directory without `config.json` or weights, a corrupt file; each
+/// message names the file and what was expected.
+pub fn open(path: &Path) -> Result<Checkpoint> {
+    if !path.exists() {
+        anyhow::bail!("model path {} does not exist", path.display());
+    }
+    if path.is_file() {
+        return open_gguf(path);
+    }
+    hf_dir::open_hf_dir(path)
+}
