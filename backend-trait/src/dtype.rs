@@ -74,7 +74,10 @@ impl HostTensor {
     pub fn new(shape: Vec<usize>, dtype: DType, data: Vec<u8>) -> Result<Self> {
         let want = shape.iter().product::<usize>() * dtype.size();
         if data.len() != want {
-            bail!("host tensor of shape {shape:?} {dtype} needs {want} bytes, got {}", data.len());
+            bail!(
+                "host tensor of shape {shape:?} {dtype} needs {want} bytes, got {}",
+                data.len()
+            );
         }
         Ok(Self { shape, dtype, data })
     }

@@ -12,3 +12,6 @@ mod dtype;
 pub use backend::{Backend, RopeStyle, TensorInfo};
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
+
+pub mod conformance;
+pub mod reference;

@@ -2,7 +2,17 @@
 //! [`dayone_backend::Backend`] trait — configs mirroring `config.json`, checkpoint loaders,
 //! layers, models, the paged KV cache, the scheduler and the sampler.
 
+pub mod cache;
 pub mod chat_template;
+pub mod config;
 pub mod default_model;
+pub mod engine;
+pub mod layers;
 pub mod loader;
+pub mod models;
+pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;
+pub mod weights;
+
+pub use engine::{Engine, EngineConfig, TokenEvent};

@@ -1,0 +1,569 @@
+//! The shared conformance suite: every [`Backend`] op against [`crate::reference`].
+//!
+//! Each `check_<op>` builds deterministic random inputs, runs the op on the backend and on the
+//! CPU reference, and fails with a message naming the op, the case (shapes) and the max relative
+//! error (`max |got − want| / max |want|`) when it is past the tolerance: [`F32_TOL`] when the
+//! activation dtype is f32, [`LOW_TOL`] for bf16/f16 activations. [`check_all`] runs them all
+//! for `b.activation_dtype(F32)` and, if it differs, `b.activation_dtype(BF16)`.
+//!
+//! Use from a backend's tests:
+//! ```ignore
+//! dayone_backend::conformance::check_all(&MyBackend::new()?)?;
+//! ```
+
+use crate::{reference, Backend, DType, HostTensor, RopeStyle, StepMeta, TensorInfo};
+use anyhow::{bail, ensure, Context, Result};
+
+/// Tolerance (relative to `max |ref|`) for f32 activations.
+pub const F32_TOL: f32 = 1e-4;
+/// Tolerance (relative to `max |ref|`) for bf16/f16 activations.
+pub const LOW_TOL: f32 = 2e-2;
+
+/// A small deterministic PRNG (SplitMix64, Steele et al. 2014), so that failures reproduce.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform in `[-1, 1)`.
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` values uniform in `[-a, a)`.
+    pub fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * a).collect()
+    }
+
+    /// Fisher–Yates shuffle.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+}
+
+/// Tolerance for activation dtype `dt`.
+pub fn tolerance(dt: DType) -> f32 {
+    if dt == DType::F32 {
+        F32_TOL
+    } else {
+        LOW_TOL
+    }
+}
+
+/// A random host tensor of `shape` in `dt`, values uniform in `[-a, a)`.
+pub fn rand_tensor(rng: &mut Rng, shape: &[usize], dt: DType, a: f32) -> Result<HostTensor> {
+    let n = shape.iter().product();
+    HostTensor::from_f32_as(shape.to_vec(), &rng.vec(n, a), dt)
+}
+
+/// Compares a backend result with the reference: equal shapes, and
+/// `max |got − want| / max(max |want|, 1e-30) <= tol`. The error names `op` and `case`.
+pub fn compare(op: &str, case: &str, got: &HostTensor, want: &HostTensor, tol: f32) -> Result<()> {
+    ensure!(
+        got.shape == want.shape,
+        "{op} [{case}]: output shape {:?}, expected {:?}",
+        got.shape,
+        want.shape
+    );
+    let (g, w) = (got.to_f32(), want.to_f32());
+    let scale = w.iter().fold(0f32, |m, &x| m.max(x.abs())).max(1e-30);
+    let mut worst = (0f32, 0usize);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        // A NaN anywhere counts as an infinite error.
+        let e = if a.is_nan() || b.is_nan() {
+            f32::INFINITY
+        } else {
+            (a - b).abs()
+        };
+        if e > worst.0 {
+            worst = (e, i);
+        }
+    }
+    let rel = worst.0 / scale;
+    if rel.is_nan() || rel > tol {
+        bail!(
+            "{op} [{case}]: max relative error {rel:.3e} > {tol:.0e} at flat index {} (got {}, want {}, max|ref| {scale})",
+            worst.1,
+            g[worst.1],
+            w[worst.1]
+        );
+    }
+    Ok(())
+}
+
+fn run<B: Backend>(b: &B, t: &B::Tensor) -> Result<HostTensor> {
+    b.download(t)
+}
+
+/// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one.
+pub fn check_all<B: Backend>(b: &B) -> Result<()> {
+    let mut dts = vec![b.activation_dtype(DType::F32)];
+    let low = b.activation_dtype(DType::BF16);
+    if low != dts[0] {
+        dts.push(low);
+    }
+    check_upload_download(b)?;
+    check_errors(b)?;
+    for dt in dts {
+        check_embedding(b, dt)?;
+        check_linear(b, dt)?;
+        check_rms_norm(b, dt)?;
+        check_rope(b, dt)?;
+        check_silu_mul(b, dt)?;
+        check_add(b, dt)?;
+        check_write_kv(b, dt)?;
+        check_paged_attention(b, dt)?;
+        check_argmax(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `upload`/`download`/`zeros`/`reshape`: f32, bf16, f16 and u32 round trips (floats may come
+/// back widened to the backend's storage dtype, but with the same values).
+pub fn check_upload_download<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(1);
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        let h = rand_tensor(&mut rng, &[3, 5, 7], dt, 4.0)?;
+        let t = b
+            .upload(&h)
+            .with_context(|| format!("upload {dt} [3,5,7]"))?;
+        ensure!(
+            t.shape() == [3, 5, 7],
+            "upload {dt}: shape {:?}, expected [3, 5, 7]",
+            t.shape()
+        );
+        let back = run(b, &t)?;
+        compare("upload/download", &format!("{dt} [3,5,7]"), &back, &h, 0.0)?;
+        let r = b.reshape(&t, &[15, 7])?;
+        ensure!(
+            r.shape() == [15, 7],
+            "reshape: shape {:?}, expected [15, 7]",
+            r.shape()
+        );
+        let back = run(b, &r)?;
+        ensure!(back.to_f32() == h.to_f32(), "reshape {dt}: values changed");
+    }
+    let ids: Vec<u32> = (0..37).map(|i| i * 7919 + 3).collect();
+    let h = HostTensor::from_u32(vec![37], &ids)?;
+    let back = run(b, &b.upload(&h)?)?;
+    ensure!(
+        back.dtype == DType::U32,
+        "download u32: got dtype {}",
+        back.dtype
+    );
+    ensure!(back.to_u32()? == ids, "upload/download u32: values changed");
+    let z = b.zeros(&[4, 9], DType::F32)?;
+    let zh = run(b, &z)?;
+    ensure!(
+        zh.shape == [4, 9] && zh.to_f32().iter().all(|&x| x == 0.0),
+        "zeros [4, 9]: not all zero"
+    );
+    let z = b.zeros(&[6], DType::U32)?;
+    ensure!(
+        run(b, &z)?.to_u32()? == vec![0; 6],
+        "zeros u32 [6]: not all zero"
+    );
+    Ok(())
+}
+
+/// Bad shapes must come back as errors (not panics).
+pub fn check_errors<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(2);
+    let dt = b.activation_dtype(DType::F32);
+    let x = b.upload(&rand_tensor(&mut rng, &[2, 8], dt, 1.0)?)?;
+    let w = b.upload(&rand_tensor(&mut rng, &[4, 9], dt, 1.0)?)?;
+    ensure!(
+        b.linear(&x, &w, None).is_err(),
+        "linear: K mismatch [2,8]·[4,9]ᵀ was accepted"
+    );
+    let y = b.upload(&rand_tensor(&mut rng, &[2, 9], dt, 1.0)?)?;
+    ensure!(
+        b.add(&x, &y).is_err(),
+        "add: shapes [2,8] + [2,9] were accepted"
+    );
+    ensure!(
+        b.silu_mul(&x, &y).is_err(),
+        "silu_mul: shapes [2,8], [2,9] were accepted"
+    );
+    ensure!(
+        b.reshape(&x, &[3, 5]).is_err(),
+        "reshape: [2,8] -> [3,5] was accepted"
+    );
+    let nw = b.upload(&rand_tensor(&mut rng, &[9], dt, 1.0)?)?;
+    ensure!(
+        b.rms_norm(&x, &nw, 1e-5).is_err(),
+        "rms_norm: x [2,8] with w [9] was accepted"
+    );
+    Ok(())
+}
+
+/// `embedding`: odd widths, repeated ids, first and last row.
+pub fn check_embedding<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(10);
+    for &(v, d, n) in &[
+        (100usize, 37usize, 9usize),
+        (1000, 576, 5),
+        (7, 4, 1),
+        (300, 130, 33),
+    ] {
+        let table = rand_tensor(&mut rng, &[v, d], dt, 1.0)?;
+        let mut ids: Vec<u32> = (0..n).map(|_| rng.below(v) as u32).collect();
+        ids[0] = (v - 1) as u32;
+        if n > 2 {
+            ids[1] = 0;
+            ids[2] = ids[0];
+        }
+        let ids = HostTensor::from_u32(vec![n], &ids)?;
+        let want = reference::embedding(&table, &ids)?;
+        let got = b.embedding(&b.upload(&table)?, &b.upload(&ids)?)?;
+        compare(
+            "embedding",
+            &format!("{dt} table [{v}, {d}] ids [{n}]"),
+            &run(b, &got)?,
+            &want,
+            0.0,
+        )?;
+    }
+    Ok(())
+}
+
+/// `linear`: M = 1 (decode), M ≥ 16 (prefill), odd sizes, with and without bias.
+pub fn check_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(11);
+    let cases: &[(usize, usize, usize, bool)] = &[
+        (1, 33, 17, false),
+        (1, 576, 1536, false),
+        (1, 1000, 129, true),
+        (3, 5, 7, true),
+        (7, 100, 45, false),
+        (16, 256, 96, true),
+        (33, 130, 257, false),
+        (64, 576, 192, true),
+        (17, 1024, 1, false),
+    ];
+    for &(m, k, n, bias) in cases {
+        let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
+        let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+        let bt = if bias {
+            Some(rand_tensor(&mut rng, &[n], dt, 1.0)?)
+        } else {
+            None
+        };
+        let want = reference::linear(&x, &w, bt.as_ref())?;
+        let (xd, wd) = (b.upload(&x)?, b.upload(&w)?);
+        let bd = match &bt {
+            Some(t) => Some(b.upload(t)?),
+            None => None,
+        };
+        let got = b.linear(&xd, &wd, bd.as_ref())?;
+        let case = format!("{dt} x [{m}, {k}] w [{n}, {k}] bias {bias}");
+        compare("linear", &case, &run(b, &got)?, &want, tolerance(dt))?;
+    }
+    Ok(())
+}
+
+/// `rms_norm`: odd widths, one and many rows, per-head shape.
+pub fn check_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(12);
+    for &(r, d, eps) in &[
+        (1usize, 576usize, 1e-5f32),
+        (7, 1000, 1e-6),
+        (36, 64, 1e-6),
+        (3, 33, 1e-5),
+        (2, 4096, 1e-5),
+    ] {
+        let x = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
+        let w = rand_tensor(&mut rng, &[d], dt, 1.5)?;
+        let want = reference::rms_norm(&x, &w, eps)?;
+        let got = b.rms_norm(&b.upload(&x)?, &b.upload(&w)?, eps)?;
+        compare(
+            "rms_norm",
+            &format!("{dt} x [{r}, {d}] eps {eps}"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// `rope`: both styles, `rot_dim < hd`, `mscale ≠ 1`, positions up to a few thousand.
+pub fn check_rope<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(13);
+    let cases: &[(usize, usize, usize, usize, RopeStyle, f32)] = &[
+        (5, 4, 64, 64, RopeStyle::HalfSplit, 1.0),
+        (5, 4, 64, 64, RopeStyle::Interleaved, 1.0),
+        (3, 2, 128, 64, RopeStyle::HalfSplit, 1.0),
+        (7, 3, 192, 64, RopeStyle::Interleaved, 1.2),
+        (4, 5, 128, 32, RopeStyle::HalfSplit, 0.7),
+        (9, 1, 64, 16, RopeStyle::Interleaved, 1.0),
+    ];
+    for &(n, h, hd, rot, style, mscale) in cases {
+        let x = rand_tensor(&mut rng, &[n, h, hd], dt, 1.0)?;
+        let pos: Vec<u32> = (0..n)
+            .map(|i| if i == 0 { 0 } else { rng.below(4096) as u32 })
+            .collect();
+        let pos = HostTensor::from_u32(vec![n], &pos)?;
+        let base = 10000f32;
+        let inv: Vec<f32> = (0..rot / 2)
+            .map(|i| base.powf(-((2 * i) as f32) / rot as f32))
+            .collect();
+        let inv = HostTensor::from_f32(vec![rot / 2], &inv)?;
+        let want = reference::rope(&x, &pos, &inv, rot, style, mscale)?;
+        let got = b.rope(
+            &b.upload(&x)?,
+            &b.upload(&pos)?,
+            &b.upload(&inv)?,
+            rot,
+            style,
+            mscale,
+        )?;
+        let case = format!("{dt} x [{n}, {h}, {hd}] rot_dim {rot} {style:?} mscale {mscale}");
+        compare("rope", &case, &run(b, &got)?, &want, tolerance(dt))?;
+    }
+    Ok(())
+}
+
+/// `silu_mul`: odd sizes, large |gate| (saturation of the sigmoid).
+pub fn check_silu_mul<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(14);
+    for &(m, f) in &[(1usize, 1536usize), (5, 1001), (16, 37)] {
+        let g = rand_tensor(&mut rng, &[m, f], dt, 12.0)?;
+        let u = rand_tensor(&mut rng, &[m, f], dt, 2.0)?;
+        let want = reference::silu_mul(&g, &u)?;
+        let got = b.silu_mul(&b.upload(&g)?, &b.upload(&u)?)?;
+        compare(
+            "silu_mul",
+            &format!("{dt} [{m}, {f}]"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// `add`: odd sizes, rank 2 and 3.
+pub fn check_add<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(15);
+    for shape in [vec![1usize, 576usize], vec![5, 1001], vec![3, 4, 7]] {
+        let x = rand_tensor(&mut rng, &shape, dt, 3.0)?;
+        let y = rand_tensor(&mut rng, &shape, dt, 3.0)?;
+        let want = reference::add(&x, &y)?;
+        let got = b.add(&b.upload(&x)?, &b.upload(&y)?)?;
+        compare(
+            "add",
+            &format!("{dt} {shape:?}"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// A paged-attention scenario: heads, head dims, block size and per-sequence
+/// `(tokens already cached, new tokens this step)`.
+#[derive(Clone, Debug)]
+pub struct AttnCase {
+    /// Query heads.
+    pub h: usize,
+    /// KV heads.
+    pub hkv: usize,
+    /// Key (and query) head width.
+    pub hd_k: usize,
+    /// Value head width.
+    pub hd_v: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// `(context already in the cache, new tokens)` per sequence.
+    pub seqs: Vec<(usize, usize)>,
+    /// Extra unused blocks in the pool (filled with junk the kernel must not read).
+    pub spare_blocks: usize,
+}
+
+impl AttnCase {
+    /// Builds the step metadata with scattered (shuffled) block ids; returns it and the number
+    /// of blocks in the pool.
+    pub fn meta(&self, rng: &mut Rng) -> (StepMeta, usize) {
+        let bs = self.block_size;
+        let need: Vec<usize> = self
+            .seqs
+            .iter()
+            .map(|&(c, n)| (c + n).div_ceil(bs))
+            .collect();
+        let total = need.iter().sum::<usize>() + self.spare_blocks;
+        let mut ids: Vec<u32> = (0..total as u32).collect();
+        rng.shuffle(&mut ids);
+        let max_blocks = need.iter().copied().max().unwrap_or(1).max(1);
+        let mut m = StepMeta {
+            max_blocks,
+            block_size: bs,
+            ..Default::default()
+        };
+        m.block_tables = vec![0; self.seqs.len() * max_blocks];
+        let mut next = 0;
+        m.query_start.push(0);
+        for (s, &(ctx, new)) in self.seqs.iter().enumerate() {
+            for j in 0..need[s] {
+                m.block_tables[s * max_blocks + j] = ids[next];
+                next += 1;
+            }
+            for p in ctx..ctx + new {
+                m.positions.push(p as u32);
+                m.token_seq.push(s as u32);
+                let blk = m.block_tables[s * max_blocks + p / bs];
+                m.slot_mapping.push(blk * bs as u32 + (p % bs) as u32);
+            }
+            m.seq_lens.push((ctx + new) as u32);
+            m.query_start.push(m.positions.len() as u32);
+            m.logit_rows.push(m.positions.len() as u32 - 1);
+            m.max_seq_len = m.max_seq_len.max(ctx + new);
+        }
+        (m, total)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "H {} Hkv {} hd_k {} hd_v {} bs {} seqs (ctx,new) {:?}",
+            self.h, self.hkv, self.hd_k, self.hd_v, self.block_size, self.seqs
+        )
+    }
+}
+
+/// The scenarios used by [`check_write_kv`] and [`check_paged_attention`]: GQA ratios 1/3/4,
+/// mixed decode and (chunked) prefill sequences of different lengths in one step, a prefill chunk
+/// starting mid-sequence, block size 16, head dims 64/128 and `hd_k ≠ hd_v`.
+pub fn attention_cases() -> Vec<AttnCase> {
+    let c = |h, hkv, hd_k, hd_v, seqs: &[(usize, usize)]| AttnCase {
+        h,
+        hkv,
+        hd_k,
+        hd_v,
+        block_size: 16,
+        seqs: seqs.to_vec(),
+        spare_blocks: 3,
+    };
+    vec![
+        c(4, 4, 64, 64, &[(37, 1), (20, 13), (0, 9), (0, 1), (130, 1)]),
+        c(6, 2, 128, 128, &[(5, 1), (16, 16), (47, 3)]),
+        c(8, 2, 64, 64, &[(0, 17), (100, 1), (31, 2)]),
+        c(4, 2, 128, 64, &[(3, 5), (64, 1)]),
+        c(4, 4, 192, 128, &[(0, 3), (15, 1)]),
+        c(9, 3, 64, 64, &[(300, 1), (250, 20)]),
+    ]
+}
+
+/// `write_kv`: scatter into caches pre-filled with random values; everything else unchanged.
+pub fn check_write_kv<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(16);
+    for case in attention_cases() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (hkv, bs) = (case.hkv, case.block_size);
+        let k = rand_tensor(&mut rng, &[n, hkv, case.hd_k], dt, 1.0)?;
+        let v = rand_tensor(&mut rng, &[n, hkv, case.hd_v], dt, 1.0)?;
+        let mut kc = rand_tensor(&mut rng, &[blocks, bs, hkv, case.hd_k], dt, 1.0)?;
+        let mut vc = rand_tensor(&mut rng, &[blocks, bs, hkv, case.hd_v], dt, 1.0)?;
+        let (kcd, vcd) = (b.upload(&kc)?, b.upload(&vc)?);
+        let dmeta = b.upload_meta(meta.clone())?;
+        b.write_kv(&b.upload(&k)?, &b.upload(&v)?, &kcd, &vcd, &dmeta)?;
+        reference::write_kv(&k, &v, &mut kc, &mut vc, &meta)?;
+        let case_s = format!("{dt} {}", case.describe());
+        compare("write_kv (k_cache)", &case_s, &run(b, &kcd)?, &kc, 0.0)?;
+        compare("write_kv (v_cache)", &case_s, &run(b, &vcd)?, &vc, 0.0)?;
+    }
+    Ok(())
+}
+
+/// `paged_attention`: caches with random history plus this step's keys; unused slots hold junk.
+pub fn check_paged_attention<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(17);
+    for case in attention_cases() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (h, hkv, bs) = (case.h, case.hkv, case.block_size);
+        // Larger q makes the softmax peaky, which exercises the online-softmax rescaling.
+        let q = rand_tensor(&mut rng, &[n, h, case.hd_k], dt, 3.0)?;
+        let kc = rand_tensor(&mut rng, &[blocks, bs, hkv, case.hd_k], dt, 1.0)?;
+        let vc = rand_tensor(&mut rng, &[blocks, bs, hkv, case.hd_v], dt, 1.0)?;
+        let scale = 1.0 / (case.hd_k as f32).sqrt();
+        let want = reference::paged_attention(&q, &kc, &vc, &meta, scale)?;
+        let dmeta = b.upload_meta(meta.clone())?;
+        let got = b.paged_attention(
+            &b.upload(&q)?,
+            &b.upload(&kc)?,
+            &b.upload(&vc)?,
+            &dmeta,
+            scale,
+        )?;
+        compare(
+            "paged_attention",
+            &format!("{dt} {}", case.describe()),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// `argmax`: ties (first index wins), odd and vocabulary-sized rows, negative rows.
+pub fn check_argmax<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(18);
+    for &(r, v) in &[
+        (1usize, 49152usize),
+        (4, 1001),
+        (3, 7),
+        (2, 128256),
+        (5, 64),
+    ] {
+        // Values from a small integer set so that ties are frequent (exact in bf16 too).
+        let mut vals: Vec<f32> = (0..r * v).map(|_| (rng.below(9) as f32) - 20.0).collect();
+        for i in 0..r {
+            // Plant a tied maximum at two places, earlier one first; row 0 keeps only ties.
+            let a = rng.below(v);
+            let c = rng.below(v);
+            if i > 0 {
+                vals[i * v + a] = 3.0;
+                vals[i * v + c] = 3.0;
+            }
+        }
+        let x = HostTensor::from_f32_as(vec![r, v], &vals, dt)?;
+        let want = reference::argmax(&x)?;
+        let got = run(b, &b.argmax(&b.upload(&x)?)?)?;
+        ensure!(
+            got.dtype == DType::U32,
+            "argmax [{r}, {v}]: output dtype {}, expected u32",
+            got.dtype
+        );
+        ensure!(
+            got.shape == want.shape && got.to_u32()? == want.to_u32()?,
+            "argmax ({dt} [{r}, {v}]): got {:?}, want {:?}",
+            got.to_u32()?,
+            want.to_u32()?
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,391 @@
+//! Naive CPU implementations of every [`Backend`](crate::Backend) op on [`HostTensor`]s.
+//!
+//! These are the ground truth for the conformance suite ([`crate::conformance`]): plain loops,
+//! no blocking, no fusion, written to be read. Inputs of any float dtype are widened to f32;
+//! dot products and softmax sums accumulate in f64 so that the reference is more accurate than
+//! any backend under test. Outputs are rounded to the dtype of the op's (first) float input.
+//!
+//! Every function checks shapes and returns an error naming the op and the expected shape.
+
+#![allow(clippy::needless_range_loop)] // index loops mirror the formulas
+
+use crate::{DType, HostTensor, RopeStyle, StepMeta};
+use anyhow::{bail, ensure, Result};
+
+fn float_dtype(op: &str, name: &str, t: &HostTensor) -> Result<DType> {
+    ensure!(
+        t.dtype.is_float(),
+        "{op}: {name} must be a float tensor, got {}",
+        t.dtype
+    );
+    Ok(t.dtype)
+}
+
+fn rank(op: &str, name: &str, t: &HostTensor, want: usize, expect: &str) -> Result<()> {
+    ensure!(
+        t.shape.len() == want,
+        "{op}: {name} must have shape {expect}, got {:?}",
+        t.shape
+    );
+    Ok(())
+}
+
+/// Row gather: `out[i, :] = table[ids[i], :]`.
+///
+/// `table` `[V, D]` float, `ids` `[N]` u32 → `[N, D]` in `table`'s dtype (bit-exact copy).
+pub fn embedding(table: &HostTensor, ids: &HostTensor) -> Result<HostTensor> {
+    rank("embedding", "table", table, 2, "[V, D]")?;
+    rank("embedding", "ids", ids, 1, "[N]")?;
+    let dt = float_dtype("embedding", "table", table)?;
+    let (v, d) = (table.shape[0], table.shape[1]);
+    let ids = ids.to_u32()?;
+    let es = dt.size();
+    let mut data = Vec::with_capacity(ids.len() * d * es);
+    for &id in &ids {
+        let id = id as usize;
+        ensure!(
+            id < v,
+            "embedding: id {id} out of range for table [{v}, {d}]"
+        );
+        data.extend_from_slice(&table.data[id * d * es..(id + 1) * d * es]);
+    }
+    HostTensor::new(vec![ids.len(), d], dt, data)
+}
+
+/// Linear layer `y[m, n] = Σ_k x[m, k] · w[n, k] + bias[n]` (PyTorch `nn.Linear`, `y = x Wᵀ + b`).
+///
+/// `x` `[M, K]`, `w` `[N, K]`, `bias` `[N]` → `[M, N]` in `x`'s dtype.
+pub fn linear(x: &HostTensor, w: &HostTensor, bias: Option<&HostTensor>) -> Result<HostTensor> {
+    rank("linear", "x", x, 2, "[M, K]")?;
+    rank("linear", "w", w, 2, "[N, K]")?;
+    let dt = float_dtype("linear", "x", x)?;
+    float_dtype("linear", "w", w)?;
+    let (m, k) = (x.shape[0], x.shape[1]);
+    let n = w.shape[0];
+    ensure!(
+        w.shape[1] == k,
+        "linear: w must have shape [N, {k}], got {:?}",
+        w.shape
+    );
+    let b = match bias {
+        Some(b) => {
+            ensure!(
+                b.shape == [n],
+                "linear: bias must have shape [{n}], got {:?}",
+                b.shape
+            );
+            b.to_f32()
+        }
+        None => vec![0.0; n],
+    };
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f64;
+            for kk in 0..k {
+                acc += xv[i * k + kk] as f64 * wv[j * k + kk] as f64;
+            }
+            y[i * n + j] = (acc + b[j] as f64) as f32;
+        }
+    }
+    HostTensor::from_f32_as(vec![m, n], &y, dt)
+}
+
+/// RMSNorm (Zhang & Sennrich 2019): `y = w ⊙ x / sqrt(mean(x²) + eps)` over the last dimension.
+///
+/// `x` `[R, D]`, `w` `[D]` → `[R, D]` in `x`'s dtype.
+pub fn rms_norm(x: &HostTensor, w: &HostTensor, eps: f32) -> Result<HostTensor> {
+    rank("rms_norm", "x", x, 2, "[R, D]")?;
+    let dt = float_dtype("rms_norm", "x", x)?;
+    let (r, d) = (x.shape[0], x.shape[1]);
+    ensure!(
+        w.shape == [d],
+        "rms_norm: w must have shape [{d}], got {:?}",
+        w.shape
+    );
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let mut y = vec![0f32; r * d];
+    for i in 0..r {
+        let row = &xv[i * d..(i + 1) * d];
+        let ms = row.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for j in 0..d {
+            y[i * d + j] = (row[j] as f64 * inv * wv[j] as f64) as f32;
+        }
+    }
+    HostTensor::from_f32_as(vec![r, d], &y, dt)
+}
+
+/// Rotary position embedding (RoFormer, Su et al. 2021; HF `apply_rotary_pos_emb`).
+///
+/// For each token `n`, head `h` and pair `i < rot_dim/2`, with
+/// `θ = positions[n] · inv_freq[i]` (an f32 product), `c = mscale·cos θ`, `s = mscale·sin θ`
+/// and the pair `(a, b)` = `(x[i], x[i + rot_dim/2])` ([`RopeStyle::HalfSplit`]) or
+/// `(x[2i], x[2i+1])` ([`RopeStyle::Interleaved`]):
+/// `a' = a·c − b·s`, `b' = b·c + a·s`. Dimensions `rot_dim..hd` pass through unchanged.
+///
+/// `x` `[N, H, hd]`, `positions` `[N]` u32, `inv_freq` `[rot_dim/2]` f32 → `[N, H, hd]`.
+pub fn rope(
+    x: &HostTensor,
+    positions: &HostTensor,
+    inv_freq: &HostTensor,
+    rot_dim: usize,
+    style: RopeStyle,
+    mscale: f32,
+) -> Result<HostTensor> {
+    rank("rope", "x", x, 3, "[N, H, hd]")?;
+    let dt = float_dtype("rope", "x", x)?;
+    let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
+    ensure!(
+        rot_dim.is_multiple_of(2) && rot_dim <= hd && rot_dim > 0,
+        "rope: rot_dim {rot_dim} must be even, positive and <= hd {hd}"
+    );
+    ensure!(
+        positions.shape == [n],
+        "rope: positions must have shape [{n}], got {:?}",
+        positions.shape
+    );
+    let half = rot_dim / 2;
+    ensure!(
+        inv_freq.shape == [half],
+        "rope: inv_freq must have shape [{half}], got {:?}",
+        inv_freq.shape
+    );
+    let pos = positions.to_u32()?;
+    let f = inv_freq.to_f32();
+    let mut y = x.to_f32();
+    for t in 0..n {
+        for hh in 0..h {
+            let base = (t * h + hh) * hd;
+            for i in 0..half {
+                let theta = pos[t] as f32 * f[i];
+                let (c, s) = (
+                    (theta as f64).cos() * mscale as f64,
+                    (theta as f64).sin() * mscale as f64,
+                );
+                let (ia, ib) = match style {
+                    RopeStyle::HalfSplit => (base + i, base + i + half),
+                    RopeStyle::Interleaved => (base + 2 * i, base + 2 * i + 1),
+                };
+                let (a, b) = (y[ia] as f64, y[ib] as f64);
+                y[ia] = (a * c - b * s) as f32;
+                y[ib] = (b * c + a * s) as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, h, hd], &y, dt)
+}
+
+/// SwiGLU (Shazeer 2020): `silu(g) · u` with `silu(g) = g / (1 + e^(−g))`.
+///
+/// `gate`, `up` `[M, F]` → `[M, F]` in `gate`'s dtype.
+pub fn silu_mul(gate: &HostTensor, up: &HostTensor) -> Result<HostTensor> {
+    let dt = float_dtype("silu_mul", "gate", gate)?;
+    ensure!(
+        gate.shape == up.shape,
+        "silu_mul: up must have gate's shape {:?}, got {:?}",
+        gate.shape,
+        up.shape
+    );
+    let (g, u) = (gate.to_f32(), up.to_f32());
+    let y: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            (g / (1.0 + (-g).exp()) * u as f64) as f32
+        })
+        .collect();
+    HostTensor::from_f32_as(gate.shape.clone(), &y, dt)
+}
+
+/// Element-wise sum `a + b` of two tensors of equal shape, in `a`'s dtype.
+pub fn add(a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
+    let dt = float_dtype("add", "a", a)?;
+    ensure!(
+        a.shape == b.shape,
+        "add: b must have a's shape {:?}, got {:?}",
+        a.shape,
+        b.shape
+    );
+    let y: Vec<f32> = a
+        .to_f32()
+        .iter()
+        .zip(b.to_f32())
+        .map(|(x, y)| x + y)
+        .collect();
+    HostTensor::from_f32_as(a.shape.clone(), &y, dt)
+}
+
+/// Paged KV write (PagedAttention, Kwon et al. 2023): for each token `n` with
+/// `slot = meta.slot_mapping[n]`, `k_cache[slot / bs, slot % bs] = k[n]` and the same for `v`.
+///
+/// `k` `[N, Hkv, hd_k]`, `v` `[N, Hkv, hd_v]`, caches `[blocks, bs, Hkv, hd_k]` /
+/// `[blocks, bs, Hkv, hd_v]`, modified in place (values rounded to the caches' dtype).
+pub fn write_kv(
+    k: &HostTensor,
+    v: &HostTensor,
+    k_cache: &mut HostTensor,
+    v_cache: &mut HostTensor,
+    meta: &StepMeta,
+) -> Result<()> {
+    for (name, src, cache) in [("k", k, &mut *k_cache), ("v", v, &mut *v_cache)] {
+        rank("write_kv", name, src, 3, "[N, Hkv, hd]")?;
+        rank("write_kv", "cache", cache, 4, "[blocks, bs, Hkv, hd]")?;
+        let (n, hkv, hd) = (src.shape[0], src.shape[1], src.shape[2]);
+        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
+        ensure!(
+            cache.shape[2..] == [hkv, hd],
+            "write_kv: {name}_cache must have shape [blocks, bs, {hkv}, {hd}], got {:?}",
+            cache.shape
+        );
+        ensure!(
+            meta.slot_mapping.len() == n,
+            "write_kv: slot_mapping must have {n} entries, got {}",
+            meta.slot_mapping.len()
+        );
+        let sv = src.to_f32();
+        let mut cv = cache.to_f32();
+        let row = hkv * hd;
+        for t in 0..n {
+            let slot = meta.slot_mapping[t] as usize;
+            ensure!(
+                slot < blocks * bs,
+                "write_kv: slot {slot} outside the cache ({blocks}×{bs})"
+            );
+            cv[slot * row..(slot + 1) * row].copy_from_slice(&sv[t * row..(t + 1) * row]);
+        }
+        *cache = HostTensor::from_f32_as(cache.shape.clone(), &cv, cache.dtype)?;
+    }
+    Ok(())
+}
+
+/// Causal paged attention (PagedAttention, Kwon et al. 2023; softmax attention of Vaswani et al.
+/// 2017): query token `n` of sequence `s = token_seq[n]` at position `p = positions[n]` computes
+/// `out[n, h] = Σ_{j ≤ p} softmax_j(scale · q[n, h] · K_j) · V_j`, where key/value `j` is stored at
+/// `block_tables[s, j / bs] · bs + j % bs` for KV head `h / (H / Hkv)` (grouped-query attention).
+///
+/// `q` `[N, H, hd_k]`, caches `[blocks, bs, Hkv, hd_k]` / `[blocks, bs, Hkv, hd_v]` → `[N, H, hd_v]`
+/// in `q`'s dtype. Softmax is computed with the row maximum subtracted, in f64.
+pub fn paged_attention(
+    q: &HostTensor,
+    k_cache: &HostTensor,
+    v_cache: &HostTensor,
+    meta: &StepMeta,
+    scale: f32,
+) -> Result<HostTensor> {
+    rank("paged_attention", "q", q, 3, "[N, H, hd_k]")?;
+    rank(
+        "paged_attention",
+        "k_cache",
+        k_cache,
+        4,
+        "[blocks, bs, Hkv, hd_k]",
+    )?;
+    rank(
+        "paged_attention",
+        "v_cache",
+        v_cache,
+        4,
+        "[blocks, bs, Hkv, hd_v]",
+    )?;
+    let dt = float_dtype("paged_attention", "q", q)?;
+    let (n, h, hdk) = (q.shape[0], q.shape[1], q.shape[2]);
+    let (blocks, bs, hkv) = (k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]);
+    let hdv = v_cache.shape[3];
+    ensure!(
+        k_cache.shape[3] == hdk && v_cache.shape[..3] == [blocks, bs, hkv],
+        "paged_attention: caches must be [blocks, bs, Hkv, {hdk}] and [blocks, bs, Hkv, hd_v], got {:?} and {:?}",
+        k_cache.shape,
+        v_cache.shape
+    );
+    ensure!(
+        hkv > 0 && h % hkv == 0,
+        "paged_attention: H {h} must be a multiple of Hkv {hkv}"
+    );
+    ensure!(
+        bs == meta.block_size,
+        "paged_attention: cache block size {bs} != meta.block_size {}",
+        meta.block_size
+    );
+    ensure!(
+        meta.positions.len() == n && meta.token_seq.len() == n,
+        "paged_attention: positions and token_seq must have {n} entries"
+    );
+    let group = h / hkv;
+    let (qv, kv, vv) = (q.to_f32(), k_cache.to_f32(), v_cache.to_f32());
+    let mut out = vec![0f32; n * h * hdv];
+    for t in 0..n {
+        let s = meta.token_seq[t] as usize;
+        let p = meta.positions[t] as usize;
+        ensure!(
+            s < meta.num_seqs(),
+            "paged_attention: token_seq[{t}] = {s} out of range"
+        );
+        for hh in 0..h {
+            let g = hh / group;
+            let qrow = &qv[(t * h + hh) * hdk..(t * h + hh + 1) * hdk];
+            let mut logits = Vec::with_capacity(p + 1);
+            let mut slots = Vec::with_capacity(p + 1);
+            for j in 0..=p {
+                let blk_idx = j / bs;
+                if blk_idx >= meta.max_blocks {
+                    bail!(
+                        "paged_attention: position {j} needs block {blk_idx} >= max_blocks {}",
+                        meta.max_blocks
+                    );
+                }
+                let blk = meta.block_tables[s * meta.max_blocks + blk_idx] as usize;
+                ensure!(
+                    blk < blocks,
+                    "paged_attention: block id {blk} out of range ({blocks})"
+                );
+                let slot = blk * bs + j % bs;
+                let krow = &kv[(slot * hkv + g) * hdk..(slot * hkv + g + 1) * hdk];
+                let dot: f64 = qrow
+                    .iter()
+                    .zip(krow)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum();
+                logits.push(dot * scale as f64);
+                slots.push(slot);
+            }
+            let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = logits.iter().map(|&l| (l - mx).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            let o = &mut out[(t * h + hh) * hdv..(t * h + hh + 1) * hdv];
+            for d in 0..hdv {
+                let mut acc = 0f64;
+                for (wi, &slot) in w.iter().zip(&slots) {
+                    acc += wi * vv[(slot * hkv + g) * hdv + d] as f64;
+                }
+                o[d] = (acc / sum) as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, h, hdv], &out, dt)
+}
+
+/// Row-wise argmax: `out[r] = min { j : x[r, j] = max_k x[r, k] }` (first index on ties).
+///
+/// `x` `[R, V]` float → `[R]` u32.
+pub fn argmax(x: &HostTensor) -> Result<HostTensor> {
+    rank("argmax", "x", x, 2, "[R, V]")?;
+    float_dtype("argmax", "x", x)?;
+    let (r, v) = (x.shape[0], x.shape[1]);
+    ensure!(v > 0, "argmax: V must be > 0");
+    let xv = x.to_f32();
+    let mut out = vec![0u32; r];
+    for i in 0..r {
+        let row = &xv[i * v..(i + 1) * v];
+        let mut best = 0;
+        for j in 1..v {
+            if row[j] > row[best] {
+                best = j;
+            }
+        }
+        out[i] = best as u32;
+    }
+    HostTensor::from_u32(vec![r], &out)
+}

@@ -1,0 +1,62 @@
+//! Model configs: serde structs mirroring each architecture's `config.json` field names.
+
+mod llama;
+mod rope;
+
+pub use llama::LlamaConfig;
+pub use rope::{rope_inv_freq, RopeParameters};
+
+use anyhow::{bail, Context, Result};
+
+/// The architectures dayone runs, keyed by `config.json`'s `model_type`.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3"];
+
+/// A parsed `config.json`, one variant per supported `model_type`.
+#[derive(Clone, Debug)]
+pub enum ModelConfig {
+    /// `model_type: "llama"` (Llama 2/3, SmolLM2, Mistral-style dense decoders).
+    Llama(LlamaConfig),
+    /// `model_type: "qwen3"`: the Llama skeleton plus per-head q/k RMSNorm and explicit `head_dim`.
+    Qwen3(LlamaConfig),
+}
+
+impl ModelConfig {
+    /// Parses a `config.json` value; `origin` names the file for error messages.
+    ///
+    /// Errors: a missing or unknown `model_type` (the message lists the supported ones), or a
+    /// field with the wrong type or an inconsistent value (the message names the field).
+    pub fn from_json(value: &serde_json::Value, origin: &str) -> Result<Self> {
+        let model_type = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .with_context(|| format!("{origin}: field `model_type` is missing (expected one of {SUPPORTED_MODEL_TYPES:?})"))?;
+        let parse = || -> Result<LlamaConfig> {
+            let cfg: LlamaConfig = serde_json::from_value(value.clone())
+                .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
+            cfg.validate().with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
+            Ok(cfg)
+        };
+        Ok(match model_type {
+            "llama" | "mistral" => ModelConfig::Llama(parse()?),
+            "qwen3" => ModelConfig::Qwen3(parse()?),
+            other => bail!(
+                "{origin}: unsupported model_type '{other}' (supported: {})",
+                SUPPORTED_MODEL_TYPES.join(", ")
+            ),
+        })
+    }
+
+    /// Longest sequence (prompt + generated tokens) the model accepts.
+    pub fn max_context(&self) -> usize {
+        match self {
+            ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.max_position_embeddings,
+        }
+    }
+
+    /// Vocabulary size (rows of the logits).
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.vocab_size,
+        }
+    }
+}

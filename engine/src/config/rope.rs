@@ -1,0 +1,135 @@
+//! RoPE parameters and inverse frequencies, including `llama3` and `linear` scaling.
+
+use anyhow::{bail, Result};
+use serde::Deserialize;
+
+/// `rope_parameters` / `rope_scaling` of a `config.json`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RopeParameters {
+    /// `default`, `linear`, `llama3` (older configs call it `type`).
+    #[serde(default, alias = "type")]
+    pub rope_type: Option<String>,
+    /// Base θ of the frequencies.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// Context-extension factor (`linear`, `llama3`).
+    #[serde(default)]
+    pub factor: Option<f64>,
+    /// `llama3`: wavelengths longer than `original / low_freq_factor` are divided by `factor`.
+    #[serde(default)]
+    pub low_freq_factor: Option<f64>,
+    /// `llama3`: wavelengths shorter than `original / high_freq_factor` are kept.
+    #[serde(default)]
+    pub high_freq_factor: Option<f64>,
+    /// `llama3`: the pre-extension context length.
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<f64>,
+}
+
+impl RopeParameters {
+    fn kind(&self) -> &str {
+        self.rope_type.as_deref().unwrap_or("default")
+    }
+
+    /// Errors for an unknown `rope_type` or a missing field it needs.
+    pub fn validate(&self) -> Result<()> {
+        match self.kind() {
+            "default" => Ok(()),
+            "linear" => self.factor.map(|_| ()).ok_or_else(|| anyhow::anyhow!("rope_type linear needs `factor`")),
+            "llama3" => {
+                if self.factor.is_none()
+                    || self.low_freq_factor.is_none()
+                    || self.high_freq_factor.is_none()
+                    || self.original_max_position_embeddings.is_none()
+                {
+                    bail!("rope_type llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
+                }
+                Ok(())
+            }
+            other => bail!("rope_type '{other}' is not supported (supported: default, linear, llama3)"),
+        }
+    }
+}
+
+/// Inverse frequencies `[rot_dim / 2]` (f32) for rotary embedding over `rot_dim` dims.
+///
+/// Base: `inv_freq[i] = θ^(−2i/rot_dim)` (RoFormer; HF `_compute_default_rope_parameters`, computed
+/// in f32 like the reference). `linear` divides by `factor`; `llama3` follows HF
+/// `_compute_llama3_parameters`: wavelength `λ = 2π/f`; keep `f` when `λ < orig/high`, use
+/// `f/factor` when `λ > orig/low`, otherwise blend with `s = (orig/λ − low)/(high − low)`:
+/// `(1 − s)·f/factor + s·f`.
+pub fn rope_inv_freq(p: &RopeParameters, rot_dim: usize, default_theta: f64) -> Result<Vec<f32>> {
+    p.validate()?;
+    let theta = p.rope_theta.unwrap_or(default_theta) as f32;
+    let mut f: Vec<f32> = (0..rot_dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / rot_dim as f32))
+        .collect();
+    match p.kind() {
+        "linear" => {
+            let factor = p.factor.unwrap_or(1.0) as f32;
+            f.iter_mut().for_each(|x| *x /= factor);
+        }
+        "llama3" => {
+            let factor = p.factor.unwrap_or(1.0) as f32;
+            let low = p.low_freq_factor.unwrap_or(1.0) as f32;
+            let high = p.high_freq_factor.unwrap_or(4.0) as f32;
+            let orig = p.original_max_position_embeddings.unwrap_or(8192.0) as f32;
+            let low_wavelen = orig / low;
+            let high_wavelen = orig / high;
+            for x in f.iter_mut() {
+                let wavelen = 2.0 * std::f32::consts::PI / *x;
+                if wavelen > low_wavelen {
+                    *x /= factor;
+                } else if wavelen >= high_wavelen {
+                    let smooth = (orig / wavelen - low) / (high - low);
+                    *x = (1.0 - smooth) * *x / factor + smooth * *x;
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_frequencies_fall_geometrically() {
+        let p = RopeParameters { rope_theta: Some(10000.0), ..Default::default() };
+        let f = rope_inv_freq(&p, 8, 1.0).unwrap();
+        assert_eq!(f.len(), 4);
+        assert!((f[0] - 1.0).abs() < 1e-7);
+        assert!((f[1] - 0.1).abs() < 1e-6);
+        assert!((f[3] - 0.001).abs() < 1e-8);
+    }
+
+    #[test]
+    fn llama3_keeps_high_and_divides_low_frequencies() {
+        let p = RopeParameters {
+            rope_type: Some("llama3".into()),
+            rope_theta: Some(10000.0),
+            factor: Some(8.0),
+            low_freq_factor: Some(1.0),
+            high_freq_factor: Some(4.0),
+            original_max_position_embeddings: Some(64.0),
+        };
+        let base = rope_inv_freq(&RopeParameters { rope_theta: Some(10000.0), ..Default::default() }, 16, 1.0).unwrap();
+        let f = rope_inv_freq(&p, 16, 1.0).unwrap();
+        // λ(f0) = 2π < 16: kept. λ(f7) = 2π·10000^(14/16) ≫ 64: divided by 8.
+        assert_eq!(f[0], base[0]);
+        assert!((f[7] - base[7] / 8.0).abs() < 1e-9);
+        // Something in between is blended strictly between the two.
+        let mid: Vec<usize> = (0..8).filter(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-9).collect();
+        for i in mid {
+            assert!(f[i] < base[i] && f[i] > base[i] / 8.0);
+        }
+    }
+
+    #[test]
+    fn unknown_rope_type_is_an_error() {
+        let p = RopeParameters { rope_type: Some("weird".into()), ..Default::default() };
+        assert!(rope_inv_freq(&p, 8, 10000.0).unwrap_err().to_string().contains("weird"));
+    }
+}

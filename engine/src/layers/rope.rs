@@ -1,0 +1,29 @@
+//! Rotary position embedding (Su et al. 2021, RoFormer).
+
+use anyhow::Result;
+use dayone_backend::{Backend, HostTensor, RopeStyle};
+
+/// Precomputed inverse frequencies and the pairing style.
+pub struct Rope<B: Backend> {
+    /// `[rot_dim / 2]` f32.
+    pub inv_freq: B::Tensor,
+    /// Dims rotated at the start of each head.
+    pub rot_dim: usize,
+    /// How dims are paired.
+    pub style: RopeStyle,
+    /// Multiplier on cos/sin (YaRN attention factor; 1 otherwise).
+    pub mscale: f32,
+}
+
+impl<B: Backend> Rope<B> {
+    /// Uploads `inv_freq` (see [`crate::config::rope_inv_freq`]).
+    pub fn new(b: &B, inv_freq: &[f32], style: RopeStyle, mscale: f32) -> Result<Self> {
+        let t = b.upload(&HostTensor::from_f32(vec![inv_freq.len()], inv_freq)?)?;
+        Ok(Self { inv_freq: t, rot_dim: inv_freq.len() * 2, style, mscale })
+    }
+
+    /// `x` `[N, H, hd]`, `positions` `[N]` u32 → rotated `[N, H, hd]`.
+    pub fn forward(&self, b: &B, x: &B::Tensor, positions: &B::Tensor) -> Result<B::Tensor> {
+        b.rope(x, positions, &self.inv_freq, self.rot_dim, self.style, self.mscale)
+    }
+}

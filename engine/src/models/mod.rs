@@ -1,0 +1,52 @@
+//! Architectures, one file each. A model turns a step's token ids into logits, reading and
+//! writing its cache; it knows the [`Backend`] trait and nothing about which backend runs it.
+
+mod llama;
+mod qwen3;
+
+pub use llama::Llama;
+
+use crate::cache::{CacheSpec, KvCache};
+use crate::config::ModelConfig;
+use crate::loader::Checkpoint;
+use crate::weights::WeightLoader;
+use anyhow::Result;
+use dayone_backend::{Backend, DType, DeviceStepMeta};
+
+/// A decoder-only language model.
+pub trait CausalLm<B: Backend>: Send + Sync {
+    /// What the model keeps per token (and per sequence) in its cache.
+    fn cache_spec(&self) -> CacheSpec;
+
+    /// One forward step over `ids` `[N]` u32 described by `meta`; returns logits `[M, V]` for
+    /// the rows in `meta.logit_rows`, in the activation dtype. When `trace` is given, the hidden
+    /// state `[N, D]` after the embedding and after each layer is pushed to it (for `dayone check`).
+    fn forward(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &KvCache<B>,
+        trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor>;
+}
+
+/// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`.
+///
+/// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape).
+pub fn load_model<B: Backend>(
+    b: &B,
+    config: &ModelConfig,
+    ckpt: &Checkpoint,
+    dtype: DType,
+    progress: Option<&dyn Fn(usize, usize)>,
+) -> Result<Box<dyn CausalLm<B>>> {
+    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype);
+    if let Some(p) = progress {
+        w = w.with_progress(p);
+    }
+    Ok(match config {
+        ModelConfig::Llama(c) => Box::new(llama::Llama::load(&w, c)?),
+        ModelConfig::Qwen3(c) => Box::new(qwen3::load(&w, c)?),
+    })
+}

@@ -1,0 +1,89 @@
+//! Moving checkpoint tensors onto a device: name lookup, shape checks, dtype conversion.
+
+use crate::loader::TensorSource;
+use anyhow::{bail, Result};
+use dayone_backend::{Backend, DType, HostTensor};
+use std::cell::Cell;
+
+/// Loads named tensors from a [`TensorSource`] onto a backend in one float dtype.
+pub struct WeightLoader<'a, B: Backend> {
+    backend: &'a B,
+    src: &'a dyn TensorSource,
+    dtype: DType,
+    loaded: Cell<usize>,
+    progress: Option<&'a dyn Fn(usize, usize)>,
+}
+
+impl<'a, B: Backend> WeightLoader<'a, B> {
+    /// `dtype` is the storage dtype for float weights (F32 or BF16).
+    pub fn new(backend: &'a B, src: &'a dyn TensorSource, dtype: DType) -> Self {
+        Self { backend, src, dtype, loaded: Cell::new(0), progress: None }
+    }
+
+    /// Calls `f(loaded, total)` after each tensor (for a progress bar).
+    pub fn with_progress(mut self, f: &'a dyn Fn(usize, usize)) -> Self {
+        self.progress = Some(f);
+        self
+    }
+
+    /// The backend tensors go to.
+    pub fn backend(&self) -> &'a B {
+        self.backend
+    }
+
+    /// Whether the checkpoint has a tensor of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.src.shape(name).is_some()
+    }
+
+    /// Loads `name`, checks that its shape is `shape`, converts it to the storage dtype, uploads it.
+    ///
+    /// Errors name the file and the tensor: missing, wrong shape, unsupported dtype.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<B::Tensor> {
+        self.get_as(name, shape, self.dtype)
+    }
+
+    /// Like [`WeightLoader::get`] but in f32 whatever the storage dtype (for small tensors such as
+    /// gate biases that the reference keeps in f32).
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<B::Tensor> {
+        self.get_as(name, shape, DType::F32)
+    }
+
+    /// Like [`WeightLoader::get`], `None` when the tensor is absent.
+    pub fn get_opt(&self, name: &str, shape: &[usize]) -> Result<Option<B::Tensor>> {
+        if self.has(name) {
+            self.get(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<B::Tensor> {
+        let origin = self.src.origin();
+        let Some(found) = self.src.shape(name) else {
+            bail!("{origin}: tensor `{name}` is missing (expected shape {shape:?})");
+        };
+        if found != shape {
+            bail!("{origin}: tensor `{name}` has shape {found:?}, expected {shape:?}");
+        }
+        let host = self.src.load(name)?;
+        if !host.dtype.is_float() {
+            bail!("{origin}: tensor `{name}` has dtype {}, expected a float type", host.dtype);
+        }
+        let host = convert(host, dtype)?;
+        let t = self.backend.upload(&host)?;
+        self.loaded.set(self.loaded.get() + 1);
+        if let Some(p) = self.progress {
+            p(self.loaded.get(), self.src.names().len());
+        }
+        Ok(t)
+    }
+}
+
+/// Converts a float host tensor to `dtype` (round to nearest even).
+pub fn convert(host: HostTensor, dtype: DType) -> Result<HostTensor> {
+    if host.dtype == dtype {
+        return Ok(host);
+    }
+    HostTensor::from_f32_as(host.shape.clone(), &host.to_f32(), dtype)
+}
