@@ -1,1 +1,131 @@
-//! Shared helpers for the cross-crate tests.
+//! Shared helpers for the cross-crate tests: fixture paths, reference files, comparisons, and
+//! a macro that runs one test body on every backend (candle's `test_device!` idea).
+
+use anyhow::{bail, Context, Result};
+use dayone_backend::{Backend, DType};
+use dayone_engine::loader;
+use dayone_engine::sampling::SamplingParams;
+use dayone_engine::{Engine, EngineConfig};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+
+/// Runs a generic test body `fn(B)` once per backend: `cpu` (reference) and `wgsl`.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident => $body:expr;)*) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+                #[test]
+                fn cpu() {
+                    ($body)(dayone_backend::cpu::CpuBackend).unwrap();
+                }
+            }
+        )*
+    };
+}
+
+/// One recorded reference case.
+#[derive(Deserialize, Debug, Clone)]
+pub struct Case {
+    /// Prompt token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Outputs recorded in float32.
+    pub float32: DtypeCase,
+    /// Outputs recorded in bfloat16.
+    pub bfloat16: DtypeCase,
+}
+
+/// What the reference produced in one dtype.
+#[derive(Deserialize, Debug, Clone)]
+pub struct DtypeCase {
+    /// Greedy continuation (8 tokens).
+    pub greedy_ids: Vec<u32>,
+    /// Logits after the prefill, then after each decode step.
+    pub logits: Vec<Vec<f32>>,
+    /// Top-1 minus top-2 logit at each step (near-ties make greedy comparisons fragile).
+    #[serde(default)]
+    pub top2_margin: Vec<f32>,
+}
+
+/// A fixture's `reference.json`.
+#[derive(Deserialize, Debug)]
+pub struct Reference {
+    /// Prompts and outputs.
+    pub cases: Vec<Case>,
+}
+
+/// Reads `tests/fixtures/<name>/reference.json`.
+pub fn reference(name: &str) -> Result<Reference> {
+    let p = fixture(name).join("reference.json");
+    let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&s).with_context(|| format!("parsing {}", p.display()))
+}
+
+/// Relative error of a vector: `‖a − b‖₂ / ‖b‖₂` (b is the reference).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (d / n.max(1e-300)).sqrt()
+}
+
+/// The field's tolerance for a dtype: f32 1e-4, bf16 2e-2 (relative).
+pub fn tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F32 {
+        1e-4
+    } else {
+        2e-2
+    }
+}
+
+/// An engine over a fixture checkpoint.
+pub fn engine<B: Backend>(b: B, name: &str, cfg: EngineConfig) -> Result<Engine<B>> {
+    let ckpt = loader::open(&fixture(name))?;
+    Engine::new(b, &ckpt, &cfg, None)
+}
+
+/// Greedy params that ignore EOS.
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { max_tokens, ignore_eos: true, ..Default::default() }
+}
+
+/// Runs each reference prompt alone through prefill + decode with logits captured, and checks
+/// every logits row against the reference within the dtype's tolerance and the greedy tokens.
+pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
+    let r = reference(name)?;
+    let mut e = engine(b, name, EngineConfig { dtype, ..Default::default() })?;
+    e.capture_logits = true;
+    let tol = tolerance(dtype);
+    for (ci, case) in r.cases.iter().enumerate() {
+        let want = if dtype == DType::F32 { &case.float32 } else { &case.bfloat16 };
+        e.add_request(case.prompt_ids.clone(), greedy(want.logits.len()))?;
+        let mut got_ids = Vec::new();
+        let mut step = 0;
+        while e.has_unfinished() {
+            let events = e.step()?;
+            if events.is_empty() {
+                continue; // a prefill chunk without a sampled token
+            }
+            let (_, logits) = &e.last_logits[0];
+            let err = rel_err(logits, &want.logits[step]);
+            if err > tol {
+                bail!("{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
+            }
+            got_ids.push(events[0].token);
+            step += 1;
+        }
+        let n = want.greedy_ids.len();
+        if got_ids[..n] != want.greedy_ids[..] {
+            bail!("{name} {dtype} case {ci}: greedy tokens {:?} != reference {:?}", &got_ids[..n], want.greedy_ids);
+        }
+    }
+    Ok(())
+}

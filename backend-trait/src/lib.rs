@@ -14,4 +14,5 @@ pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
 
 pub mod conformance;
+pub mod cpu;
 pub mod reference;

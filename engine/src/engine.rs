@@ -49,6 +49,7 @@ pub struct Engine<B: Backend> {
     scheduler: Scheduler,
     eos_ids: Vec<u32>,
     next_id: u64,
+    cache_bytes_per_token: usize,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
     pub capture_logits: bool,
     /// `(sequence id, logits [V] f32)` of the last step, when `capture_logits` is set.
@@ -79,6 +80,7 @@ impl<B: Backend> Engine<B> {
         let cache = KvCache::new(&backend, &model.cache_spec(), num_blocks, bs, act)?;
         let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks)?;
         Ok(Self {
+            cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             backend,
             config,
             model,
@@ -89,6 +91,11 @@ impl<B: Backend> Engine<B> {
             capture_logits: false,
             last_logits: Vec::new(),
         })
+    }
+
+    /// Bytes the cache keeps per token over all layers.
+    pub fn cache_bytes_per_token(&self) -> usize {
+        self.cache_bytes_per_token
     }
 
     /// Token ids that stop generation.

@@ -1,0 +1,186 @@
+//! A slow, obviously-correct [`Backend`] on the host, built from [`crate::reference`] ops.
+//!
+//! For engine tests without a GPU and for debugging a model layer by layer on a laptop; not for
+//! speed. bf16 activations are computed in f32 (`activation_dtype(BF16) = F32`).
+
+use crate::{reference, Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo};
+use anyhow::{ensure, Result};
+use std::sync::{Arc, RwLock};
+
+/// A host tensor behind a shared lock; clones and reshapes share the storage.
+#[derive(Clone, Debug)]
+pub struct CpuTensor {
+    data: Arc<RwLock<HostTensor>>,
+    shape: Vec<usize>,
+}
+
+impl TensorInfo for CpuTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.data.read().expect("lock").dtype
+    }
+}
+
+impl CpuTensor {
+    fn new(t: HostTensor) -> Self {
+        Self {
+            shape: t.shape.clone(),
+            data: Arc::new(RwLock::new(t)),
+        }
+    }
+
+    /// A copy of the data with this view's shape.
+    fn host(&self) -> HostTensor {
+        let mut t = self.data.read().expect("lock").clone();
+        t.shape = self.shape.clone();
+        t
+    }
+}
+
+/// The reference backend.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+
+    fn name(&self) -> String {
+        "cpu-reference".into()
+    }
+
+    fn activation_dtype(&self, _requested: DType) -> DType {
+        DType::F32
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {
+        let t = match host.dtype {
+            DType::BF16 | DType::F16 => HostTensor::from_f32(host.shape.clone(), &host.to_f32())?,
+            _ => host.clone(),
+        };
+        Ok(CpuTensor::new(t))
+    }
+
+    fn download(&self, t: &CpuTensor) -> Result<HostTensor> {
+        Ok(t.host())
+    }
+
+    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<CpuTensor> {
+        let n: usize = shape.iter().product();
+        Ok(CpuTensor::new(HostTensor::new(
+            shape.to_vec(),
+            dtype,
+            vec![0; n * dtype.size()],
+        )?))
+    }
+
+    fn reshape(&self, t: &CpuTensor, shape: &[usize]) -> Result<CpuTensor> {
+        ensure!(
+            shape.iter().product::<usize>() == t.numel(),
+            "reshape: cannot view {:?} as {shape:?}",
+            t.shape
+        );
+        Ok(CpuTensor {
+            data: t.data.clone(),
+            shape: shape.to_vec(),
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn embedding(&self, table: &CpuTensor, ids: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::embedding(
+            &table.host(),
+            &ids.host(),
+        )?))
+    }
+
+    fn linear(&self, x: &CpuTensor, w: &CpuTensor, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
+        let bias = bias.map(|b| b.host());
+        Ok(CpuTensor::new(reference::linear(
+            &x.host(),
+            &w.host(),
+            bias.as_ref(),
+        )?))
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::rms_norm(
+            &x.host(),
+            &w.host(),
+            eps,
+        )?))
+    }
+
+    fn rope(
+        &self,
+        x: &CpuTensor,
+        positions: &CpuTensor,
+        inv_freq: &CpuTensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::rope(
+            &x.host(),
+            &positions.host(),
+            &inv_freq.host(),
+            rot_dim,
+            style,
+            mscale,
+        )?))
+    }
+
+    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::silu_mul(
+            &gate.host(),
+            &up.host(),
+        )?))
+    }
+
+    fn add(&self, a: &CpuTensor, b: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::add(&a.host(), &b.host())?))
+    }
+
+    fn write_kv(
+        &self,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+    ) -> Result<()> {
+        let mut kc = k_cache.host();
+        let mut vc = v_cache.host();
+        reference::write_kv(&k.host(), &v.host(), &mut kc, &mut vc, &meta.host)?;
+        kc.shape = k_cache.data.read().expect("lock").shape.clone();
+        vc.shape = v_cache.data.read().expect("lock").shape.clone();
+        *k_cache.data.write().expect("lock") = kc;
+        *v_cache.data.write().expect("lock") = vc;
+        Ok(())
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+        scale: f32,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::paged_attention(
+            &q.host(),
+            &k_cache.host(),
+            &v_cache.host(),
+            &meta.host,
+            scale,
+        )?))
+    }
+
+    fn argmax(&self, x: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::argmax(&x.host())?))
+    }
+}

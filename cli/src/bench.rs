@@ -1,0 +1,207 @@
+//! `dayone bench`: TTFT, TPOT, throughput and decode bandwidth against the memory roofline.
+//!
+//! Bytes that must move per decode step = weights read once (all but the embedding table, which
+//! is only gathered, unless tied to the output head) + every running sequence's KV cache. The
+//! roofline is the device's measured streaming bandwidth (an element-wise add over 1 GiB: two
+//! reads and one write per element).
+
+use crate::backend_choice::BackendKind;
+use crate::load;
+use crate::with_backend;
+use anyhow::Result;
+use clap::Args;
+use dayone_backend::{Backend, DType};
+use dayone_engine::loader::Checkpoint;
+use dayone_engine::sampling::SamplingParams;
+use dayone_engine::scheduler::SchedulerConfig;
+use dayone_engine::EngineConfig;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Flags of `dayone bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model directory or .gguf file; default: SmolLM2-135M-Instruct.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Concurrent sequences.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Prompt tokens per sequence (random ids, fixed seed).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Generated tokens per sequence (EOS ignored).
+    #[arg(long, default_value_t = 128)]
+    pub gen_len: usize,
+    /// wgsl, cuda or auto.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// f32 or bf16 (default: bf16 on CUDA, f32 on WGSL).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Token budget per step (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    pub max_batched_tokens: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `dayone bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.batch == 0 || a.prompt_len == 0 || a.gen_len == 0 {
+        anyhow::bail!("--batch, --prompt-len and --gen-len must be at least 1");
+    }
+    let kind = BackendKind::parse(&a.backend)?;
+    let dtype = match &a.dtype {
+        Some(d) => load::dtype(d)?,
+        None if kind == BackendKind::Cuda => DType::BF16,
+        None => DType::F32,
+    };
+    let path = load::model_path(a.model.clone())?;
+    let ckpt = load::open(&path)?;
+    with_backend!(kind, |b| bench(b, &ckpt, dtype, &a))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Streaming bandwidth in bytes/s from a large element-wise add.
+fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
+    let n = 64 << 20; // 64 Mi f32 = 256 MiB per operand
+    let x = b.zeros(&[n], DType::F32)?;
+    let y = b.zeros(&[n], DType::F32)?;
+    b.add(&x, &y)?;
+    b.synchronize()?;
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        b.add(&x, &y)?;
+    }
+    b.synchronize()?;
+    Ok((3 * 4 * n * reps) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Result<()> {
+    let ctx = a.prompt_len + a.gen_len;
+    let cfg = EngineConfig {
+        dtype,
+        kv_cache_tokens: Some(a.batch * ctx.next_multiple_of(16) + 16),
+        scheduler: SchedulerConfig {
+            max_batched_tokens: a.max_batched_tokens,
+            max_prefill_chunk: a.max_batched_tokens,
+            max_num_seqs: a.batch,
+            block_size: 16,
+        },
+    };
+    let mut engine = load::engine(b, ckpt, &cfg, a.json)?;
+    let act = engine.backend.activation_dtype(dtype);
+    let vocab = engine.config.vocab_size() as u64;
+    let names = ckpt.tensors.names();
+    let tied = !names.iter().any(|n| n == "lm_head.weight");
+    let weight_elems: usize = names
+        .iter()
+        .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
+        .filter_map(|n| ckpt.tensors.shape(n))
+        .map(|s| s.iter().product::<usize>())
+        .sum();
+    let weight_bytes = (weight_elems * act.size()) as f64;
+    let roofline = copy_bandwidth(&engine.backend)?;
+
+    // Warm-up: one short request compiles kernels and fills allocator pools.
+    let warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab as u32).collect();
+    engine.add_request(warm, SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() })?;
+    engine.run_to_completion()?;
+    engine.backend.synchronize()?;
+
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab) as u32
+    };
+    let params = SamplingParams { max_tokens: a.gen_len, ignore_eos: true, ..Default::default() };
+    let start = Instant::now();
+    let mut first_token_at = vec![None; a.batch];
+    let mut ids = Vec::new();
+    for _ in 0..a.batch {
+        let p: Vec<u32> = (0..a.prompt_len).map(|_| next()).collect();
+        ids.push(engine.add_request(p, params.clone())?);
+    }
+    let first_id = ids[0];
+    let mut decode_steps: Vec<(f64, usize, usize)> = Vec::new(); // (seconds, tokens, kv tokens read)
+    let mut generated = 0usize;
+    let mut ctx_len = vec![a.prompt_len; a.batch];
+    while engine.has_unfinished() {
+        // A step is pure decode when every sequence already has its first token.
+        let all_decode = first_token_at.iter().all(|x| x.is_some());
+        let t = Instant::now();
+        let events = engine.step()?;
+        let dt = t.elapsed().as_secs_f64();
+        let kv: usize = events.iter().map(|e| ctx_len[(e.seq_id - first_id) as usize]).sum();
+        for e in &events {
+            let i = (e.seq_id - first_id) as usize;
+            first_token_at[i].get_or_insert_with(|| start.elapsed().as_secs_f64());
+            ctx_len[i] += 1;
+        }
+        if all_decode && !events.is_empty() {
+            decode_steps.push((dt, events.len(), kv));
+        }
+        generated += events.len();
+    }
+    let total = start.elapsed().as_secs_f64();
+    let mut ttft: Vec<f64> = first_token_at.iter().map(|x| x.unwrap_or(total)).collect();
+    ttft.sort_by(f64::total_cmp);
+    let mut tpot: Vec<f64> = decode_steps.iter().map(|s| s.0).collect();
+    tpot.sort_by(f64::total_cmp);
+    let decode_time: f64 = decode_steps.iter().map(|s| s.0).sum();
+    let decode_tokens: usize = decode_steps.iter().map(|s| s.1).sum();
+    let kv_bytes: f64 = decode_steps.iter().map(|s| (s.2 * engine.cache_bytes_per_token()) as f64).sum();
+    let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
+    let achieved = if decode_time > 0.0 { moved / decode_time } else { f64::NAN };
+    let prefill_tokens = a.batch * a.prompt_len;
+    let report = serde_json::json!({
+        "backend": engine.backend.name(),
+        "model": ckpt.path.display().to_string(),
+        "dtype": act.to_string(),
+        "batch": a.batch,
+        "prompt_len": a.prompt_len,
+        "gen_len": a.gen_len,
+        "ttft_median_s": percentile(&ttft, 0.5),
+        "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
+        "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
+        "tpot_median_s": percentile(&tpot, 0.5),
+        "tpot_p99_s": percentile(&tpot, 0.99),
+        "output_tokens_per_s": generated as f64 / total,
+        "decode_tokens_per_s": decode_tokens as f64 / decode_time,
+        "weight_bytes": weight_bytes,
+        "decode_bytes_per_step_avg": moved / decode_steps.len().max(1) as f64,
+        "achieved_decode_gbps": achieved / 1e9,
+        "roofline_gbps": roofline / 1e9,
+        "roofline_fraction": achieved / roofline,
+        "total_s": total,
+    });
+    if a.json {
+        println!("{report}");
+    } else {
+        println!("model {} | {} | {} | batch {} | prompt {} | gen {}", ckpt.path.display(), engine.backend.name(), act, a.batch, a.prompt_len, a.gen_len);
+        println!("{:<28}{:>14}", "metric", "value");
+        let row = |k: &str, v: String| println!("{k:<28}{v:>14}");
+        row("TTFT median (ms)", format!("{:.2}", percentile(&ttft, 0.5) * 1e3));
+        row("TTFT max (ms)", format!("{:.2}", ttft.last().copied().unwrap_or(f64::NAN) * 1e3));
+        row("prefill tok/s", format!("{:.1}", report["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN)));
+        row("TPOT median (ms)", format!("{:.3}", percentile(&tpot, 0.5) * 1e3));
+        row("TPOT p99 (ms)", format!("{:.3}", percentile(&tpot, 0.99) * 1e3));
+        row("output tok/s", format!("{:.1}", generated as f64 / total));
+        row("decode tok/s", format!("{:.1}", decode_tokens as f64 / decode_time));
+        row("decode GB/s achieved", format!("{:.1}", achieved / 1e9));
+        row("roofline GB/s (measured)", format!("{:.1}", roofline / 1e9));
+        row("roofline fraction", format!("{:.1}%", 100.0 * achieved / roofline));
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Turning a user's text into prompt ids: raw (with BOS when the tokenizer wants it) or through
+//! the checkpoint's chat template.
+
+use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::loader::TokenizerAssets;
+use anyhow::{bail, Context, Result};
+
+/// Prompt ids for `text`. With `chat`, the text becomes the user turn (after an optional system
+/// turn) of the checkpoint's chat template, rendered with a generation prompt.
+///
+/// Errors: no tokenizer in the checkpoint (use `--prompt-ids`), no chat template with `chat`,
+/// an empty prompt, or a template that fails to render.
+pub fn prompt_ids(assets: &TokenizerAssets, text: &str, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
+    if text.is_empty() {
+        bail!("the prompt is empty: give --prompt TEXT or --prompt-ids");
+    }
+    let Some(tok) = assets.tokenizer.as_ref() else {
+        bail!("this checkpoint has no tokenizer (tokenizer.json or GGUF vocabulary): pass --prompt-ids");
+    };
+    if chat {
+        let Some(src) = assets.chat_template.as_deref() else {
+            bail!("this checkpoint has no chat template (tokenizer_config.json, chat_template.jinja or GGUF metadata): drop --chat");
+        };
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(ChatMessage { role: "system".into(), content: s.into() });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: text.into() });
+        let rendered = ChatTemplate::new(src)?
+            .render(
+                &messages,
+                true,
+                assets.bos_token.as_deref().unwrap_or(""),
+                assets.eos_token.as_deref().unwrap_or(""),
+            )
+            .context("rendering the chat template")?;
+        // The template writes any BOS itself.
+        return tok.encode(&rendered, false);
+    }
+    let mut ids = tok.encode(text, false)?;
+    if assets.add_bos {
+        if let Some(bos) = assets.bos_id {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Parses `--prompt-ids 1,2,3`.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(|x| x.trim())
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<u32>().with_context(|| format!("--prompt-ids: '{x}' is not a token id (expected comma-separated integers)")))
+        .collect::<Result<Vec<_>>>()?;
+    if ids.is_empty() {
+        bail!("--prompt-ids is empty: give comma-separated token ids");
+    }
+    Ok(ids)
+}
