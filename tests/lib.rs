@@ -14,8 +14,13 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
+/// The WGSL backend; CI installs lavapipe, so its absence is a failure, not a skip.
+pub fn wgsl() -> dayone_wgsl::WgslBackend {
+    dayone_wgsl::WgslBackend::new().expect("WGSL backend unavailable (install mesa-vulkan-drivers for lavapipe)")
+}
 
-/// Runs a generic test body `fn(B)` once per backend: `cpu` (reference) and `wgsl`.
+/// Runs a generic test body once per backend (`cpu` reference, `wgsl`); the body gets a
+/// factory `Fn() -> B` so it can make several engines.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($name:ident => $body:expr;)*) => {
@@ -25,7 +30,11 @@ macro_rules! on_every_backend {
                 use super::*;
                 #[test]
                 fn cpu() {
-                    ($body)(dayone_backend::cpu::CpuBackend).unwrap();
+                    ($body)(|| dayone_backend::cpu::CpuBackend).unwrap();
+                }
+                #[test]
+                fn wgsl() {
+                    ($body)(dayone_tests::wgsl).unwrap();
                 }
             }
         )*

@@ -5,9 +5,9 @@ use dayone_backend::DType;
 use dayone_tests::{check_golden, on_every_backend};
 
 on_every_backend! {
-    llama_f32 => |b| check_golden(b, "llama_tiny", DType::F32);
-    llama_bf16 => |b| check_golden(b, "llama_tiny", DType::BF16);
-    qwen3_f32 => |b| check_golden(b, "qwen3_tiny", DType::F32);
-    qwen3_bf16 => |b| check_golden(b, "qwen3_tiny", DType::BF16);
-    llama_sharded_f32 => |b| check_golden(b, "llama_sharded", DType::F32);
+    llama_f32 => |mk: fn() -> _| check_golden(mk(), "llama_tiny", DType::F32);
+    llama_bf16 => |mk: fn() -> _| check_golden(mk(), "llama_tiny", DType::BF16);
+    qwen3_f32 => |mk: fn() -> _| check_golden(mk(), "qwen3_tiny", DType::F32);
+    qwen3_bf16 => |mk: fn() -> _| check_golden(mk(), "qwen3_tiny", DType::BF16);
+    llama_sharded_f32 => |mk: fn() -> _| check_golden(mk(), "llama_sharded", DType::F32);
 }

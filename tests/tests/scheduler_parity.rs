@@ -37,33 +37,33 @@ fn prompts() -> Result<Vec<Vec<u32>>> {
     Ok(p)
 }
 
-fn batched_equals_alone<B: Backend + Clone>(b: B) -> Result<()> {
+fn batched_equals_alone<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let prompts = prompts()?;
-    let together = run_batched(b.clone(), config(2048, 16), &prompts)?;
+    let together = run_batched(mk(), config(2048, 16), &prompts)?;
     for (i, p) in prompts.iter().enumerate() {
-        let alone = run_batched(b.clone(), config(2048, 16), std::slice::from_ref(p))?;
+        let alone = run_batched(mk(), config(2048, 16), std::slice::from_ref(p))?;
         ensure!(alone[0] == together[i], "prompt {i}: alone {:?} != batched {:?}", alone[0], together[i]);
     }
     Ok(())
 }
 
-fn chunked_equals_one_shot<B: Backend + Clone>(b: B) -> Result<()> {
+fn chunked_equals_one_shot<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let prompts = prompts()?;
-    let one_shot = run_batched(b.clone(), config(4096, 16), &prompts)?;
+    let one_shot = run_batched(mk(), config(4096, 16), &prompts)?;
     for (chunk, bs) in [(1, 16), (3, 16), (7, 4), (16, 16), (33, 8)] {
-        let chunked = run_batched(b.clone(), config(chunk, bs), &prompts)?;
+        let chunked = run_batched(mk(), config(chunk, bs), &prompts)?;
         ensure!(chunked == one_shot, "token budget {chunk}, block size {bs}: {chunked:?} != one-shot {one_shot:?}");
     }
     Ok(())
 }
 
-fn preemption_keeps_tokens<B: Backend + Clone>(b: B) -> Result<()> {
+fn preemption_keeps_tokens<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let prompts = prompts()?;
-    let roomy = run_batched(b.clone(), config(2048, 4), &prompts)?;
+    let roomy = run_batched(mk(), config(2048, 4), &prompts)?;
     // 36 blocks of 4 tokens cannot hold every sequence at once: some are preempted and recomputed.
     let mut tight = config(2048, 4);
     tight.kv_cache_tokens = Some(144);
-    let squeezed = run_batched(b, tight, &prompts)?;
+    let squeezed = run_batched(mk(), tight, &prompts)?;
     ensure!(squeezed == roomy, "with preemption {squeezed:?} != without {roomy:?}");
     Ok(())
 }
