@@ -143,6 +143,7 @@ fn generate<B: Backend>(
             stdout.write_all(s.finish()?.as_bytes())?;
         }
         writeln!(stdout)?;
+        stdout.flush()?;
     } else {
         let j = serde_json::json!({
             "prompt_ids": ids,
