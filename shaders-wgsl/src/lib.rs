@@ -1,1 +1,974 @@
-//! The WGSL backend (filled in by the WGSL work).
+//! dayone's portable backend: [`dayone_backend::Backend`] on wgpu with WGSL compute shaders.
+//!
+//! Runs on any Vulkan/Metal/DX12 adapter, including Mesa lavapipe (CPU Vulkan), where it is the
+//! correctness reference in CI. Activations and weights are stored as f32 (bf16/f16 uploads
+//! are widened on the host); integer tensors as u32/i32.
+//!
+//! Design:
+//! - Ops are recorded into one command encoder and submitted lazily: on `download`,
+//!   `synchronize`, before an upload that would race with pending work, or every
+//!   [`MAX_PENDING_OPS`] ops. Kernel parameters go to a uniform arena bound with dynamic offsets.
+//! - Tensor memory comes from a size-bucketed pool and returns to it when the last handle drops.
+//! - Tensors larger than the adapter's largest storage binding (128 MiB on lavapipe) are split by
+//!   rows into several buffers; `linear` (weights), `embedding` (table), `upload` and `download`
+//!   handle split tensors transparently, other ops return an error for them.
+
+mod buffers;
+mod pipelines;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use buffers::{Chunk, Pool, Storage};
+use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo};
+use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
+use std::sync::{Arc, Mutex};
+
+/// Ops recorded before the encoder is submitted without being asked.
+pub const MAX_PENDING_OPS: usize = 256;
+/// Byte stride of one op's parameters in the uniform arena (≥ any adapter's uniform alignment).
+const PARAM_STRIDE: u64 = 256;
+/// Largest workgroup count per grid dimension.
+const MAX_GROUPS: u64 = 65535;
+/// Environment variable that lowers the largest buffer chunk (bytes), e.g. to test splitting.
+pub const CHUNK_ENV: &str = "DAYONE_WGSL_MAX_CHUNK_BYTES";
+/// Environment variable choosing an adapter whose name contains the given text.
+pub const ADAPTER_ENV: &str = "DAYONE_WGSL_ADAPTER";
+
+/// Environment variable forcing the `linear` kernel family: `cpu` or `gpu` (see [`KernelChoice`]).
+pub const KERNELS_ENV: &str = "DAYONE_WGSL_KERNELS";
+
+/// Options for [`WgslBackend::with_options`].
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Largest bytes per device buffer; tensors above it are split by rows. `None`: the adapter's
+    /// max storage binding (or the value of [`CHUNK_ENV`] if set).
+    pub max_chunk_bytes: Option<u64>,
+    /// Pick the first adapter whose name contains this text (default: [`ADAPTER_ENV`], else a
+    /// discrete GPU, an integrated GPU, ... a CPU adapter).
+    pub adapter: Option<String>,
+    /// Which `linear` kernels to use; default: by adapter type.
+    pub kernels: KernelChoice,
+}
+
+/// Kernel variants for `linear`, tuned for different kinds of device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelChoice {
+    /// [`KernelChoice::Cpu`] on CPU adapters (lavapipe), [`KernelChoice::Gpu`] otherwise.
+    #[default]
+    Auto,
+    /// SIMD lanes over outputs with uniform (broadcast) loads of the shared operand.
+    Cpu,
+    /// Workgroup reductions along K with coalesced loads (decode), 4×4 register tiles (prefill).
+    Gpu,
+}
+
+/// A device tensor: shared storage, a row-major shape and a dtype (`F32`, `U32` or `I32`).
+#[derive(Clone)]
+pub struct WTensor {
+    st: Arc<Storage>,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+impl TensorInfo for WTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl WTensor {
+    /// Number of device buffers behind the tensor (more than one when it was split by rows).
+    pub fn num_chunks(&self) -> usize {
+        self.st.chunks.len()
+    }
+
+    fn single(&self, op: &str, name: &str) -> Result<&wgpu::Buffer> {
+        match self.st.chunks.as_slice() {
+            [c] => Ok(&c.buf),
+            _ => bail!(
+                "{op}: {name} {:?} is split across {} device buffers (larger than the largest \
+                 storage binding); only linear weights and embedding tables may be split",
+                self.shape,
+                self.st.chunks.len()
+            ),
+        }
+    }
+}
+
+struct Recorder {
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+    ops: usize,
+}
+
+/// The WGSL backend. Cheap to share: all state lives behind internal locks.
+pub struct WgslBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    name: String,
+    max_chunk: u64,
+    cpu_kernels: bool,
+    pool: Arc<Pool>,
+    pipelines: Pipelines,
+    rec: Mutex<Recorder>,
+    arena: wgpu::Buffer,
+    dummy: wgpu::Buffer,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+fn type_name(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::Cpu => "CPU",
+        wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+        wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+        wgpu::DeviceType::VirtualGpu => "virtual GPU",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+fn rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn f32_param(x: f32) -> u32 {
+    x.to_bits()
+}
+
+impl WgslBackend {
+    /// Opens the best adapter (a GPU if there is one, else lavapipe/CPU) with default options.
+    pub fn new() -> Result<Self> {
+        Self::with_options(Options::default())
+    }
+
+    /// Opens an adapter with explicit [`Options`].
+    pub fn with_options(opts: Options) -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let want = opts
+            .adapter
+            .clone()
+            .or_else(|| std::env::var(ADAPTER_ENV).ok());
+        if let Some(w) = &want {
+            let w = w.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&w));
+        }
+        adapters.sort_by_key(|a| rank(a.get_info().device_type));
+        let Some(adapter) = adapters.into_iter().next() else {
+            match want {
+                Some(w) => bail!("no Vulkan/Metal/DX12 adapter whose name contains '{w}' ({ADAPTER_ENV})"),
+                None => bail!(
+                    "no Vulkan/Metal/DX12 adapter found: install mesa-vulkan-drivers (lavapipe) for the CPU fallback"
+                ),
+            }
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("dayone-wgsl"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .with_context(|| format!("requesting a device on adapter '{}'", info.name))?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let e2 = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut g = e2.lock().unwrap_or_else(|p| p.into_inner());
+            if g.is_none() {
+                *g = Some(e.to_string());
+            }
+        }));
+        let hw_max = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let env_max = std::env::var(CHUNK_ENV)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok());
+        let max_chunk = (opts
+            .max_chunk_bytes
+            .or(env_max)
+            .unwrap_or(hw_max)
+            .min(hw_max)
+            / 4
+            * 4)
+        .max(4);
+        let arena = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dayone-wgsl params"),
+            size: PARAM_STRIDE * MAX_PENDING_OPS as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dayone-wgsl dummy"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let name = format!(
+            "wgsl: {:?} {} ({})",
+            info.backend,
+            info.name,
+            type_name(info.device_type)
+        );
+        Ok(Self {
+            pool: Arc::new(Pool::new(device.clone(), max_chunk)),
+            device,
+            queue,
+            name,
+            max_chunk,
+            cpu_kernels: match (opts.kernels, std::env::var(KERNELS_ENV).as_deref()) {
+                (KernelChoice::Cpu, _) | (KernelChoice::Auto, Ok("cpu")) => true,
+                (KernelChoice::Gpu, _) | (KernelChoice::Auto, Ok("gpu")) => false,
+                (KernelChoice::Auto, _) => info.device_type == wgpu::DeviceType::Cpu,
+            },
+            pipelines: Pipelines::new(),
+            rec: Mutex::new(Recorder {
+                encoder: None,
+                params: Vec::new(),
+                ops: 0,
+            }),
+            arena,
+            dummy,
+            error,
+        })
+    }
+
+    /// Largest bytes per device buffer; larger tensors are split by rows.
+    pub fn max_chunk_bytes(&self) -> u64 {
+        self.max_chunk
+    }
+
+    fn check_error(&self) -> Result<()> {
+        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        match g.take() {
+            Some(e) => Err(anyhow!("wgpu error: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.rec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn flush_locked(&self, rec: &mut Recorder) {
+        if let Some(enc) = rec.encoder.take() {
+            if !rec.params.is_empty() {
+                self.queue.write_buffer(&self.arena, 0, &rec.params);
+            }
+            self.queue.submit([enc.finish()]);
+        }
+        rec.params.clear();
+        rec.ops = 0;
+    }
+
+    fn encoder<'a>(&self, rec: &'a mut Recorder) -> &'a mut wgpu::CommandEncoder {
+        rec.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("dayone-wgsl"),
+                })
+        })
+    }
+
+    /// Allocates an uninitialised tensor, split by rows (of `shape[0]`) if it exceeds the chunk size.
+    fn alloc(&self, shape: &[usize], dtype: DType) -> Result<WTensor> {
+        let row = if shape.len() > 1 {
+            shape[1..].iter().product::<usize>().max(1)
+        } else {
+            1
+        };
+        let rows = if shape.is_empty() { 1 } else { shape[0] };
+        let row_bytes = (row * 4) as u64;
+        ensure!(
+            row_bytes <= self.max_chunk,
+            "tensor {shape:?}: one row of {row_bytes} bytes exceeds the largest device buffer ({} bytes)",
+            self.max_chunk
+        );
+        let per = ((self.max_chunk / row_bytes) as usize).max(1);
+        let mut chunks = Vec::new();
+        let mut r = 0;
+        loop {
+            let n = per.min(rows - r);
+            let len = if shape.is_empty() { 1 } else { n * row };
+            chunks.push(Chunk {
+                buf: self.pool.get((len * 4) as u64),
+                start: r * row,
+                len,
+            });
+            r += n;
+            if r >= rows {
+                break;
+            }
+        }
+        Ok(WTensor {
+            st: Arc::new(Storage::new(chunks, self.pool.clone())),
+            shape: shape.to_vec(),
+            dtype,
+        })
+    }
+
+    /// Records one compute dispatch. `bufs` are bound to bindings `1..` in order.
+    fn dispatch(
+        &self,
+        spec: &Spec,
+        params: &[u32],
+        bufs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        debug_assert!(params.len() * 4 <= PARAM_BYTES as usize);
+        debug_assert_eq!(bufs.len(), spec.access.len());
+        let kernel: Arc<Kernel> = self.pipelines.get(&self.device, spec);
+        let mut rec = self.lock();
+        if rec.ops >= MAX_PENDING_OPS {
+            self.flush_locked(&mut rec);
+        }
+        let offset = rec.ops as u64 * PARAM_STRIDE;
+        rec.params
+            .resize(offset as usize + PARAM_STRIDE as usize, 0);
+        let p: &[u8] = bytemuck::cast_slice(params);
+        rec.params[offset as usize..offset as usize + p.len()].copy_from_slice(p);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.arena,
+                offset: 0,
+                size: wgpu::BufferSize::new(PARAM_BYTES),
+            }),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
+        }
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &kernel.layout,
+            entries: &entries,
+        });
+        rec.ops += 1;
+        let enc = self.encoder(&mut rec);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, &bg, &[offset as u32]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        Ok(())
+    }
+
+    /// A 2-D grid of `n` workgroups (x ≤ 65535), for kernels that linearise `wid.x + wid.y·nwg.x`.
+    fn grid(op: &str, n: u64) -> Result<[u32; 3]> {
+        let x = n.clamp(1, MAX_GROUPS);
+        let y = n.div_ceil(x);
+        ensure!(
+            y <= MAX_GROUPS,
+            "{op}: {n} workgroups exceed the 65535² grid"
+        );
+        Ok([if n == 0 { 0 } else { x as u32 }, y as u32, 1])
+    }
+
+    fn float_in(op: &str, name: &str, t: &WTensor) -> Result<()> {
+        ensure!(
+            t.dtype == DType::F32,
+            "{op}: {name} must be a float (f32) tensor, got {}",
+            t.dtype
+        );
+        Ok(())
+    }
+
+    fn u32_in(op: &str, name: &str, t: &WTensor) -> Result<()> {
+        ensure!(
+            matches!(t.dtype, DType::U32 | DType::I32),
+            "{op}: {name} must be a u32 tensor, got {}",
+            t.dtype
+        );
+        Ok(())
+    }
+
+    fn elementwise(&self, op: &str, spec: &Spec, a: &WTensor, b: &WTensor) -> Result<WTensor> {
+        Self::float_in(op, "a", a)?;
+        Self::float_in(op, "b", b)?;
+        ensure!(
+            a.shape == b.shape,
+            "{op}: operands must have equal shapes, got {:?} and {:?}",
+            a.shape,
+            b.shape
+        );
+        let out = self.alloc(&a.shape, DType::F32)?;
+        let n = a.numel();
+        let g = Self::grid(op, (n as u64).div_ceil(1024))?;
+        self.dispatch(
+            spec,
+            &[n as u32, 0, 0, 0],
+            &[
+                a.single(op, "a")?,
+                b.single(op, "b")?,
+                out.single(op, "out")?,
+            ],
+            g,
+        )?;
+        Ok(out)
+    }
+}
+
+impl Backend for WgslBackend {
+    type Tensor = WTensor;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn activation_dtype(&self, _requested: DType) -> DType {
+        DType::F32
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<WTensor> {
+        let numel = host.numel();
+        let want = numel * host.dtype.size();
+        ensure!(
+            host.data.len() == want,
+            "upload: tensor {:?} {} needs {want} bytes, got {}",
+            host.shape,
+            host.dtype,
+            host.data.len()
+        );
+        let (dtype, bytes): (DType, std::borrow::Cow<[u8]>) = match host.dtype {
+            DType::F32 | DType::U32 | DType::I32 => (host.dtype, (&host.data[..]).into()),
+            DType::BF16 | DType::F16 => {
+                let v = host.to_f32();
+                (
+                    DType::F32,
+                    bytemuck::cast_slice::<f32, u8>(&v).to_vec().into(),
+                )
+            }
+        };
+        let t = self.alloc(&host.shape, dtype)?;
+        {
+            // Pool buffers may still be referenced by recorded commands; write_buffer is ordered
+            // at the queue level, so submit pending work first.
+            let mut rec = self.lock();
+            self.flush_locked(&mut rec);
+        }
+        for c in &t.st.chunks {
+            let b = &bytes[c.start * 4..(c.start + c.len) * 4];
+            if !b.is_empty() {
+                self.queue.write_buffer(&c.buf, 0, b);
+            }
+        }
+        Ok(t)
+    }
+
+    fn download(&self, t: &WTensor) -> Result<HostTensor> {
+        let numel = t.numel();
+        let bytes = (numel * 4) as u64;
+        let mut out = vec![0u8; bytes as usize];
+        if bytes > 0 {
+            let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("dayone-wgsl download"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            {
+                let mut rec = self.lock();
+                let enc = self.encoder(&mut rec);
+                for c in &t.st.chunks {
+                    if c.len > 0 {
+                        enc.copy_buffer_to_buffer(
+                            &c.buf,
+                            0,
+                            &staging,
+                            (c.start * 4) as u64,
+                            Some((c.len * 4) as u64),
+                        );
+                    }
+                }
+                self.flush_locked(&mut rec);
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| anyhow!("download: device poll failed: {e}"))?;
+            self.check_error()?;
+            rx.recv()
+                .map_err(|_| anyhow!("download: map callback dropped"))?
+                .map_err(|e| anyhow!("download: buffer map failed: {e}"))?;
+            {
+                let view = staging
+                    .get_mapped_range(..)
+                    .map_err(|e| anyhow!("download: {e}"))?;
+                out.copy_from_slice(&view);
+            }
+            staging.unmap();
+        }
+        self.check_error()?;
+        HostTensor::new(t.shape.clone(), t.dtype, out)
+    }
+
+    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<WTensor> {
+        let dtype = match dtype {
+            DType::F32 | DType::BF16 | DType::F16 => DType::F32,
+            d => d,
+        };
+        let t = self.alloc(shape, dtype)?;
+        let mut rec = self.lock();
+        let enc = self.encoder(&mut rec);
+        for c in &t.st.chunks {
+            enc.clear_buffer(&c.buf, 0, None);
+        }
+        Ok(t)
+    }
+
+    fn reshape(&self, t: &WTensor, shape: &[usize]) -> Result<WTensor> {
+        let n: usize = shape.iter().product();
+        ensure!(
+            n == t.numel(),
+            "reshape: cannot view {:?} ({} elements) as {shape:?} ({n} elements)",
+            t.shape,
+            t.numel()
+        );
+        Ok(WTensor {
+            st: t.st.clone(),
+            shape: shape.to_vec(),
+            dtype: t.dtype,
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        {
+            let mut rec = self.lock();
+            self.flush_locked(&mut rec);
+        }
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("synchronize: device poll failed: {e}"))?;
+        self.check_error()
+    }
+
+    fn embedding(&self, table: &WTensor, ids: &WTensor) -> Result<WTensor> {
+        const OP: &str = "embedding";
+        ensure!(
+            table.shape.len() == 2,
+            "{OP}: table must have shape [V, D], got {:?}",
+            table.shape
+        );
+        ensure!(
+            ids.shape.len() == 1,
+            "{OP}: ids must have shape [N], got {:?}",
+            ids.shape
+        );
+        Self::float_in(OP, "table", table)?;
+        Self::u32_in(OP, "ids", ids)?;
+        let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
+        let out = self.alloc(&[n, d], DType::F32)?;
+        let ob = out.single(OP, "output")?;
+        let ib = ids.single(OP, "ids")?;
+        let g = Self::grid(OP, ((n * d) as u64).div_ceil(256))?;
+        if n * d == 0 {
+            return Ok(out);
+        }
+        let nc = table.st.chunks.len();
+        for (i, c) in table.st.chunks.iter().enumerate() {
+            ensure!(c.start % d == 0, "{OP}: table chunk not aligned to rows");
+            let (r0, r1) = (c.start / d, (c.start + c.len) / d);
+            let p = [
+                n as u32,
+                d as u32,
+                r0 as u32,
+                r1 as u32,
+                v as u32,
+                (i + 1 == nc) as u32,
+                0,
+                0,
+            ];
+            self.dispatch(&pipelines::EMBED, &p, &[&c.buf, ib, ob], g)?;
+        }
+        Ok(out)
+    }
+
+    fn linear(&self, x: &WTensor, w: &WTensor, bias: Option<&WTensor>) -> Result<WTensor> {
+        const OP: &str = "linear";
+        ensure!(
+            w.shape.len() == 2 && !x.shape.is_empty(),
+            "{OP}: expected x [M, K] and w [N, K], got {:?} and {:?}",
+            x.shape,
+            w.shape
+        );
+        Self::float_in(OP, "x", x)?;
+        Self::float_in(OP, "w", w)?;
+        let (n, k) = (w.shape[0], w.shape[1]);
+        ensure!(
+            *x.shape.last().unwrap_or(&0) == k,
+            "{OP}: x must have shape [M, {k}] to match w [{n}, {k}], got {:?}",
+            x.shape
+        );
+        let m: usize = x.shape[..x.shape.len() - 1].iter().product();
+        let mut oshape = x.shape[..x.shape.len() - 1].to_vec();
+        oshape.push(n);
+        let bb = match bias {
+            Some(b) => {
+                ensure!(
+                    b.shape == [n],
+                    "{OP}: bias must have shape [{n}], got {:?}",
+                    b.shape
+                );
+                Self::float_in(OP, "bias", b)?;
+                b.single(OP, "bias")?
+            }
+            None => &self.dummy,
+        };
+        let out = self.alloc(&oshape, DType::F32)?;
+        let ob = out.single(OP, "output [M, N]")?;
+        let xb = x.single(OP, "x")?;
+        if m == 0 || n == 0 {
+            return Ok(out);
+        }
+        ensure!(k > 0, "{OP}: K must be > 0");
+        for c in &w.st.chunks {
+            ensure!(
+                c.start % k == 0 && c.len % k == 0,
+                "{OP}: weight chunk not aligned to rows"
+            );
+            let (n_off, n_chunk) = (c.start / k, c.len / k);
+            let p = [
+                m as u32,
+                k as u32,
+                n as u32,
+                n_off as u32,
+                n_chunk as u32,
+                bias.is_some() as u32,
+                0,
+                0,
+            ];
+            let bufs = [xb, &c.buf, bb, ob];
+            if k % 4 == 0 {
+                let tiles = (n_chunk as u64).div_ceil(4);
+                if m < 4 && !self.cpu_kernels {
+                    let g = Self::grid(OP, tiles * m as u64)?;
+                    self.dispatch(&pipelines::MATVEC_WG, &p, &bufs, g)?;
+                } else if m < 4 {
+                    let gx = tiles.div_ceil(64);
+                    ensure!(gx <= MAX_GROUPS, "{OP}: N {n} too large for one dispatch");
+                    self.dispatch(&pipelines::MATVEC_V4, &p, &bufs, [gx as u32, m as u32, 1])?;
+                } else if std::env::var_os("DAYONE_8X4").is_some() {
+                    let (gx, gy) = (tiles.div_ceil(64), (m as u64).div_ceil(8));
+                    ensure!(gx <= MAX_GROUPS && gy <= MAX_GROUPS, "{OP}: [M, N] = [{m}, {n}] too large for one dispatch");
+                    self.dispatch(&pipelines::MATMUL_8X4, &p, &bufs, [gx as u32, gy as u32, 1])?;
+                } else {
+                    let (gx, gy) = (tiles.div_ceil(64), (m as u64).div_ceil(4));
+                    ensure!(gx <= MAX_GROUPS && gy <= MAX_GROUPS, "{OP}: [M, N] = [{m}, {n}] too large for one dispatch");
+                    self.dispatch(&pipelines::MATMUL_V4, &p, &bufs, [gx as u32, gy as u32, 1])?;
+                }
+            } else {
+                let g = Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?;
+                self.dispatch(&pipelines::MATMUL_S, &p, &bufs, g)?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &WTensor, w: &WTensor, eps: f32) -> Result<WTensor> {
+        const OP: &str = "rms_norm";
+        ensure!(
+            !x.shape.is_empty(),
+            "{OP}: x must have shape [R, D], got {:?}",
+            x.shape
+        );
+        let d = *x.shape.last().unwrap_or(&0);
+        ensure!(
+            w.shape == [d],
+            "{OP}: w must have shape [{d}] to match x {:?}, got {:?}",
+            x.shape,
+            w.shape
+        );
+        Self::float_in(OP, "x", x)?;
+        Self::float_in(OP, "w", w)?;
+        let rows = x.numel().checked_div(d).unwrap_or(0);
+        let out = self.alloc(&x.shape, DType::F32)?;
+        let g = Self::grid(OP, rows as u64)?;
+        self.dispatch(
+            &pipelines::RMS_NORM,
+            &[rows as u32, d as u32, f32_param(eps), 0],
+            &[
+                x.single(OP, "x")?,
+                w.single(OP, "w")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok(out)
+    }
+
+    fn rope(
+        &self,
+        x: &WTensor,
+        positions: &WTensor,
+        inv_freq: &WTensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<WTensor> {
+        const OP: &str = "rope";
+        ensure!(
+            x.shape.len() == 3,
+            "{OP}: x must have shape [N, H, hd], got {:?}",
+            x.shape
+        );
+        let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
+        ensure!(
+            rot_dim > 0 && rot_dim.is_multiple_of(2) && rot_dim <= hd,
+            "{OP}: rot_dim {rot_dim} must be even, positive and <= hd {hd}"
+        );
+        ensure!(
+            positions.shape == [n],
+            "{OP}: positions must have shape [{n}], got {:?}",
+            positions.shape
+        );
+        ensure!(
+            inv_freq.shape == [rot_dim / 2],
+            "{OP}: inv_freq must have shape [{}], got {:?}",
+            rot_dim / 2,
+            inv_freq.shape
+        );
+        Self::float_in(OP, "x", x)?;
+        Self::u32_in(OP, "positions", positions)?;
+        Self::float_in(OP, "inv_freq", inv_freq)?;
+        let out = self.alloc(&x.shape, DType::F32)?;
+        let total = n * h * hd;
+        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
+        let p = [
+            total as u32,
+            h as u32,
+            hd as u32,
+            rot_dim as u32,
+            (style == RopeStyle::Interleaved) as u32,
+            f32_param(mscale),
+            0,
+            0,
+        ];
+        self.dispatch(
+            &pipelines::ROPE_K,
+            &p,
+            &[
+                x.single(OP, "x")?,
+                positions.single(OP, "positions")?,
+                inv_freq.single(OP, "inv_freq")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok(out)
+    }
+
+    fn silu_mul(&self, gate: &WTensor, up: &WTensor) -> Result<WTensor> {
+        self.elementwise("silu_mul", &pipelines::SILU_MUL, gate, up)
+    }
+
+    fn add(&self, a: &WTensor, b: &WTensor) -> Result<WTensor> {
+        self.elementwise("add", &pipelines::ADD, a, b)
+    }
+
+    fn write_kv(
+        &self,
+        k: &WTensor,
+        v: &WTensor,
+        k_cache: &WTensor,
+        v_cache: &WTensor,
+        meta: &DeviceStepMeta<WTensor>,
+    ) -> Result<()> {
+        const OP: &str = "write_kv";
+        let n = meta.host.num_tokens();
+        let slots = meta.slot_mapping.single(OP, "slot_mapping")?;
+        for (name, src, cache) in [("k", k, k_cache), ("v", v, v_cache)] {
+            ensure!(
+                src.shape.len() == 3 && src.shape[0] == n,
+                "{OP}: {name} must have shape [{n}, Hkv, hd], got {:?}",
+                src.shape
+            );
+            ensure!(
+                cache.shape.len() == 4 && cache.shape[2..] == src.shape[1..],
+                "{OP}: {name}_cache must have shape [blocks, bs, {}, {}], got {:?}",
+                src.shape[1],
+                src.shape[2],
+                cache.shape
+            );
+            Self::float_in(OP, name, src)?;
+            Self::float_in(OP, "cache", cache)?;
+            let capacity = cache.shape[0] * cache.shape[1];
+            if let Some(&bad) = meta
+                .host
+                .slot_mapping
+                .iter()
+                .find(|&&s| s as usize >= capacity)
+            {
+                bail!(
+                    "{OP}: slot {bad} outside the cache of {capacity} slots ({:?})",
+                    cache.shape
+                );
+            }
+            let row = src.shape[1] * src.shape[2];
+            let total = n * row;
+            let g = Self::grid(OP, (total as u64).div_ceil(256))?;
+            self.dispatch(
+                &pipelines::WRITE_KV,
+                &[total as u32, row as u32, 0, 0],
+                &[src.single(OP, name)?, slots, cache.single(OP, "cache")?],
+                g,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn paged_attention(
+        &self,
+        q: &WTensor,
+        k_cache: &WTensor,
+        v_cache: &WTensor,
+        meta: &DeviceStepMeta<WTensor>,
+        scale: f32,
+    ) -> Result<WTensor> {
+        const OP: &str = "paged_attention";
+        let hm = &meta.host;
+        let n = hm.num_tokens();
+        ensure!(
+            q.shape.len() == 3 && q.shape[0] == n,
+            "{OP}: q must have shape [{n}, H, hd_k], got {:?}",
+            q.shape
+        );
+        ensure!(
+            k_cache.shape.len() == 4 && v_cache.shape.len() == 4,
+            "{OP}: caches must have shape [blocks, bs, Hkv, hd], got {:?} and {:?}",
+            k_cache.shape,
+            v_cache.shape
+        );
+        let (h, hdk) = (q.shape[1], q.shape[2]);
+        let (blocks, bs, hkv) = (k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]);
+        let hdv = v_cache.shape[3];
+        ensure!(
+            k_cache.shape[3] == hdk && v_cache.shape[..3] == k_cache.shape[..3],
+            "{OP}: k_cache must be [blocks, bs, Hkv, {hdk}] and v_cache [blocks, bs, Hkv, hd_v] with equal \
+             leading dims, got {:?} and {:?}",
+            k_cache.shape,
+            v_cache.shape
+        );
+        ensure!(
+            hkv > 0 && h % hkv == 0,
+            "{OP}: H {h} must be a multiple of Hkv {hkv}"
+        );
+        ensure!(
+            bs == hm.block_size,
+            "{OP}: cache block size {bs} != meta.block_size {}",
+            hm.block_size
+        );
+        ensure!(
+            hdk % 4 == 0 && hdk <= 512 && hdv <= 512,
+            "{OP}: head dims must satisfy hd_k % 4 == 0, hd_k <= 512, hd_v <= 512; got {hdk}, {hdv}"
+        );
+        ensure!(
+            hm.token_seq.len() == n,
+            "{OP}: token_seq must have {n} entries"
+        );
+        ensure!(
+            hm.block_tables.len() >= hm.num_seqs() * hm.max_blocks,
+            "{OP}: block_tables must have [S = {}, max_blocks = {}] entries",
+            hm.num_seqs(),
+            hm.max_blocks
+        );
+        for t in 0..n {
+            let (s, p) = (hm.token_seq[t] as usize, hm.positions[t] as usize);
+            ensure!(
+                s < hm.num_seqs(),
+                "{OP}: token_seq[{t}] = {s} >= number of sequences {}",
+                hm.num_seqs()
+            );
+            ensure!(
+                p / bs < hm.max_blocks,
+                "{OP}: position {p} of token {t} needs block {} >= max_blocks {}",
+                p / bs,
+                hm.max_blocks
+            );
+            for b in 0..=p / bs {
+                let id = hm.block_tables[s * hm.max_blocks + b] as usize;
+                ensure!(
+                    id < blocks,
+                    "{OP}: block id {id} of sequence {s} >= cache blocks {blocks}"
+                );
+            }
+        }
+        for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
+            Self::float_in(OP, name, t)?;
+        }
+        let out = self.alloc(&[n, h, hdv], DType::F32)?;
+        if n == 0 || h == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
+            "{OP}: more than 65535 heads or tokens"
+        );
+        let p = [
+            h as u32,
+            hkv as u32,
+            hdk as u32,
+            hdv as u32,
+            bs as u32,
+            hm.max_blocks as u32,
+            (h / hkv) as u32,
+            f32_param(scale),
+        ];
+        self.dispatch(
+            &pipelines::ATTN,
+            &p,
+            &[
+                q.single(OP, "q")?,
+                k_cache.single(OP, "k_cache")?,
+                v_cache.single(OP, "v_cache")?,
+                meta.positions.single(OP, "positions")?,
+                meta.token_seq.single(OP, "token_seq")?,
+                meta.block_tables.single(OP, "block_tables")?,
+                out.single(OP, "output")?,
+            ],
+            [h as u32, n as u32, 1],
+        )?;
+        Ok(out)
+    }
+
+    fn argmax(&self, x: &WTensor) -> Result<WTensor> {
+        const OP: &str = "argmax";
+        ensure!(
+            x.shape.len() == 2 && x.shape[1] > 0,
+            "{OP}: x must have shape [R, V] with V > 0, got {:?}",
+            x.shape
+        );
+        Self::float_in(OP, "x", x)?;
+        let (r, v) = (x.shape[0], x.shape[1]);
+        let out = self.alloc(&[r], DType::U32)?;
+        let g = Self::grid(OP, r as u64)?;
+        self.dispatch(
+            &pipelines::ARGMAX_K,
+            &[r as u32, v as u32, 0, 0],
+            &[x.single(OP, "x")?, out.single(OP, "output")?],
+            g,
+        )?;
+        Ok(out)
+    }
+}

@@ -1,10 +1,664 @@
 //! GGUF files (llama.cpp): metadata → HF config, tensors dequantized to f32 with HF names.
+//!
+//! llama.cpp's converter stores the rows of `attn_q`/`attn_k` permuted for its interleaved
+//! RoPE; [`unpermute_rows`] puts them back in the Hugging Face (half-split RoPE) order.
 
-use super::Checkpoint;
-use anyhow::Result;
+use super::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
+use super::{Checkpoint, TensorSource, TokenizerAssets};
+use crate::tokenizer::Tokenizer;
+use anyhow::{anyhow, bail, Context, Result};
+use dayone_backend::{DType, HostTensor};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+
+/// Architectures whose metadata and tensor names are mapped to HF form.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
 
 /// Opens a `.gguf` file as a [`Checkpoint`].
 pub fn open_gguf(path: &Path) -> Result<Checkpoint> {
-    anyhow::bail!("{}: GGUF loading is not implemented yet", path.display())
+    let file = GgufFile::open(path)?;
+    checkpoint_from_gguf(file)
+}
+
+/// Builds a [`Checkpoint`] from a parsed GGUF file (which may live in memory).
+pub fn checkpoint_from_gguf(file: GgufFile) -> Result<Checkpoint> {
+    let path = file.path.clone();
+    let arch = match file.get("general.architecture") {
+        Some(MetaValue::String(s)) => s.clone(),
+        Some(v) => bail!(
+            "{}: metadata general.architecture is a {}, expected a string",
+            path.display(),
+            v.type_name()
+        ),
+        None => bail!(
+            "{}: metadata general.architecture is missing (supported: {})",
+            path.display(),
+            SUPPORTED_ARCHITECTURES.join(", ")
+        ),
+    };
+    if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        bail!(
+            "{}: general.architecture = \"{arch}\" is not supported (supported: {})",
+            path.display(),
+            SUPPORTED_ARCHITECTURES.join(", ")
+        );
+    }
+    let meta = Meta {
+        file: &file,
+        arch: &arch,
+    };
+    let config = llama_config(&meta)?;
+    let assets = tokenizer_assets(&file)?;
+    let n_head = config["num_attention_heads"].as_u64().unwrap_or(1) as usize;
+    let n_kv = config["num_key_value_heads"]
+        .as_u64()
+        .unwrap_or(n_head as u64) as usize;
+    let source = GgufSource::new(Arc::new(file), n_head, n_kv)?;
+    Ok(Checkpoint {
+        path,
+        config,
+        tensors: Box::new(source),
+        assets,
+    })
+}
+
+/// Typed metadata lookups with errors that name the file and key.
+struct Meta<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn opt(&self, k: &str) -> Option<&MetaValue> {
+        self.file.get(&self.key(k))
+    }
+
+    fn err(&self, k: &str, want: &str, got: Option<&MetaValue>) -> anyhow::Error {
+        match got {
+            None => anyhow!(
+                "{}: metadata {} is missing ({want} expected)",
+                self.file.path.display(),
+                self.key(k)
+            ),
+            Some(v) => anyhow!(
+                "{}: metadata {} is {v:?}; expected {want}",
+                self.file.path.display(),
+                self.key(k)
+            ),
+        }
+    }
+
+    /// A count; a per-layer array whose entries are all equal is accepted too.
+    fn uint(&self, k: &str) -> Result<u64> {
+        self.opt_uint(k)?
+            .ok_or_else(|| self.err(k, "an unsigned integer", None))
+    }
+
+    fn opt_uint(&self, k: &str) -> Result<Option<u64>> {
+        let Some(v) = self.opt(k) else {
+            return Ok(None);
+        };
+        if let Some(x) = v.as_u64() {
+            return Ok(Some(x));
+        }
+        if let Some(a) = v.as_array() {
+            let xs: Option<Vec<u64>> = a.iter().map(|x| x.as_u64()).collect();
+            if let Some(xs) = xs {
+                if let Some(&first) = xs.first() {
+                    if xs.iter().all(|&x| x == first) {
+                        return Ok(Some(first));
+                    }
+                }
+            }
+        }
+        Err(self.err(k, "an unsigned integer (the same for every layer)", Some(v)))
+    }
+
+    fn opt_float(&self, k: &str) -> Result<Option<f64>> {
+        match self.opt(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(k, "a number", Some(v))),
+        }
+    }
+}
+
+/// Rounds an f32 read from metadata to the shortest decimal that round-trips, so
+/// `1e-5f32` shows up as `1e-5`, not `9.999999747378752e-6`.
+fn clean_f32(x: f64) -> Value {
+    let s = format!("{}", x as f32);
+    s.parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+/// The HF `config.json` equivalent of a llama GGUF's metadata.
+fn llama_config(m: &Meta) -> Result<Value> {
+    let f = m.file;
+    let hidden = m.uint("embedding_length")?;
+    let n_head = m.uint("attention.head_count")?;
+    if n_head == 0 || !hidden.is_multiple_of(n_head) {
+        bail!(
+            "{}: {} = {hidden} is not a multiple of {} = {n_head}",
+            f.path.display(),
+            m.key("embedding_length"),
+            m.key("attention.head_count")
+        );
+    }
+    let n_kv = m.opt_uint("attention.head_count_kv")?.unwrap_or(n_head);
+    if n_kv == 0 || !n_head.is_multiple_of(n_kv) {
+        bail!(
+            "{}: {} = {n_kv} does not divide the head count {n_head}",
+            f.path.display(),
+            m.key("attention.head_count_kv")
+        );
+    }
+    let vocab = match m.opt_uint("vocab_size")? {
+        Some(v) => v,
+        None => match f.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()) {
+            Some(t) => t.len() as u64,
+            None => f
+                .tensor("token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{}: cannot tell the vocabulary size (no {}, tokenizer.ggml.tokens or token_embd.weight)",
+                        f.path.display(),
+                        m.key("vocab_size")
+                    )
+                })? as u64,
+        },
+    };
+    let mut c = Map::new();
+    c.insert("model_type".into(), json!("llama"));
+    c.insert("architectures".into(), json!(["LlamaForCausalLM"]));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.uint("feed_forward_length")?),
+    );
+    c.insert("num_hidden_layers".into(), json!(m.uint("block_count")?));
+    c.insert("num_attention_heads".into(), json!(n_head));
+    c.insert("num_key_value_heads".into(), json!(n_kv));
+    c.insert("vocab_size".into(), json!(vocab));
+    let eps = m
+        .opt_float("attention.layer_norm_rms_epsilon")?
+        .unwrap_or(1e-5);
+    c.insert("rms_norm_eps".into(), clean_f32(eps));
+    let theta = m.opt_float("rope.freq_base")?.unwrap_or(10000.0);
+    c.insert("rope_theta".into(), clean_f32(theta));
+    if let Some(ctx) = m.opt_uint("context_length")? {
+        c.insert("max_position_embeddings".into(), json!(ctx));
+    }
+    if let Some(kl) = m.opt_uint("attention.key_length")? {
+        c.insert("head_dim".into(), json!(kl));
+    }
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("attention_bias".into(), json!(false));
+    c.insert("mlp_bias".into(), json!(false));
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(f.tensor("output.weight").is_none()),
+    );
+    if let Some(kind) = m.opt("rope.scaling.type").and_then(|v| v.as_str()) {
+        if kind != "none" {
+            let mut rs = Map::new();
+            rs.insert("rope_type".into(), json!(kind));
+            rs.insert("type".into(), json!(kind));
+            if let Some(x) = m.opt_float("rope.scaling.factor")? {
+                rs.insert("factor".into(), clean_f32(x));
+            }
+            if let Some(x) = m.opt_uint("rope.scaling.original_context_length")? {
+                rs.insert("original_max_position_embeddings".into(), json!(x));
+            }
+            c.insert("rope_scaling".into(), Value::Object(rs));
+        }
+    }
+    for (field, key) in [
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+    ] {
+        if let Some(v) = f.get(key).and_then(|v| v.as_u64()) {
+            c.insert(field.into(), json!(v));
+        }
+    }
+    if let Some(v) = f
+        .get("tokenizer.ggml.padding_token_id")
+        .and_then(|v| v.as_u64())
+    {
+        c.insert("pad_token_id".into(), json!(v));
+    }
+    c.insert("torch_dtype".into(), json!("float32"));
+    Ok(Value::Object(c))
+}
+
+/// HF name of a llama.cpp tensor name, `None` when there is no mapping.
+pub fn hf_tensor_name(gguf: &str) -> Option<String> {
+    let (stem, suffix) = gguf.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let base = match stem {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        _ => {
+            let rest = stem.strip_prefix("blk.")?;
+            let (n, part) = rest.split_once('.')?;
+            let n: usize = n.parse().ok()?;
+            let hf = match part {
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_output" => "self_attn.o_proj",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                "attn_norm" => "input_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                _ => return None,
+            };
+            format!("model.layers.{n}.{hf}")
+        }
+    };
+    Some(format!("{base}.{suffix}"))
+}
+
+/// Applies llama.cpp's q/k row permutation (what its converter does to HF weights):
+/// rows are viewed as `[n_head, 2, d/2]` and the last two axes swapped, so within each head
+/// GGUF row `2i + s` holds HF row `s·d/2 + i`. `rows` is a row-major `[n_rows, row_len]`
+/// matrix of `elem` bytes per value. Used by tests and writers; loaders use [`unpermute_rows`].
+pub fn permute_rows(
+    data: &[u8],
+    n_rows: usize,
+    n_head: usize,
+    row_bytes: usize,
+) -> Result<Vec<u8>> {
+    reorder_rows(data, n_rows, n_head, row_bytes, true)
+}
+
+/// Undoes llama.cpp's q/k row permutation: HF row `s·d/2 + i` of each head (d rows per
+/// head, s ∈ {0, 1}) is GGUF row `2i + s`. Errors when the rows do not split into heads of an
+/// even size.
+pub fn unpermute_rows(
+    data: &[u8],
+    n_rows: usize,
+    n_head: usize,
+    row_bytes: usize,
+) -> Result<Vec<u8>> {
+    reorder_rows(data, n_rows, n_head, row_bytes, false)
+}
+
+fn reorder_rows(
+    data: &[u8],
+    n_rows: usize,
+    n_head: usize,
+    row_bytes: usize,
+    forward: bool,
+) -> Result<Vec<u8>> {
+    if n_head == 0 || !n_rows.is_multiple_of(n_head) || !(n_rows / n_head).is_multiple_of(2) {
+        bail!("cannot split {n_rows} rows into {n_head} heads of an even size");
+    }
+    if data.len() != n_rows * row_bytes {
+        bail!(
+            "row data has {} bytes, expected {n_rows} rows of {row_bytes}",
+            data.len()
+        );
+    }
+    let d = n_rows / n_head;
+    let half = d / 2;
+    let mut out = vec![0u8; data.len()];
+    for h in 0..n_head {
+        for s in 0..2 {
+            for i in 0..half {
+                let hf = h * d + s * half + i;
+                let gg = h * d + 2 * i + s;
+                let (src, dst) = if forward { (hf, gg) } else { (gg, hf) };
+                out[dst * row_bytes..(dst + 1) * row_bytes]
+                    .copy_from_slice(&data[src * row_bytes..(src + 1) * row_bytes]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Dequantizes a ggml tensor's bytes to f32 values (F32, Q8_0, Q4_0, Q4_1).
+pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
+    let (per, bsize) = ty
+        .block()
+        .ok_or_else(|| anyhow!("ggml type {} cannot be dequantized", ty.name()))?;
+    if !numel.is_multiple_of(per) || bytes.len() != numel / per * bsize {
+        bail!(
+            "{} data of {} bytes does not hold {numel} values",
+            ty.name(),
+            bytes.len()
+        );
+    }
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let mut out = Vec::with_capacity(numel);
+    match ty {
+        GgmlType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(f16)),
+        GgmlType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        GgmlType::Q8_0 => {
+            for blk in bytes.chunks_exact(bsize) {
+                let d = f16(&blk[0..2]);
+                out.extend(blk[2..].iter().map(|&q| (q as i8) as f32 * d));
+            }
+        }
+        GgmlType::Q4_0 => {
+            for blk in bytes.chunks_exact(bsize) {
+                let d = f16(&blk[0..2]);
+                let qs = &blk[2..18];
+                out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
+                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+            }
+        }
+        GgmlType::Q4_1 => {
+            for blk in bytes.chunks_exact(bsize) {
+                let d = f16(&blk[0..2]);
+                let m = f16(&blk[2..4]);
+                let qs = &blk[4..20];
+                out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * d + m));
+                out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
+            }
+        }
+        GgmlType::Other(_) => unreachable!("block() is None for other types"),
+    }
+    Ok(out)
+}
+
+/// Which q/k permutation a tensor needs undone.
+#[derive(Clone, Copy, Debug)]
+enum Unpermute {
+    None,
+    Heads(usize),
+}
+
+/// The tensors of a GGUF file under HF names.
+pub struct GgufSource {
+    file: Arc<GgufFile>,
+    /// HF name → (index into `file.tensors`, permutation to undo).
+    names: BTreeMap<String, (usize, Unpermute)>,
+}
+
+impl GgufSource {
+    /// Maps a file's tensors to HF names; `n_head`/`n_kv_head` size the q/k un-permutation.
+    /// Tensors without an HF mapping keep their GGUF names.
+    pub fn new(file: Arc<GgufFile>, n_head: usize, n_kv_head: usize) -> Result<Self> {
+        let mut names = BTreeMap::new();
+        for (i, t) in file.tensors.iter().enumerate() {
+            let hf = hf_tensor_name(&t.name).unwrap_or_else(|| t.name.clone());
+            let un = if hf.ends_with("self_attn.q_proj.weight") {
+                Unpermute::Heads(n_head)
+            } else if hf.ends_with("self_attn.k_proj.weight") {
+                Unpermute::Heads(n_kv_head)
+            } else {
+                Unpermute::None
+            };
+            if names.insert(hf.clone(), (i, un)).is_some() {
+                bail!("{}: two tensors map to {hf}", file.path.display());
+            }
+        }
+        Ok(Self { file, names })
+    }
+
+    /// The parsed file (metadata, raw tensor infos and bytes).
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// The GGUF tensor info behind an HF name.
+    pub fn info(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.names.get(name).map(|&(i, _)| &self.file.tensors[i])
+    }
+}
+
+impl TensorSource for GgufSource {
+    fn names(&self) -> Vec<String> {
+        self.names.keys().cloned().collect()
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.info(name).map(|t| t.shape())
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor> {
+        let path = self.file.path.display();
+        let &(i, un) = self
+            .names
+            .get(name)
+            .ok_or_else(|| anyhow!("{path}: no tensor named {name}"))?;
+        let t = &self.file.tensors[i];
+        let shape = t.shape();
+        let bytes = self.file.tensor_bytes(t);
+        let (dtype, data) = match t.ggml_type {
+            GgmlType::F16 => (DType::F16, bytes.to_vec()),
+            GgmlType::BF16 => (DType::BF16, bytes.to_vec()),
+            GgmlType::F32 => (DType::F32, bytes.to_vec()),
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                let v = dequantize(t.ggml_type, bytes, t.numel())
+                    .with_context(|| format!("{path}: tensor {} ({name})", t.name))?;
+                (DType::F32, bytemuck::cast_slice::<f32, u8>(&v).to_vec())
+            }
+            GgmlType::Other(_) => bail!(
+                "{path}: tensor {} ({name}) has ggml type {}; supported: f32, f16, bf16, q8_0, q4_0, q4_1",
+                t.name,
+                t.ggml_type.name()
+            ),
+        };
+        let data = match un {
+            Unpermute::Heads(h) if shape.len() == 2 => {
+                let row_bytes = shape[1] * dtype.size();
+                unpermute_rows(&data, shape[0], h, row_bytes).with_context(|| {
+                    format!(
+                        "{path}: tensor {} ({name}): undoing the q/k row permutation",
+                        t.name
+                    )
+                })?
+            }
+            _ => data,
+        };
+        HostTensor::new(shape, dtype, data)
+            .with_context(|| format!("{path}: tensor {} ({name})", t.name))
+    }
+
+    fn origin(&self) -> String {
+        self.file.path.display().to_string()
+    }
+}
+
+/// Tokenizer, chat template and special ids from `tokenizer.*` metadata.
+fn tokenizer_assets(f: &GgufFile) -> Result<TokenizerAssets> {
+    let path = f.path.display();
+    let id = |k: &str| {
+        f.get(k)
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let bos_id = id("tokenizer.ggml.bos_token_id");
+    let eos_id = id("tokenizer.ggml.eos_token_id");
+    let eot_id = id("tokenizer.ggml.eot_token_id");
+    let add_bos_meta = f
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|v| v.as_bool());
+    let chat_template = match f.get("tokenizer.chat_template") {
+        None => None,
+        Some(MetaValue::String(s)) => Some(s.clone()),
+        Some(v) => bail!(
+            "{path}: metadata tokenizer.chat_template is a {}, expected a string",
+            v.type_name()
+        ),
+    };
+    let model = f
+        .get("tokenizer.ggml.model")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    let strings = |k: &str| -> Result<Option<Vec<String>>> {
+        match f.get(k) {
+            None => Ok(None),
+            Some(MetaValue::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| anyhow!("{path}: metadata {k} should be an array of strings")),
+            Some(v) => bail!(
+                "{path}: metadata {k} is a {}, expected an array of strings",
+                v.type_name()
+            ),
+        }
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let (tokenizer, add_bos) = match (model.as_deref(), &tokens) {
+        (None, _) | (_, None) => (None, add_bos_meta.unwrap_or(false)),
+        (Some("gpt2"), Some(tokens)) => {
+            let merges = strings("tokenizer.ggml.merges")?
+                .ok_or_else(|| anyhow!("{path}: gpt2 tokenizer without tokenizer.ggml.merges"))?;
+            let types: Vec<i32> = match f.get("tokenizer.ggml.token_type") {
+                None => vec![1; tokens.len()],
+                Some(MetaValue::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| anyhow!("{path}: metadata tokenizer.ggml.token_type should be an array of integers"))?,
+                Some(v) => bail!("{path}: metadata tokenizer.ggml.token_type is a {}, expected an array", v.type_name()),
+            };
+            let pre = f
+                .get("tokenizer.ggml.pre")
+                .and_then(|v| v.as_str())
+                .unwrap_or("default");
+            // llama.cpp's default for BPE vocabularies is not to add BOS.
+            let add_bos = add_bos_meta.unwrap_or(false) && bos_id.is_some();
+            let tok = Tokenizer::from_gpt2_vocab(tokens, &merges, &types, pre, bos_id, add_bos)
+                .with_context(|| format!("{path}: building the tokenizer from tokenizer.ggml.*"))?;
+            (Some(tok), add_bos)
+        }
+        (Some(other), Some(_)) => bail!(
+            "{path}: tokenizer.ggml.model = \"{other}\" is not supported yet (supported: gpt2)"
+        ),
+    };
+    let text =
+        |i: Option<u32>| i.and_then(|i| tokens.as_ref().and_then(|t| t.get(i as usize).cloned()));
+    let mut eos_ids: Vec<u32> = eos_id.into_iter().collect();
+    if let Some(e) = eot_id {
+        if !eos_ids.contains(&e) {
+            eos_ids.push(e);
+        }
+    }
+    Ok(TokenizerAssets {
+        tokenizer,
+        chat_template,
+        bos_token: text(bos_id),
+        eos_token: text(eos_id),
+        bos_id,
+        add_bos,
+        eos_ids,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_case_permutation() {
+        // One head of 4 rows (d/2 = 2), rows of one byte: HF rows [a0, a1, b0, b1]
+        // (first half, second half) are stored interleaved as [a0, b0, a1, b1].
+        let hf = [10u8, 11, 20, 21];
+        let gg = permute_rows(&hf, 4, 1, 1).unwrap();
+        assert_eq!(gg, vec![10, 20, 11, 21]);
+        assert_eq!(unpermute_rows(&gg, 4, 1, 1).unwrap(), hf.to_vec());
+        // Two heads of 6 rows each, rows of 2 bytes.
+        let hf: Vec<u8> = (0..24).collect();
+        let gg = permute_rows(&hf, 12, 2, 2).unwrap();
+        // Head 0: HF rows 0..6 → GGUF order [0, 3, 1, 4, 2, 5]; head 1 likewise offset by 6.
+        let order = [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11];
+        let want: Vec<u8> = order
+            .iter()
+            .flat_map(|&r| [2 * r as u8, 2 * r as u8 + 1])
+            .collect();
+        assert_eq!(gg, want);
+        assert_eq!(unpermute_rows(&gg, 12, 2, 2).unwrap(), hf);
+    }
+
+    #[test]
+    fn permutation_inverse_and_matches_reshape_swapaxes() {
+        for (rows, heads, rb) in [(8, 1, 3), (8, 2, 4), (64, 4, 2), (48, 3, 1), (96, 3, 8)] {
+            let data: Vec<u8> = (0..rows * rb).map(|i| (i * 7 % 251) as u8).collect();
+            let p = permute_rows(&data, rows, heads, rb).unwrap();
+            assert_eq!(unpermute_rows(&p, rows, heads, rb).unwrap(), data);
+            assert_eq!(
+                permute_rows(
+                    &unpermute_rows(&data, rows, heads, rb).unwrap(),
+                    rows,
+                    heads,
+                    rb
+                )
+                .unwrap(),
+                data
+            );
+            // reshape(n_head, 2, d/2, in).swapaxes(1, 2): output index (h, i, s) reads input (h, s, i).
+            let d = rows / heads;
+            for h in 0..heads {
+                for i in 0..d / 2 {
+                    for s in 0..2 {
+                        let out_row = h * d + i * 2 + s;
+                        let in_row = h * d + s * (d / 2) + i;
+                        assert_eq!(
+                            p[out_row * rb..(out_row + 1) * rb],
+                            data[in_row * rb..(in_row + 1) * rb]
+                        );
+                    }
+                }
+            }
+        }
+        assert!(unpermute_rows(&[0; 6], 6, 2, 1).is_err());
+        assert!(unpermute_rows(&[0; 4], 4, 0, 1).is_err());
+        assert!(unpermute_rows(&[0; 3], 4, 1, 1).is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            hf_tensor_name("token_embd.weight").unwrap(),
+            "model.embed_tokens.weight"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.12.attn_k.weight").unwrap(),
+            "model.layers.12.self_attn.k_proj.weight"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.0.ffn_down.weight").unwrap(),
+            "model.layers.0.mlp.down_proj.weight"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.3.ffn_norm.weight").unwrap(),
+            "model.layers.3.post_attention_layernorm.weight"
+        );
+        assert_eq!(hf_tensor_name("output.weight").unwrap(), "lm_head.weight");
+        assert_eq!(
+            hf_tensor_name("output_norm.weight").unwrap(),
+            "model.norm.weight"
+        );
+        assert!(hf_tensor_name("rope_freqs.weight").is_none());
+        assert!(hf_tensor_name("blk.x.attn_q.weight").is_none());
+    }
 }

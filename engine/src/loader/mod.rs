@@ -2,6 +2,8 @@
 //! both presented as HF-named tensors plus an HF-style `config.json` value.
 
 mod gguf;
+mod gguf_file;
+pub(crate) mod gguf_tokenizer;
 mod hf_dir;
 mod safetensors;
 
@@ -10,7 +12,12 @@ use anyhow::Result;
 use dayone_backend::HostTensor;
 use std::path::{Path, PathBuf};
 
-pub use self::gguf::open_gguf;
+pub use self::gguf::{
+    checkpoint_from_gguf, dequantize, hf_tensor_name, open_gguf, permute_rows, unpermute_rows,
+    GgufSource, SUPPORTED_ARCHITECTURES,
+};
+pub use self::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
+pub use self::hf_dir::{open_hf_dir, read_assets};
 pub use self::safetensors::SafetensorsSource;
 
 /// Where a checkpoint's tensors come from. Names are Hugging Face names

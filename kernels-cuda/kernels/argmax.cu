@@ -1,0 +1,49 @@
+// Row argmax (first index on ties; NaNs are never chosen unless the row is all NaN, then 0).
+// x [R, V] in T → out [R] u32. grid.x = R rows (grid-stride), block = 1024 threads.
+
+template <typename T>
+__device__ void argmax_impl(const T* __restrict__ x, u32* __restrict__ out, u32 rows, u32 v) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (u64)r * v;
+        float best = -__int_as_float(0x7f800000);  // -inf
+        u32 bi = 0xffffffffu;
+        for (u32 j = tid; j < v; j += blockDim.x) {
+            const float f = to_f(xr[j]);
+            if (f > best || (bi == 0xffffffffu && f == best)) { best = f; bi = j; }
+        }
+        // Reduce (best, bi): larger value wins, equal values keep the smaller index.
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {
+                best = ov; bi = oi;
+            }
+        }
+        if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+        __syncthreads();
+        if (warp == 0) {
+            best = lane < nwarps ? sv[lane] : 0.f;
+            bi = lane < nwarps ? si[lane] : 0xffffffffu;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+                const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (oi != 0xffffffffu && (bi == 0xffffffffu || ov > best || (ov == best && oi < bi))) {
+                    best = ov; bi = oi;
+                }
+            }
+            if (lane == 0) out[r] = bi == 0xffffffffu ? 0u : bi;
+        }
+        __syncthreads();
+    }
+}
+
+#define ARGMAX(S, T)                                                                        \
+    extern "C" __global__ void argmax_##S(const T* x, u32* out, u32 rows, u32 v) {         \
+        argmax_impl<T>(x, out, rows, v);                                                    \
+    }
+DAYONE_FOR_FLOAT_TYPES(ARGMAX)

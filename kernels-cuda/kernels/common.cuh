@@ -1,0 +1,117 @@
+// dayone CUDA kernels: helpers shared by every kernel family.
+// Prepended (as text) to each family's source before NVRTC compiles it; no system headers are used,
+// so the sources compile with a bare NVRTC (no CUDA toolkit headers needed).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+// Storage types. bf16 and f16 are kept as raw 16-bit patterns; all arithmetic is done in f32.
+struct bf16 { u16 x; };
+struct f16 { u16 x; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16 v) { return __uint_as_float(((u32)v.x) << 16); }
+__device__ __forceinline__ float to_f(f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+    return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f(float f);
+template <> __device__ __forceinline__ float from_f<float>(float f) { return f; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float f) {
+    // Round to nearest even; NaN stays a (quiet) NaN.
+    u32 u = __float_as_uint(f);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.x = (u16)((u >> 16) | 0x40u);
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        r.x = (u16)(u >> 16);
+    }
+    return r;
+}
+template <> __device__ __forceinline__ f16 from_f<f16>(float f) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+    return r;
+}
+
+// Eight consecutive elements loaded with 16-byte accesses (two for f32).
+// The address must be 16-byte aligned (32 for f32 is not required: two float4 loads).
+template <typename T> struct Vec8;
+template <> struct Vec8<float> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const float* p) {
+        a = *reinterpret_cast<const float4*>(p);
+        b = *reinterpret_cast<const float4*>(p + 4);
+    }
+    __device__ __forceinline__ void zero() { a = make_float4(0.f, 0.f, 0.f, 0.f); b = a; }
+    __device__ __forceinline__ void to_float(float* o) const {
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+        o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    }
+    __device__ __forceinline__ void from_float(const float* o) {
+        a = make_float4(o[0], o[1], o[2], o[3]);
+        b = make_float4(o[4], o[5], o[6], o[7]);
+    }
+    __device__ __forceinline__ void store(float* p) const {
+        *reinterpret_cast<float4*>(p) = a;
+        *reinterpret_cast<float4*>(p + 4) = b;
+    }
+};
+
+template <typename H> struct Vec8Half {
+    uint4 r;
+    __device__ __forceinline__ void load(const H* p) { r = *reinterpret_cast<const uint4*>(p); }
+    __device__ __forceinline__ void zero() { r = make_uint4(0u, 0u, 0u, 0u); }
+    __device__ __forceinline__ void to_float(float* o) const {
+        const u32 w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            H lo, hi;
+            lo.x = (u16)(w[i] & 0xffffu);
+            hi.x = (u16)(w[i] >> 16);
+            o[2 * i] = to_f(lo);
+            o[2 * i + 1] = to_f(hi);
+        }
+    }
+    __device__ __forceinline__ void from_float(const float* o) {
+        u32 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            H lo = from_f<H>(o[2 * i]);
+            H hi = from_f<H>(o[2 * i + 1]);
+            w[i] = (u32)lo.x | ((u32)hi.x << 16);
+        }
+        r = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __device__ __forceinline__ void store(H* p) const { *reinterpret_cast<uint4*>(p) = r; }
+};
+template <> struct Vec8<bf16> : Vec8Half<bf16> {};
+template <> struct Vec8<f16> : Vec8Half<f16> {};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Instantiates `extern "C"` entry points NAME_f32, NAME_bf16 and NAME_f16 from a macro that
+// takes (suffix, type). The host compiles one dtype per module (-DDAYONE_ONLY_BF16, ...) so
+// that first use compiles only what runs; without a define every dtype is instantiated.
+#if defined(DAYONE_ONLY_F32)
+#define DAYONE_FOR_FLOAT_TYPES(M) M(f32, float)
+#elif defined(DAYONE_ONLY_BF16)
+#define DAYONE_FOR_FLOAT_TYPES(M) M(bf16, bf16)
+#elif defined(DAYONE_ONLY_F16)
+#define DAYONE_FOR_FLOAT_TYPES(M) M(f16, f16)
+#else
+#define DAYONE_FOR_FLOAT_TYPES(M) M(f32, float) M(bf16, bf16) M(f16, f16)
+#endif

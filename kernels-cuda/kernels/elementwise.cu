@@ -1,0 +1,51 @@
+// Element-wise ops, f32 arithmetic, 8 elements per thread step when the length allows.
+//   silu_mul: out = silu(gate) * up     (SwiGLU; silu(g) = g / (1 + exp(-g)))
+//   add:      out = a + b               (residual add)
+//   bias_add: y[m, :] += bias           (in place; y [M, N], bias [N])
+// Grid-stride loops; any grid size works.
+
+template <typename T, typename F>
+__device__ __forceinline__ void binary_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                            T* __restrict__ out, u64 n, F f) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 n8 = n / 8;
+    for (u64 i = tid; i < n8; i += stride) {
+        Vec8<T> va, vb; va.load(a + i * 8); vb.load(b + i * 8);
+        float fa[8], fb[8]; va.to_float(fa); vb.to_float(fb);
+#pragma unroll
+        for (int j = 0; j < 8; j++) fa[j] = f(fa[j], fb[j]);
+        Vec8<T> o; o.from_float(fa); o.store(out + i * 8);
+    }
+    for (u64 i = n8 * 8 + tid; i < n; i += stride) out[i] = from_f<T>(f(to_f(a[i]), to_f(b[i])));
+}
+
+struct SiluMul {
+    __device__ __forceinline__ float operator()(float g, float u) const {
+        return g / (1.f + expf(-g)) * u;
+    }
+};
+struct Add {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+template <typename T>
+__device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32 m, u32 n) {
+    const u64 total = (u64)m * n;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        y[i] = from_f<T>(to_f(y[i]) + to_f(bias[i % n]));
+    }
+}
+
+#define ELEMENTWISE(S, T)                                                                   \
+    extern "C" __global__ void silu_mul_##S(const T* g, const T* u, T* out, u64 n) {       \
+        binary_impl<T>(g, u, out, n, SiluMul());                                            \
+    }                                                                                       \
+    extern "C" __global__ void add_##S(const T* a, const T* b, T* out, u64 n) {            \
+        binary_impl<T>(a, b, out, n, Add());                                                \
+    }                                                                                       \
+    extern "C" __global__ void bias_add_##S(T* y, const T* bias, u32 m, u32 n) {           \
+        bias_add_impl<T>(y, bias, m, n);                                                    \
+    }
+DAYONE_FOR_FLOAT_TYPES(ELEMENTWISE)

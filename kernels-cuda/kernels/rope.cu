@@ -1,0 +1,47 @@
+// Rotary position embedding (RoFormer, Su et al. 2021) on the first rot_dim dims of each head;
+// the remaining dims are copied. x, y [N, H, hd] in T; positions [N] u32; inv_freq [rot_dim/2] f32.
+// angle = positions[n] * inv_freq[i] (f32); cos/sin are scaled by mscale.
+// style 0 = half-split (dim i pairs with i + rot/2), 1 = interleaved (2i pairs with 2i+1).
+// grid.x = N tokens (grid-stride), block = 256 threads over the H*hd elements of a token.
+
+template <typename T>
+__device__ void rope_impl(const T* __restrict__ x, const u32* __restrict__ positions,
+                          const float* __restrict__ inv_freq, T* __restrict__ y, u32 n, u32 h,
+                          u32 hd, u32 rot, u32 style, float mscale) {
+    const u32 half = rot / 2;
+    const u32 per_tok = h * hd;
+    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
+        const float pos = (float)positions[t];
+        const T* xt = x + (u64)t * per_tok;
+        T* yt = y + (u64)t * per_tok;
+        for (u32 e = threadIdx.x; e < per_tok; e += blockDim.x) {
+            const u32 d = e % hd;
+            const float xv = to_f(xt[e]);
+            if (d >= rot) { yt[e] = xt[e]; continue; }
+            u32 i, partner;
+            float sign;
+            if (style == 0) {
+                if (d < half) { i = d; partner = e + half; sign = -1.f; }
+                else { i = d - half; partner = e - half; sign = 1.f; }
+            } else {
+                i = d >> 1;
+                if ((d & 1) == 0) { partner = e + 1; sign = -1.f; }
+                else { partner = e - 1; sign = 1.f; }
+            }
+            float s, c;
+            sincosf(pos * inv_freq[i], &s, &c);
+            c *= mscale;
+            s *= mscale;
+            const float pv = to_f(xt[partner]);
+            yt[e] = from_f<T>(xv * c + sign * pv * s);
+        }
+    }
+}
+
+#define ROPE(S, T)                                                                          \
+    extern "C" __global__ void rope_##S(const T* x, const u32* positions, const float* inv_freq, \
+                                        T* y, u32 n, u32 h, u32 hd, u32 rot, u32 style,     \
+                                        float mscale) {                                     \
+        rope_impl<T>(x, positions, inv_freq, y, n, h, hd, rot, style, mscale);              \
+    }
+DAYONE_FOR_FLOAT_TYPES(ROPE)

@@ -1,0 +1,289 @@
+//! Library detection, the device context, the caching allocator and the device tensor.
+
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::{result as dr, sys, CudaContext, CudaStream};
+use dayone_backend::{DType, TensorInfo};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Which CUDA libraries can be loaded on this machine (cudarc panics when it touches a missing one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LibraryPresence {
+    /// `libcuda.so` (the NVIDIA driver).
+    pub driver: bool,
+    /// `libnvrtc.so` (runtime compiler).
+    pub nvrtc: bool,
+    /// `libcublas.so`.
+    pub cublas: bool,
+}
+
+impl LibraryPresence {
+    /// Probes the dynamic loader for each library (no CUDA call is made).
+    pub fn probe() -> Self {
+        // SAFETY: these only try to dlopen candidate library names.
+        unsafe {
+            LibraryPresence {
+                driver: sys::is_culib_present(),
+                nvrtc: cudarc::nvrtc::sys::is_culib_present(),
+                cublas: cudarc::cublas::sys::is_culib_present(),
+            }
+        }
+    }
+
+    /// `Ok` when all three are present, else one line naming the first missing library.
+    pub fn check(&self) -> Result<()> {
+        if !self.driver {
+            bail!("CUDA backend unavailable: libcuda.so not found (no NVIDIA driver)");
+        }
+        if !self.nvrtc {
+            bail!(
+                "CUDA backend unavailable: libnvrtc.so not found (install the CUDA toolkit or pip's \
+                 nvidia-cuda-nvrtc and add its lib directory to LD_LIBRARY_PATH or DAYONE_NVRTC_DIR)"
+            );
+        }
+        if !self.cublas {
+            bail!(
+                "CUDA backend unavailable: libcublas.so not found (install cuBLAS and add its lib \
+                 directory to LD_LIBRARY_PATH)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Turns a driver error into a message naming what was being done.
+pub(crate) fn drv(what: &str) -> impl FnOnce(dr::DriverError) -> anyhow::Error + '_ {
+    move |e| anyhow!("CUDA {what} failed: {e:?}")
+}
+
+/// Rounds an allocation size up to its pool size class, so that buffers of recurring sizes are
+/// reused exactly: 512 B steps up to 1 MiB, 64 KiB steps up to 64 MiB, 2 MiB steps above.
+pub fn size_class(bytes: usize) -> usize {
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * KIB;
+    let step = if bytes <= MIB {
+        512
+    } else if bytes <= 64 * MIB {
+        64 * KIB
+    } else {
+        2 * MIB
+    };
+    bytes.div_ceil(step) * step
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: HashMap<usize, Vec<u64>>,
+    cached_bytes: usize,
+    live_bytes: usize,
+}
+
+/// A caching device allocator: freed buffers go back to a per-size-class free list and are
+/// handed out again without `cuMemAlloc`. All work runs on one stream, so a buffer released
+/// while kernels that use it are still queued can be reused by later work on the same stream.
+pub(crate) struct Pool {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    state: Mutex<PoolState>,
+}
+
+impl Pool {
+    pub(crate) fn new(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Self {
+        Pool {
+            ctx,
+            stream,
+            state: Mutex::new(PoolState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A buffer of at least `bytes` bytes (contents undefined). `bytes == 0` gives a null buffer.
+    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
+        if bytes == 0 {
+            return Ok(DeviceBuffer {
+                ptr: 0,
+                class: 0,
+                pool: self.clone(),
+            });
+        }
+        let class = size_class(bytes);
+        {
+            let mut st = self.lock();
+            if let Some(ptr) = st.free.get_mut(&class).and_then(|v| v.pop()) {
+                st.cached_bytes -= class;
+                st.live_bytes += class;
+                return Ok(DeviceBuffer {
+                    ptr,
+                    class,
+                    pool: self.clone(),
+                });
+            }
+        }
+        self.ctx.bind_to_thread().map_err(drv("bind context"))?;
+        // SAFETY: plain device allocation; freed by `release`/`Drop` through the pool.
+        let ptr = match unsafe { dr::malloc_sync(class) } {
+            Ok(p) => p,
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                self.trim()?;
+                // SAFETY: as above.
+                unsafe { dr::malloc_sync(class) }.map_err(|e| {
+                    anyhow!(
+                        "CUDA out of memory allocating {class} bytes ({} bytes in live tensors): {e:?}",
+                        self.lock().live_bytes
+                    )
+                })?
+            }
+            Err(e) => return Err(anyhow!("cuMemAlloc({class} bytes) failed: {e:?}")),
+        };
+        self.lock().live_bytes += class;
+        Ok(DeviceBuffer {
+            ptr,
+            class,
+            pool: self.clone(),
+        })
+    }
+
+    fn release(&self, class: usize, ptr: u64) {
+        let mut st = self.lock();
+        st.live_bytes = st.live_bytes.saturating_sub(class);
+        st.cached_bytes += class;
+        st.free.entry(class).or_default().push(ptr);
+    }
+
+    /// Frees every cached (unused) buffer back to the driver, after the stream has drained.
+    pub(crate) fn trim(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv("bind context"))?;
+        self.stream.synchronize().map_err(drv("stream synchronize"))?;
+        let mut st = self.lock();
+        for (_, v) in st.free.drain() {
+            for p in v {
+                // SAFETY: `p` came from `malloc_sync` and is not referenced by any tensor.
+                unsafe {
+                    let _ = dr::free_sync(p);
+                }
+            }
+        }
+        st.cached_bytes = 0;
+        Ok(())
+    }
+
+    /// `(bytes held by live tensors, bytes cached for reuse)`.
+    pub(crate) fn usage(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.live_bytes, st.cached_bytes)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.trim();
+    }
+}
+
+/// One device allocation; dropping it returns the memory to the pool.
+pub(crate) struct DeviceBuffer {
+    ptr: u64,
+    class: usize,
+    pool: Arc<Pool>,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            self.pool.release(self.class, self.ptr);
+        }
+    }
+}
+
+/// A tensor in device memory: a shared buffer, a row-major shape and a dtype.
+/// Clones share the memory; [`dayone_backend::Backend::reshape`] gives another shape of it.
+#[derive(Clone)]
+pub struct CudaTensor {
+    pub(crate) buf: Arc<DeviceBuffer>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+}
+
+impl CudaTensor {
+    /// The device address of the first element (0 for an empty tensor).
+    pub fn device_ptr(&self) -> u64 {
+        self.buf.ptr
+    }
+
+    /// Size of the data in bytes.
+    pub fn num_bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+}
+
+impl TensorInfo for CudaTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl std::fmt::Debug for CudaTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaTensor({:?}, {})", self.shape, self.dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(size_class(1), 512);
+        assert_eq!(size_class(512), 512);
+        assert_eq!(size_class(513), 1024);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + 65536);
+        assert_eq!(size_class(100 << 20), 100 << 20);
+        assert_eq!(size_class((100 << 20) + 1), (102 << 20));
+        for b in [1usize, 777, 4096, 1_000_000, 3_333_333, 1 << 30] {
+            assert!(size_class(b) >= b);
+        }
+    }
+
+    #[test]
+    fn missing_library_messages() {
+        let none = LibraryPresence {
+            driver: false,
+            nvrtc: false,
+            cublas: false,
+        };
+        let e = none.check().unwrap_err().to_string();
+        assert!(e.contains("libcuda.so not found"), "{e}");
+        let e = LibraryPresence {
+            driver: true,
+            ..none
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("libnvrtc.so"), "{e}");
+        let e = LibraryPresence {
+            driver: true,
+            nvrtc: true,
+            cublas: false,
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("libcublas.so"), "{e}");
+        assert!(LibraryPresence {
+            driver: true,
+            nvrtc: true,
+            cublas: true
+        }
+        .check()
+        .is_ok());
+    }
+}

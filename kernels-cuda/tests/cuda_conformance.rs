@@ -1,0 +1,150 @@
+//! The shared conformance suite and extra attention cases on a real GPU. Every test returns early
+//! (with a line on stderr) when no CUDA driver or device is present, so CI without a GPU passes;
+//! the GPU run is made explicitly on the GPU machine.
+
+use dayone_backend::conformance::{self, compare, rand_tensor, tolerance, AttnCase, Rng};
+use dayone_backend::{reference, Backend, DType, HostTensor};
+use dayone_cuda::CudaBackend;
+
+fn backend(test: &str) -> Option<CudaBackend> {
+    if !dayone_cuda::is_available() {
+        let why = match dayone_cuda::LibraryPresence::probe().check() {
+            Err(e) => e.to_string(),
+            Ok(()) => "no CUDA device".to_string(),
+        };
+        eprintln!("SKIPPED {test}: {why}");
+        return None;
+    }
+    let b = CudaBackend::new(0).expect("CUDA backend");
+    eprintln!("{test}: {}", b.name());
+    Some(b)
+}
+
+#[test]
+fn conformance_suite() {
+    let Some(b) = backend("conformance_suite") else { return };
+    conformance::check_all(&b).unwrap();
+    // f16 activations too (the suite covers f32 and bf16).
+    for check in [
+        conformance::check_linear::<CudaBackend>,
+        conformance::check_rms_norm,
+        conformance::check_rope,
+        conformance::check_silu_mul,
+        conformance::check_add,
+        conformance::check_write_kv,
+        conformance::check_paged_attention,
+        conformance::check_argmax,
+        conformance::check_embedding,
+    ] {
+        check(&b, DType::F16).unwrap();
+    }
+}
+
+fn attn_case(h: usize, hkv: usize, hd_k: usize, hd_v: usize, bs: usize, seqs: &[(usize, usize)]) -> AttnCase {
+    AttnCase {
+        h,
+        hkv,
+        hd_k,
+        hd_v,
+        block_size: bs,
+        seqs: seqs.to_vec(),
+        spare_blocks: 2,
+    }
+}
+
+fn run_attention(b: &CudaBackend, case: &AttnCase, dt: DType, rng: &mut Rng) {
+    let (meta, blocks) = case.meta(rng);
+    let n = meta.num_tokens();
+    let q = rand_tensor(rng, &[n, case.h, case.hd_k], dt, 3.0).unwrap();
+    let kc = rand_tensor(rng, &[blocks, case.block_size, case.hkv, case.hd_k], dt, 1.0).unwrap();
+    let vc = rand_tensor(rng, &[blocks, case.block_size, case.hkv, case.hd_v], dt, 1.0).unwrap();
+    let scale = 1.0 / (case.hd_k as f32).sqrt();
+    let want = reference::paged_attention(&q, &kc, &vc, &meta, scale).unwrap();
+    let dmeta = b.upload_meta(meta.clone()).unwrap();
+    let got = b
+        .paged_attention(&b.upload(&q).unwrap(), &b.upload(&kc).unwrap(), &b.upload(&vc).unwrap(), &dmeta, scale)
+        .unwrap();
+    let desc = format!(
+        "{dt} H {} Hkv {} hd {}/{} bs {} seqs {:?}",
+        case.h, case.hkv, case.hd_k, case.hd_v, case.block_size, case.seqs
+    );
+    compare("paged_attention", &desc, &b.download(&got).unwrap(), &want, tolerance(dt)).unwrap();
+}
+
+/// Pure decode steps (one query token per sequence) take the split-K decode kernel, which the
+/// shared suite (mixed steps) does not reach: GQA 1/3/4/8/16, head dims 32..256, hd_k ≠ hd_v,
+/// short and long contexts (one and many splits), block sizes 16 and 32.
+#[test]
+fn decode_attention() {
+    let Some(b) = backend("decode_attention") else { return };
+    let mut rng = Rng::new(99);
+    let cases = [
+        attn_case(32, 8, 128, 128, 16, &[(1023, 1)]),
+        attn_case(32, 8, 128, 128, 16, &[(0, 1), (5, 1), (300, 1), (2047, 1)]),
+        attn_case(4, 4, 64, 64, 16, &[(37, 1), (0, 1), (129, 1)]),
+        attn_case(9, 3, 64, 64, 32, &[(500, 1), (17, 1)]),
+        attn_case(16, 1, 128, 128, 16, &[(700, 1)]),
+        attn_case(16, 2, 256, 256, 16, &[(100, 1), (3000, 1)]),
+        attn_case(8, 2, 192, 128, 16, &[(64, 1), (65, 1)]),
+        attn_case(4, 2, 32, 32, 16, &[(10, 1), (90, 1)]),
+        attn_case(2, 1, 64, 64, 16, &[(5000, 1)]),
+    ];
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for c in &cases {
+            run_attention(&b, c, dt, &mut rng);
+        }
+    }
+}
+
+/// Prefill-shaped steps on the tiled kernel: long prompts, odd head dims (not a multiple of 8),
+/// hd above 256.
+#[test]
+fn prefill_attention() {
+    let Some(b) = backend("prefill_attention") else { return };
+    let mut rng = Rng::new(7);
+    let cases = [
+        attn_case(32, 8, 128, 128, 16, &[(0, 300)]),
+        attn_case(8, 8, 64, 64, 16, &[(0, 77), (40, 33), (3, 1)]),
+        attn_case(6, 3, 40, 24, 16, &[(0, 20), (9, 1)]),
+        attn_case(4, 4, 6, 6, 16, &[(0, 5), (3, 1)]),
+        attn_case(4, 1, 576, 512, 16, &[(0, 40), (30, 1)]),
+    ];
+    for dt in [DType::F32, DType::BF16] {
+        for c in &cases {
+            run_attention(&b, c, dt, &mut rng);
+        }
+    }
+}
+
+/// Larger linear shapes (Llama-3.1-8B projections) against the reference.
+#[test]
+fn large_linear() {
+    let Some(b) = backend("large_linear") else { return };
+    let mut rng = Rng::new(5);
+    for &(m, k, n) in &[(1usize, 4096usize, 1024usize), (5, 1024, 3000), (64, 512, 640)] {
+        for dt in [DType::F32, DType::BF16] {
+            let x = rand_tensor(&mut rng, &[m, k], dt, 1.0).unwrap();
+            let w = rand_tensor(&mut rng, &[n, k], dt, 0.05).unwrap();
+            let want = reference::linear(&x, &w, None).unwrap();
+            let got = b.linear(&b.upload(&x).unwrap(), &b.upload(&w).unwrap(), None).unwrap();
+            compare("linear", &format!("{dt} [{m},{k}]x[{n},{k}]"), &b.download(&got).unwrap(), &want, tolerance(dt))
+                .unwrap();
+        }
+    }
+}
+
+/// Bad inputs come back as errors naming the op, not panics.
+#[test]
+fn bad_inputs_are_errors() {
+    let Some(b) = backend("bad_inputs_are_errors") else { return };
+    let x = b.upload(&HostTensor::from_f32(vec![2, 3], &[0.0; 6]).unwrap()).unwrap();
+    let ids = b.upload(&HostTensor::from_u32(vec![2], &[0, 1]).unwrap()).unwrap();
+    let e = b.linear(&x, &ids, None).unwrap_err().to_string();
+    assert!(e.starts_with("linear"), "{e}");
+    let e = b.embedding(&ids, &ids).unwrap_err().to_string();
+    assert!(e.starts_with("embedding"), "{e}");
+    let e = b.argmax(&ids).unwrap_err().to_string();
+    assert!(e.starts_with("argmax"), "{e}");
+    let e = b.rms_norm(&x, &x, 1e-5).unwrap_err().to_string();
+    assert!(e.starts_with("rms_norm"), "{e}");
+}

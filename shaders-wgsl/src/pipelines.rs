@@ -1,0 +1,163 @@
+//! Kernel table and the pipeline cache (one pipeline and bind-group layout per kernel).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Bytes of uniform parameters every kernel may read (binding 0, dynamic offset).
+pub(crate) const PARAM_BYTES: u64 = 64;
+
+/// How a kernel binds one storage buffer.
+#[derive(Clone, Copy)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+use Access::{Read as R, Write as W};
+
+/// A compute kernel: its shader source, entry point and storage bindings `1..`.
+pub(crate) struct Spec {
+    pub(crate) source: &'static str,
+    pub(crate) file: &'static str,
+    pub(crate) entry: &'static str,
+    pub(crate) access: &'static [Access],
+}
+
+const ELEMENTWISE: &str = include_str!("../shaders/elementwise.wgsl");
+const EMBEDDING: &str = include_str!("../shaders/embedding.wgsl");
+const NORM: &str = include_str!("../shaders/norm.wgsl");
+const ROPE: &str = include_str!("../shaders/rope.wgsl");
+const ARGMAX: &str = include_str!("../shaders/argmax.wgsl");
+const MATMUL: &str = include_str!("../shaders/matmul.wgsl");
+const MATMUL_SCALAR: &str = include_str!("../shaders/matmul_scalar.wgsl");
+const KV_CACHE: &str = include_str!("../shaders/kv_cache.wgsl");
+const ATTENTION: &str = include_str!("../shaders/attention_paged.wgsl");
+
+macro_rules! spec {
+    ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
+        pub(crate) const $name: Spec =
+            Spec { source: $src, file: $file, entry: $entry, access: &[$($a),*] };
+    };
+}
+
+spec!(ADD, ELEMENTWISE, "elementwise.wgsl", "add", [R, R, W]);
+spec!(
+    SILU_MUL,
+    ELEMENTWISE,
+    "elementwise.wgsl",
+    "silu_mul",
+    [R, R, W]
+);
+spec!(EMBED, EMBEDDING, "embedding.wgsl", "embedding", [R, R, W]);
+spec!(RMS_NORM, NORM, "norm.wgsl", "rms_norm", [R, R, W]);
+spec!(ROPE_K, ROPE, "rope.wgsl", "rope", [R, R, R, W]);
+spec!(ARGMAX_K, ARGMAX, "argmax.wgsl", "argmax", [R, W]);
+spec!(MATVEC_V4, MATMUL, "matmul.wgsl", "matvec_v4", [R, R, R, W]);
+spec!(MATMUL_V4, MATMUL, "matmul.wgsl", "matmul_v4", [R, R, R, W]);
+spec!(MATMUL_8X4, MATMUL, "matmul.wgsl", "matmul_8x4", [R, R, R, W]);
+spec!(MATVEC_WG, MATMUL, "matmul.wgsl", "matvec_wg", [R, R, R, W]);
+spec!(
+    MATMUL_S,
+    MATMUL_SCALAR,
+    "matmul_scalar.wgsl",
+    "matmul_s",
+    [R, R, R, W]
+);
+spec!(WRITE_KV, KV_CACHE, "kv_cache.wgsl", "write_kv", [R, R, W]);
+spec!(
+    ATTN,
+    ATTENTION,
+    "attention_paged.wgsl",
+    "paged_attention",
+    [R, R, R, R, R, R, W]
+);
+
+/// A compiled kernel.
+pub(crate) struct Kernel {
+    pub(crate) pipeline: wgpu::ComputePipeline,
+    pub(crate) layout: wgpu::BindGroupLayout,
+}
+
+/// Lazily compiled kernels, keyed by `file:entry`; shader modules are shared per file.
+pub(crate) struct Pipelines {
+    modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
+    kernels: Mutex<HashMap<(&'static str, &'static str), Arc<Kernel>>>,
+}
+
+impl Pipelines {
+    pub(crate) fn new() -> Self {
+        Self {
+            modules: Mutex::new(HashMap::new()),
+            kernels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn get(&self, device: &wgpu::Device, spec: &Spec) -> Arc<Kernel> {
+        let key = (spec.file, spec.entry);
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = kernels.get(&key) {
+            return k.clone();
+        }
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            modules
+                .entry(spec.file)
+                .or_insert_with(|| {
+                    let desc = wgpu::ShaderModuleDescriptor {
+                        label: Some(spec.file),
+                        source: wgpu::ShaderSource::Wgsl(spec.source.into()),
+                    };
+                    if std::env::var_os("DAYONE_WGSL_UNCHECKED").is_some() {
+                        // SAFETY: experiment only.
+                        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+                    } else {
+                        device.create_shader_module(desc)
+                    }
+                })
+                .clone()
+        };
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for (i, a) in spec.access.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: matches!(a, Access::Read),
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(spec.entry),
+            entries: &entries,
+        });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(spec.entry),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(spec.entry),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(spec.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let k = Arc::new(Kernel { pipeline, layout });
+        kernels.insert(key, k.clone());
+        k
+    }
+}

@@ -1,0 +1,39 @@
+//! The shared conformance suite (`dayone_backend::conformance`) on the WGSL backend, with the
+//! adapter's default kernels and with each `linear` kernel family forced.
+//! Needs a Vulkan/Metal/DX12 adapter (CI installs Mesa lavapipe); without one these tests fail.
+
+use dayone_backend::{conformance, Backend};
+use dayone_wgsl::{KernelChoice, Options, WgslBackend};
+
+fn backend(kernels: KernelChoice) -> WgslBackend {
+    match WgslBackend::with_options(Options { kernels, ..Default::default() }) {
+        Ok(b) => {
+            eprintln!("backend: {} ({kernels:?} kernels)", b.name());
+            b
+        }
+        Err(e) => panic!("WGSL backend unavailable: {e:#}"),
+    }
+}
+
+fn ok(r: anyhow::Result<()>) {
+    if let Err(e) = r {
+        panic!("{e:#}");
+    }
+}
+
+#[test]
+fn conformance_all() {
+    ok(conformance::check_all(&backend(KernelChoice::Auto)));
+}
+
+#[test]
+fn conformance_linear_cpu_kernels() {
+    let b = backend(KernelChoice::Cpu);
+    ok(conformance::check_linear(&b, b.activation_dtype(dayone_backend::DType::F32)));
+}
+
+#[test]
+fn conformance_linear_gpu_kernels() {
+    let b = backend(KernelChoice::Gpu);
+    ok(conformance::check_linear(&b, b.activation_dtype(dayone_backend::DType::F32)));
+}

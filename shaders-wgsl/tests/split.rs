@@ -1,0 +1,84 @@
+//! Tensors larger than the largest storage binding are split by rows: force a tiny chunk size
+//! and check `linear` and `embedding` against the reference (and upload/download round trips).
+
+use dayone_backend::{conformance, reference, Backend, DType, HostTensor};
+use dayone_wgsl::{Options, WgslBackend};
+
+fn small_chunks(bytes: u64) -> WgslBackend {
+    WgslBackend::with_options(Options {
+        max_chunk_bytes: Some(bytes),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("WGSL backend unavailable: {e:#}"))
+}
+
+#[test]
+fn split_linear_and_embedding() -> anyhow::Result<()> {
+    // 1000 bytes per buffer: a [N, 36] f32 weight holds 6 rows per chunk.
+    let b = small_chunks(1000);
+    let mut rng = conformance::Rng::new(7);
+    for &(m, k, n, bias) in &[
+        (1usize, 36usize, 50usize, false),
+        (5, 36, 23, true),
+        (6, 36, 9, false),
+        (2, 17, 30, true),
+    ] {
+        let x = conformance::rand_tensor(&mut rng, &[m, k], DType::F32, 1.0)?;
+        let w = conformance::rand_tensor(&mut rng, &[n, k], DType::F32, 1.0)?;
+        let bt = conformance::rand_tensor(&mut rng, &[n], DType::F32, 1.0)?;
+        let wd = b.upload(&w)?;
+        assert!(wd.num_chunks() > 1, "weight [{n}, {k}] was not split");
+        let bd = b.upload(&bt)?;
+        let got = b.linear(&b.upload(&x)?, &wd, if bias { Some(&bd) } else { None })?;
+        let want = reference::linear(&x, &w, if bias { Some(&bt) } else { None })?;
+        conformance::compare(
+            "linear (split w)",
+            &format!("[{m},{k}]x[{n},{k}]"),
+            &b.download(&got)?,
+            &want,
+            1e-4,
+        )?;
+        conformance::compare(
+            "upload/download (split)",
+            &format!("[{n},{k}]"),
+            &b.download(&wd)?,
+            &w,
+            0.0,
+        )?;
+    }
+    let table = conformance::rand_tensor(&mut rng, &[97, 20], DType::F32, 1.0)?;
+    let ids = HostTensor::from_u32(vec![8], &[96, 0, 13, 12, 50, 96, 1, 40])?;
+    let td = b.upload(&table)?;
+    assert!(td.num_chunks() > 5, "table was not split");
+    let got = b.embedding(&td, &b.upload(&ids)?)?;
+    conformance::compare(
+        "embedding (split table)",
+        "[97,20]",
+        &b.download(&got)?,
+        &reference::embedding(&table, &ids)?,
+        0.0,
+    )?;
+    Ok(())
+}
+
+#[test]
+fn split_by_env_var() -> anyhow::Result<()> {
+    std::env::set_var(dayone_wgsl::CHUNK_ENV, "4096");
+    let b = WgslBackend::new().unwrap_or_else(|e| panic!("WGSL backend unavailable: {e:#}"));
+    std::env::remove_var(dayone_wgsl::CHUNK_ENV);
+    assert_eq!(b.max_chunk_bytes(), 4096);
+    let mut rng = conformance::Rng::new(8);
+    let w = conformance::rand_tensor(&mut rng, &[100, 64], DType::BF16, 1.0)?;
+    let x = conformance::rand_tensor(&mut rng, &[3, 64], DType::F32, 1.0)?;
+    let wd = b.upload(&w)?;
+    assert_eq!(wd.num_chunks(), 7);
+    let got = b.linear(&b.upload(&x)?, &wd, None)?;
+    conformance::compare(
+        "linear (env split, bf16 w)",
+        "[3,64]x[100,64]",
+        &b.download(&got)?,
+        &reference::linear(&x, &w, None)?,
+        1e-4,
+    )?;
+    Ok(())
+}
