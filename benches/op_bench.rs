@@ -8,12 +8,23 @@ use anyhow::Result;
 use dayone_backend::{conformance::Rng, Backend, DType, HostTensor};
 use std::time::Instant;
 
-/// Times `iters` calls of `linear(x [m, k], w [n, k])` after one warm-up, best of 3 rounds;
+/// Times `iters` calls of `linear(x [m, k], w [n, k] uploaded as wdt)` after one warm-up, best of 3 rounds;
 /// returns seconds per call.
-fn time_linear<B: Backend>(b: &B, m: usize, k: usize, n: usize, iters: usize) -> Result<f64> {
+fn time_linear<B: Backend>(
+    b: &B,
+    m: usize,
+    k: usize,
+    n: usize,
+    wdt: DType,
+    iters: usize,
+) -> Result<f64> {
     let mut rng = Rng::new(1);
     let x = b.upload(&HostTensor::from_f32(vec![m, k], &rng.vec(m * k, 1.0))?)?;
-    let w = b.upload(&HostTensor::from_f32(vec![n, k], &rng.vec(n * k, 1.0))?)?;
+    let w = b.upload(&HostTensor::from_f32_as(
+        vec![n, k],
+        &rng.vec(n * k, 1.0),
+        wdt,
+    )?)?;
     drop(b.linear(&x, &w, None)?);
     b.synchronize()?;
     // Best of 3 rounds: the CI machines are shared, the minimum is the least disturbed figure.
@@ -31,26 +42,47 @@ fn time_linear<B: Backend>(b: &B, m: usize, k: usize, n: usize, iters: usize) ->
 
 fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
     println!("device: {}", b.name());
-    println!("dtype: activations {} (weights stored as f32)", b.activation_dtype(DType::BF16));
+    println!(
+        "activations: {} (f32 accumulation); weights uploaded as f32 or bf16",
+        b.activation_dtype(DType::BF16)
+    );
     println!("iters: {iters} per shape (matmul: iters/4) after 1 warm-up, best of 3 rounds, ops batched, timed to synchronize()");
-    let matvecs: &[(usize, usize)] =
-        if quick { &[(576, 1536), (2048, 2048)] } else { &[(576, 1536), (2048, 2048), (4096, 4096), (4096, 14336)] };
-    for &(k, n) in matvecs {
-        let s = time_linear(b, 1, k, n, iters)?;
-        let bytes = (n * k * 4 + k * 4 + n * 4) as f64;
-        println!(
-            "matvec  M=1    K={k:<5} N={n:<5} {:>9.3} ms  {:>7.2} GB/s (weights f32, {:.1} MiB)",
-            s * 1e3,
-            bytes / s / 1e9,
-            (n * k * 4) as f64 / (1 << 20) as f64
-        );
+    let matvecs: &[(usize, usize)] = if quick {
+        &[(576, 1536), (2048, 2048)]
+    } else {
+        &[(576, 1536), (2048, 2048), (4096, 4096), (4096, 14336)]
+    };
+    for wdt in [DType::F32, DType::BF16] {
+        for &(k, n) in matvecs {
+            let s = time_linear(b, 1, k, n, wdt, iters)?;
+            let wbytes = n * k * wdt.size();
+            let bytes = (wbytes + k * 4 + n * 4) as f64;
+            println!(
+                "matvec  w {:<4} M=1    K={k:<5} N={n:<5} {:>9.3} ms  {:>7.2} GB/s  {:>6.2} Gweights/s ({:.1} MiB of weights)",
+                wdt.to_string(),
+                s * 1e3,
+                bytes / s / 1e9,
+                (n * k) as f64 / s / 1e9,
+                wbytes as f64 / (1 << 20) as f64
+            );
+        }
     }
-    let matmuls: &[(usize, usize, usize)] =
-        if quick { &[(16, 576, 1536), (64, 1024, 1024)] } else { &[(16, 576, 1536), (64, 1024, 1024), (256, 2048, 2048)] };
-    for &(m, k, n) in matmuls {
-        let s = time_linear(b, m, k, n, iters.div_ceil(4).max(1))?;
-        let flops = 2.0 * (m * n * k) as f64;
-        println!("matmul  M={m:<4} K={k:<5} N={n:<5} {:>9.3} ms  {:>7.2} GFLOP/s", s * 1e3, flops / s / 1e9);
+    let matmuls: &[(usize, usize, usize)] = if quick {
+        &[(16, 576, 1536), (64, 1024, 1024)]
+    } else {
+        &[(16, 576, 1536), (64, 1024, 1024), (256, 2048, 2048)]
+    };
+    for wdt in [DType::F32, DType::BF16] {
+        for &(m, k, n) in matmuls {
+            let s = time_linear(b, m, k, n, wdt, iters.div_ceil(4).max(1))?;
+            let flops = 2.0 * (m * n * k) as f64;
+            println!(
+                "matmul  w {:<4} M={m:<4} K={k:<5} N={n:<5} {:>9.3} ms  {:>7.2} GFLOP/s",
+                wdt.to_string(),
+                s * 1e3,
+                flops / s / 1e9
+            );
+        }
     }
     Ok(())
 }
@@ -63,11 +95,16 @@ fn main() -> Result<()> {
     while i < args.len() {
         match args[i].as_str() {
             "--iters" => {
-                iters = args.get(i + 1).and_then(|s| s.parse().ok()).ok_or_else(|| anyhow::anyhow!("--iters N"))?;
+                iters = args
+                    .get(i + 1)
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| anyhow::anyhow!("--iters N"))?;
                 i += 1;
             }
             "--quick" => quick = true,
-            other => anyhow::bail!("unknown argument '{other}'; usage: op-bench [--iters N] [--quick]"),
+            other => {
+                anyhow::bail!("unknown argument '{other}'; usage: op-bench [--iters N] [--quick]")
+            }
         }
         i += 1;
     }

@@ -9,9 +9,12 @@ use dayone_engine::{Engine, EngineConfig};
 use serde::Deserialize;
 use std::path::PathBuf;
 
-/// `tests/fixtures/<name>`.
+/// `tests/fixtures/<name>` (`$DAYONE_FIXTURES/<name>` when set, for test binaries run elsewhere).
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    match std::env::var_os("DAYONE_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name),
+    }
 }
 
 /// The WGSL backend; CI installs lavapipe, so its absence is a failure, not a skip.
@@ -19,7 +22,12 @@ pub fn wgsl() -> dayone_wgsl::WgslBackend {
     dayone_wgsl::WgslBackend::new().expect("WGSL backend unavailable (install mesa-vulkan-drivers for lavapipe)")
 }
 
-/// Runs a generic test body once per backend (`cpu` reference, `wgsl`); the body gets a
+/// The CUDA backend on device 0 (only called when `dayone_cuda::is_available()`).
+pub fn cuda() -> dayone_cuda::CudaBackend {
+    dayone_cuda::CudaBackend::new(0).expect("CUDA backend")
+}
+
+/// Runs a generic test body once per backend (`cpu` reference, `wgsl`, `cuda`); the body gets a
 /// factory `Fn() -> B` so it can make several engines.
 #[macro_export]
 macro_rules! on_every_backend {
@@ -35,6 +43,15 @@ macro_rules! on_every_backend {
                 #[test]
                 fn wgsl() {
                     ($body)(dayone_tests::wgsl).unwrap();
+                }
+                #[test]
+                fn cuda() {
+                    // Runs on the GPU machine; CI has no GPU and says so.
+                    if !dayone_cuda::is_available() {
+                        eprintln!("skipped: no CUDA driver or device");
+                        return;
+                    }
+                    ($body)(dayone_tests::cuda).unwrap();
                 }
             }
         )*

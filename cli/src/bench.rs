@@ -24,9 +24,9 @@ pub struct BenchArgs {
     /// Model directory or .gguf file; default: SmolLM2-135M-Instruct.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Concurrent sequences.
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
+    /// Concurrent sequences; a comma-separated list runs each size in turn on one loaded model.
+    #[arg(long, default_value = "1")]
+    pub batch: String,
     /// Prompt tokens per sequence (random ids, fixed seed).
     #[arg(long, default_value_t = 512)]
     pub prompt_len: usize,
@@ -49,8 +49,14 @@ pub struct BenchArgs {
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    if a.batch == 0 || a.prompt_len == 0 || a.gen_len == 0 {
-        anyhow::bail!("--batch, --prompt-len and --gen-len must be at least 1");
+    let batches = a
+        .batch
+        .split(',')
+        .map(|x| x.trim().parse::<usize>().ok().filter(|&b| b > 0))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| anyhow::anyhow!("--batch must be positive integers separated by commas, got '{}'", a.batch))?;
+    if a.prompt_len == 0 || a.gen_len == 0 {
+        anyhow::bail!("--prompt-len and --gen-len must be at least 1");
     }
     let kind = BackendKind::parse(&a.backend)?;
     let dtype = match &a.dtype {
@@ -60,7 +66,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let path = load::model_path(a.model.clone())?;
     let ckpt = load::open(&path)?;
-    with_backend!(kind, |b| bench(b, &ckpt, dtype, &a))
+    with_backend!(kind, |b| bench(b, &ckpt, dtype, &a, &batches))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -72,7 +78,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Streaming bandwidth in bytes/s from a large element-wise add.
 fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
-    let n = 64 << 20; // 64 Mi f32 = 256 MiB per operand
+    let n = 24 << 20; // 24 Mi f32 = 96 MiB per operand: past any L2, under the 128 MiB binding limit
     let x = b.zeros(&[n], DType::F32)?;
     let y = b.zeros(&[n], DType::F32)?;
     b.add(&x, &y)?;
@@ -86,15 +92,16 @@ fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     Ok((3 * 4 * n * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
-fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Result<()> {
+fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs, batches: &[usize]) -> Result<()> {
     let ctx = a.prompt_len + a.gen_len;
+    let max_batch = batches.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
         dtype,
-        kv_cache_tokens: Some(a.batch * ctx.next_multiple_of(16) + 16),
+        kv_cache_tokens: Some(max_batch * ctx.next_multiple_of(16) + 16),
         scheduler: SchedulerConfig {
             max_batched_tokens: a.max_batched_tokens,
             max_prefill_chunk: a.max_batched_tokens,
-            max_num_seqs: a.batch,
+            max_num_seqs: max_batch,
             block_size: 16,
         },
     };
@@ -117,6 +124,23 @@ fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Re
     engine.add_request(warm, SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() })?;
     engine.run_to_completion()?;
     engine.backend.synchronize()?;
+    for &batch in batches {
+        run_one(&mut engine, ckpt, a, batch, act, weight_bytes, roofline)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_one<B: Backend>(
+    engine: &mut dayone_engine::Engine<B>,
+    ckpt: &Checkpoint,
+    a: &BenchArgs,
+    batch: usize,
+    act: DType,
+    weight_bytes: f64,
+    roofline: f64,
+) -> Result<()> {
+    let vocab = engine.config.vocab_size() as u64;
 
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || {
@@ -127,16 +151,17 @@ fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Re
     };
     let params = SamplingParams { max_tokens: a.gen_len, ignore_eos: true, ..Default::default() };
     let start = Instant::now();
-    let mut first_token_at = vec![None; a.batch];
+    let mut first_token_at = vec![None; batch];
     let mut ids = Vec::new();
-    for _ in 0..a.batch {
+    for _ in 0..batch {
         let p: Vec<u32> = (0..a.prompt_len).map(|_| next()).collect();
         ids.push(engine.add_request(p, params.clone())?);
     }
     let first_id = ids[0];
+    engine.backend.synchronize()?;
     let mut decode_steps: Vec<(f64, usize, usize)> = Vec::new(); // (seconds, tokens, kv tokens read)
     let mut generated = 0usize;
-    let mut ctx_len = vec![a.prompt_len; a.batch];
+    let mut ctx_len = vec![a.prompt_len; batch];
     while engine.has_unfinished() {
         // A step is pure decode when every sequence already has its first token.
         let all_decode = first_token_at.iter().all(|x| x.is_some());
@@ -164,12 +189,12 @@ fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Re
     let kv_bytes: f64 = decode_steps.iter().map(|s| (s.2 * engine.cache_bytes_per_token()) as f64).sum();
     let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
     let achieved = if decode_time > 0.0 { moved / decode_time } else { f64::NAN };
-    let prefill_tokens = a.batch * a.prompt_len;
+    let prefill_tokens = batch * a.prompt_len;
     let report = serde_json::json!({
         "backend": engine.backend.name(),
         "model": ckpt.path.display().to_string(),
         "dtype": act.to_string(),
-        "batch": a.batch,
+        "batch": batch,
         "prompt_len": a.prompt_len,
         "gen_len": a.gen_len,
         "ttft_median_s": percentile(&ttft, 0.5),
@@ -189,7 +214,8 @@ fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs) -> Re
     if a.json {
         println!("{report}");
     } else {
-        println!("model {} | {} | {} | batch {} | prompt {} | gen {}", ckpt.path.display(), engine.backend.name(), act, a.batch, a.prompt_len, a.gen_len);
+        println!();
+        println!("model {} | {} | {} | batch {} | prompt {} | gen {}", ckpt.path.display(), engine.backend.name(), act, batch, a.prompt_len, a.gen_len);
         println!("{:<28}{:>14}", "metric", "value");
         let row = |k: &str, v: String| println!("{k:<28}{v:>14}");
         row("TTFT median (ms)", format!("{:.2}", percentile(&ttft, 0.5) * 1e3));

@@ -61,3 +61,12 @@ fn smollm2_matches_transformers<B: Backend>(b: B) -> Result<()> {
 fn smollm2_wgsl() {
     smollm2_matches_transformers(dayone_tests::wgsl()).unwrap();
 }
+
+#[test]
+fn smollm2_cuda() {
+    if !dayone_cuda::is_available() {
+        eprintln!("skipped: no CUDA driver or device");
+        return;
+    }
+    smollm2_matches_transformers(dayone_tests::cuda()).unwrap();
+}
