@@ -54,7 +54,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .split(',')
         .map(|x| x.trim().parse::<usize>().ok().filter(|&b| b > 0))
         .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| anyhow::anyhow!("--batch must be positive integers separated by commas, got '{}'", a.batch))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--batch must be positive integers separated by commas, got '{}'",
+                a.batch
+            )
+        })?;
     if a.prompt_len == 0 || a.gen_len == 0 {
         anyhow::bail!("--prompt-len and --gen-len must be at least 1");
     }
@@ -92,7 +97,13 @@ fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     Ok((3 * 4 * n * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
-fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs, batches: &[usize]) -> Result<()> {
+fn bench<B: Backend>(
+    b: B,
+    ckpt: &Checkpoint,
+    dtype: DType,
+    a: &BenchArgs,
+    batches: &[usize],
+) -> Result<()> {
     let ctx = a.prompt_len + a.gen_len;
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
@@ -121,7 +132,14 @@ fn bench<B: Backend>(b: B, ckpt: &Checkpoint, dtype: DType, a: &BenchArgs, batch
 
     // Warm-up: one short request compiles kernels and fills allocator pools.
     let warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab as u32).collect();
-    engine.add_request(warm, SamplingParams { max_tokens: 2, ignore_eos: true, ..Default::default() })?;
+    engine.add_request(
+        warm,
+        SamplingParams {
+            max_tokens: 2,
+            ignore_eos: true,
+            ..Default::default()
+        },
+    )?;
     engine.run_to_completion()?;
     engine.backend.synchronize()?;
     for &batch in batches {
@@ -149,7 +167,11 @@ fn run_one<B: Backend>(
         state ^= state << 17;
         (state % vocab) as u32
     };
-    let params = SamplingParams { max_tokens: a.gen_len, ignore_eos: true, ..Default::default() };
+    let params = SamplingParams {
+        max_tokens: a.gen_len,
+        ignore_eos: true,
+        ..Default::default()
+    };
     let start = Instant::now();
     let mut first_token_at = vec![None; batch];
     let mut ids = Vec::new();
@@ -168,7 +190,10 @@ fn run_one<B: Backend>(
         let t = Instant::now();
         let events = engine.step()?;
         let dt = t.elapsed().as_secs_f64();
-        let kv: usize = events.iter().map(|e| ctx_len[(e.seq_id - first_id) as usize]).sum();
+        let kv: usize = events
+            .iter()
+            .map(|e| ctx_len[(e.seq_id - first_id) as usize])
+            .sum();
         for e in &events {
             let i = (e.seq_id - first_id) as usize;
             first_token_at[i].get_or_insert_with(|| start.elapsed().as_secs_f64());
@@ -186,9 +211,16 @@ fn run_one<B: Backend>(
     tpot.sort_by(f64::total_cmp);
     let decode_time: f64 = decode_steps.iter().map(|s| s.0).sum();
     let decode_tokens: usize = decode_steps.iter().map(|s| s.1).sum();
-    let kv_bytes: f64 = decode_steps.iter().map(|s| (s.2 * engine.cache_bytes_per_token()) as f64).sum();
+    let kv_bytes: f64 = decode_steps
+        .iter()
+        .map(|s| (s.2 * engine.cache_bytes_per_token()) as f64)
+        .sum();
     let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
-    let achieved = if decode_time > 0.0 { moved / decode_time } else { f64::NAN };
+    let achieved = if decode_time > 0.0 {
+        moved / decode_time
+    } else {
+        f64::NAN
+    };
     let prefill_tokens = batch * a.prompt_len;
     let report = serde_json::json!({
         "backend": engine.backend.name(),
@@ -215,19 +247,51 @@ fn run_one<B: Backend>(
         println!("{report}");
     } else {
         println!();
-        println!("model {} | {} | {} | batch {} | prompt {} | gen {}", ckpt.path.display(), engine.backend.name(), act, batch, a.prompt_len, a.gen_len);
+        println!(
+            "model {} | {} | {} | batch {} | prompt {} | gen {}",
+            ckpt.path.display(),
+            engine.backend.name(),
+            act,
+            batch,
+            a.prompt_len,
+            a.gen_len
+        );
         println!("{:<28}{:>14}", "metric", "value");
         let row = |k: &str, v: String| println!("{k:<28}{v:>14}");
-        row("TTFT median (ms)", format!("{:.2}", percentile(&ttft, 0.5) * 1e3));
-        row("TTFT max (ms)", format!("{:.2}", ttft.last().copied().unwrap_or(f64::NAN) * 1e3));
-        row("prefill tok/s", format!("{:.1}", report["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN)));
-        row("TPOT median (ms)", format!("{:.3}", percentile(&tpot, 0.5) * 1e3));
-        row("TPOT p99 (ms)", format!("{:.3}", percentile(&tpot, 0.99) * 1e3));
+        row(
+            "TTFT median (ms)",
+            format!("{:.2}", percentile(&ttft, 0.5) * 1e3),
+        );
+        row(
+            "TTFT max (ms)",
+            format!("{:.2}", ttft.last().copied().unwrap_or(f64::NAN) * 1e3),
+        );
+        row(
+            "prefill tok/s",
+            format!(
+                "{:.1}",
+                report["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
+            ),
+        );
+        row(
+            "TPOT median (ms)",
+            format!("{:.3}", percentile(&tpot, 0.5) * 1e3),
+        );
+        row(
+            "TPOT p99 (ms)",
+            format!("{:.3}", percentile(&tpot, 0.99) * 1e3),
+        );
         row("output tok/s", format!("{:.1}", generated as f64 / total));
-        row("decode tok/s", format!("{:.1}", decode_tokens as f64 / decode_time));
+        row(
+            "decode tok/s",
+            format!("{:.1}", decode_tokens as f64 / decode_time),
+        );
         row("decode GB/s achieved", format!("{:.1}", achieved / 1e9));
         row("roofline GB/s (measured)", format!("{:.1}", roofline / 1e9));
-        row("roofline fraction", format!("{:.1}%", 100.0 * achieved / roofline));
+        row(
+            "roofline fraction",
+            format!("{:.1}%", 100.0 * achieved / roofline),
+        );
     }
     Ok(())
 }

@@ -92,9 +92,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let ckpt = load::open(&path)?;
     let ids = match &a.prompt_ids {
         Some(s) => prompt::parse_ids(s)?,
-        None => prompt::prompt_ids(&ckpt.assets, a.prompt.as_deref().unwrap_or(""), a.chat, a.system.as_deref())?,
+        None => prompt::prompt_ids(
+            &ckpt.assets,
+            a.prompt.as_deref().unwrap_or(""),
+            a.chat,
+            a.system.as_deref(),
+        )?,
     };
-    let cfg = EngineConfig { dtype, kv_cache_tokens: a.kv_cache_tokens, scheduler: SchedulerConfig::default() };
+    let cfg = EngineConfig {
+        dtype,
+        kv_cache_tokens: a.kv_cache_tokens,
+        scheduler: SchedulerConfig::default(),
+    };
     with_backend!(kind, |b| generate(b, &ckpt, &cfg, ids, params, &a.output))
 }
 

@@ -11,7 +11,9 @@ use std::path::PathBuf;
 pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p),
-        None => dayone_engine::default_model::default_model_path().context("fetching the default model"),
+        None => {
+            dayone_engine::default_model::default_model_path().context("fetching the default model")
+        }
     }
 }
 
@@ -21,8 +23,17 @@ pub fn open(path: &std::path::Path) -> Result<Checkpoint> {
 }
 
 /// Loads `ckpt` onto `backend` with a progress bar on stderr.
-pub fn engine<B: Backend>(backend: B, ckpt: &Checkpoint, cfg: &EngineConfig, quiet: bool) -> Result<Engine<B>> {
-    let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(ckpt.tensors.names().len() as u64) };
+pub fn engine<B: Backend>(
+    backend: B,
+    ckpt: &Checkpoint,
+    cfg: &EngineConfig,
+    quiet: bool,
+) -> Result<Engine<B>> {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(ckpt.tensors.names().len() as u64)
+    };
     bar.set_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
             .expect("valid template")

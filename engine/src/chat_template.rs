@@ -5,7 +5,7 @@
 //! (`", "`/`": "` separators, non-ASCII kept, no HTML escaping).
 
 use anyhow::{anyhow, Result};
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
@@ -177,21 +177,50 @@ pub(crate) fn strftime(fmt: &str, unix: i64) -> String {
     out
 }
 
-/// `tojson(indent=None)`: Python `json.dumps(x, ensure_ascii=False)` formatting.
+/// `tojson(indent=None)`: Python `json.dumps(x, ensure_ascii=False)` formatting, keys in
+/// insertion order.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
-    write_py_json(&json, indent, 0, &mut out);
+    write_py_json(&value, indent, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
-/// Writes JSON as Python's `json.dumps` does: `", "`/`": "` without indent, newlines and
+/// Python's `repr` of a float as `json.dumps` prints it.
+fn py_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let a = f.abs();
+    if a != 0.0 && !(1e-4..1e16).contains(&a) {
+        // Rust prints `1.5e-5`; Python prints `1.5e-05`.
+        let s = format!("{f:e}");
+        let (mant, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let (sign, digits) = match exp.strip_prefix('-') {
+            Some(d) => ('-', d),
+            None => ('+', exp),
+        };
+        return format!("{mant}e{sign}{digits:0>2}");
+    }
+    if f.fract() == 0.0 {
+        format!("{f:.1}")
+    } else {
+        format!("{f}")
+    }
+}
+
+/// Writes a value as Python's `json.dumps` does: `", "`/`": "` without indent, newlines and
 /// `","` with one.
-fn write_py_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
-    use serde_json::Value as J;
+fn write_py_json(
+    v: &Value,
+    indent: Option<usize>,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -199,44 +228,59 @@ fn write_py_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out
         }
     };
     let sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        J::Array(a) if !a.is_empty() => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(sep);
-                }
-                newline(out, depth + 1);
-                write_py_json(x, indent, depth + 1, out);
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            // Integers print as digits; floats (minijinja prints `2.0`, `1e-5`) the Python way.
+            let text = v.to_string();
+            if text.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+                out.push_str(&text);
+            } else {
+                out.push_str(&py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN)));
             }
-            newline(out, depth);
-            out.push(']');
         }
-        J::Object(o) if !o.is_empty() => {
+        ValueKind::String => out.push_str(&quote(v.as_str().unwrap_or_default())),
+        ValueKind::Map => {
+            let keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
             out.push('{');
-            for (i, (k, x)) in o.iter().enumerate() {
+            for (i, k) in keys.iter().enumerate() {
                 if i > 0 {
                     out.push_str(sep);
                 }
                 newline(out, depth + 1);
-                out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                out.push_str(&quote(&k.to_string()));
                 out.push_str(": ");
-                write_py_json(x, indent, depth + 1, out);
+                write_py_json(&v.get_item(k)?, indent, depth + 1, out)?;
             }
             newline(out, depth);
             out.push('}');
         }
-        J::Number(n) if n.is_f64() => {
-            let f = n.as_f64().unwrap_or(0.0);
-            // Python prints floats with a fractional part: 1.0, not 1.
-            if f.fract() == 0.0 && f.abs() < 1e16 {
-                out.push_str(&format!("{f:.1}"));
-            } else {
-                out.push_str(&n.to_string());
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
             }
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                newline(out, depth + 1);
+                write_py_json(x, indent, depth + 1, out)?;
+            }
+            newline(out, depth);
+            out.push(']');
         }
-        other => out.push_str(&serde_json::to_string(other).unwrap_or_default()),
+        _ => out.push_str(&quote(&v.to_string())),
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -287,6 +331,11 @@ mod tests {
         assert!(e.contains("does not compile"), "{e}");
         let t = ChatTemplate::new("{{ strftime_now('%Y') | length }}").unwrap();
         assert_eq!(t.render(&[], false, "", "").unwrap(), "4");
+        let t = ChatTemplate::new("{{ [1e-5, 2.5e20, 3.0, -7, 0.1, {}, []] | tojson }}").unwrap();
+        assert_eq!(
+            t.render(&[], false, "", "").unwrap(),
+            "[1e-05, 2.5e+20, 3.0, -7, 0.1, {}, []]"
+        );
         let t = ChatTemplate::new("{{ {'k': {'x': 1}} | tojson(indent=2) }}").unwrap();
         assert_eq!(
             t.render(&[], false, "", "").unwrap(),

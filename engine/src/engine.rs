@@ -23,7 +23,11 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { dtype: DType::F32, kv_cache_tokens: None, scheduler: SchedulerConfig::default() }
+        Self {
+            dtype: DType::F32,
+            kv_cache_tokens: None,
+            scheduler: SchedulerConfig::default(),
+        }
     }
 }
 
@@ -75,7 +79,9 @@ impl<B: Backend> Engine<B> {
         let model = load_model(&backend, &config, ckpt, cfg.dtype, progress)?;
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
-        let tokens = cfg.kv_cache_tokens.unwrap_or(config.max_context().max(4096));
+        let tokens = cfg
+            .kv_cache_tokens
+            .unwrap_or(config.max_context().max(4096));
         let num_blocks = tokens.div_ceil(bs);
         let cache = KvCache::new(&backend, &model.cache_spec(), num_blocks, bs, act)?;
         let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks)?;
@@ -166,10 +172,16 @@ impl<B: Backend> Engine<B> {
         let (ids, meta) = self.build_step(&chunks);
         let b = &self.backend;
         let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
-        let want: Vec<usize> = chunks.iter().filter(|c| c.wants_logits).map(|c| c.index).collect();
+        let want: Vec<usize> = chunks
+            .iter()
+            .filter(|c| c.wants_logits)
+            .map(|c| c.index)
+            .collect();
         let meta = b.upload_meta(meta)?;
         let logits = self.model.forward(b, &ids, &meta, &self.cache, None)?;
-        let greedy = want.iter().all(|&i| self.scheduler.running[i].params.is_greedy());
+        let greedy = want
+            .iter()
+            .all(|&i| self.scheduler.running[i].params.is_greedy());
         let tokens: Vec<u32> = if greedy && !self.capture_logits {
             b.download(&b.argmax(&logits)?)?.to_u32()?
         } else {
@@ -206,7 +218,11 @@ impl<B: Backend> Engine<B> {
                 None
             };
             seq.finished = finish;
-            events.push(TokenEvent { seq_id: seq.id, token, finish });
+            events.push(TokenEvent {
+                seq_id: seq.id,
+                token,
+                finish,
+            });
         }
         self.scheduler.reap_finished()?;
         Ok(events)
@@ -216,16 +232,27 @@ impl<B: Backend> Engine<B> {
     fn build_step(&self, chunks: &[ScheduledChunk]) -> (Vec<u32>, StepMeta) {
         let bs = self.cache.block_size;
         let running = &self.scheduler.running;
-        let max_blocks = chunks.iter().map(|c| running[c.index].blocks.len()).max().unwrap_or(1).max(1);
+        let max_blocks = chunks
+            .iter()
+            .map(|c| running[c.index].blocks.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let mut ids = Vec::new();
-        let mut m = StepMeta { max_blocks, block_size: bs, query_start: vec![0], ..Default::default() };
+        let mut m = StepMeta {
+            max_blocks,
+            block_size: bs,
+            query_start: vec![0],
+            ..Default::default()
+        };
         for (s, c) in chunks.iter().enumerate() {
             let seq = &running[c.index];
             for pos in c.start..c.start + c.len {
                 ids.push(seq.tokens[pos]);
                 m.positions.push(pos as u32);
                 m.token_seq.push(s as u32);
-                m.slot_mapping.push(seq.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+                m.slot_mapping
+                    .push(seq.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
             }
             let mut row = seq.blocks.clone();
             row.resize(max_blocks, 0);
@@ -259,25 +286,45 @@ impl<B: Backend> Engine<B> {
         if self.has_unfinished() {
             bail!("trace_prefill needs an idle engine");
         }
-        let id = self.add_request(prompt.to_vec(), SamplingParams { max_tokens: 1, ..Default::default() })?;
+        let id = self.add_request(
+            prompt.to_vec(),
+            SamplingParams {
+                max_tokens: 1,
+                ..Default::default()
+            },
+        )?;
         let mut seq = self.scheduler.waiting.pop_back().expect("just added");
         debug_assert_eq!(seq.id, id);
-        let Some(blocks) = self.scheduler.allocator.allocate(prompt.len().div_ceil(self.cache.block_size)) else {
+        let Some(blocks) = self
+            .scheduler
+            .allocator
+            .allocate(prompt.len().div_ceil(self.cache.block_size))
+        else {
             bail!("the prompt does not fit in the KV cache");
         };
         seq.blocks = blocks;
         self.scheduler.running.push(seq);
-        let chunk = ScheduledChunk { index: self.scheduler.running.len() - 1, start: 0, len: prompt.len(), wants_logits: true };
+        let chunk = ScheduledChunk {
+            index: self.scheduler.running.len() - 1,
+            start: 0,
+            len: prompt.len(),
+            wants_logits: true,
+        };
         let (ids, meta) = self.build_step(&[chunk]);
         let b = &self.backend;
         let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
         let meta = b.upload_meta(meta)?;
         let mut trace = Vec::new();
-        let result = self.model.forward(b, &ids, &meta, &self.cache, Some(&mut trace));
+        let result = self
+            .model
+            .forward(b, &ids, &meta, &self.cache, Some(&mut trace));
         let seq = self.scheduler.running.pop().expect("pushed above");
         self.scheduler.allocator.release(&seq.blocks)?;
         let logits = b.download(&result?)?.to_f32();
-        let hidden = trace.iter().map(|t| b.download(t)).collect::<Result<Vec<_>>>()?;
+        let hidden = trace
+            .iter()
+            .map(|t| b.download(t))
+            .collect::<Result<Vec<_>>>()?;
         Ok((hidden, logits))
     }
 }

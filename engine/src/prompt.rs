@@ -10,7 +10,12 @@ use anyhow::{bail, Context, Result};
 ///
 /// Errors: no tokenizer in the checkpoint (use `--prompt-ids`), no chat template with `chat`,
 /// an empty prompt, or a template that fails to render.
-pub fn prompt_ids(assets: &TokenizerAssets, text: &str, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
+pub fn prompt_ids(
+    assets: &TokenizerAssets,
+    text: &str,
+    chat: bool,
+    system: Option<&str>,
+) -> Result<Vec<u32>> {
     if text.is_empty() {
         bail!("the prompt is empty: give --prompt TEXT or --prompt-ids");
     }
@@ -23,9 +28,15 @@ pub fn prompt_ids(assets: &TokenizerAssets, text: &str, chat: bool, system: Opti
         };
         let mut messages = Vec::new();
         if let Some(s) = system {
-            messages.push(ChatMessage { role: "system".into(), content: s.into() });
+            messages.push(ChatMessage {
+                role: "system".into(),
+                content: s.into(),
+            });
         }
-        messages.push(ChatMessage { role: "user".into(), content: text.into() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: text.into(),
+        });
         let rendered = ChatTemplate::new(src)?
             .render(
                 &messages,
@@ -54,7 +65,11 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .split(',')
         .map(|x| x.trim())
         .filter(|x| !x.is_empty())
-        .map(|x| x.parse::<u32>().with_context(|| format!("--prompt-ids: '{x}' is not a token id (expected comma-separated integers)")))
+        .map(|x| {
+            x.parse::<u32>().with_context(|| {
+                format!("--prompt-ids: '{x}' is not a token id (expected comma-separated integers)")
+            })
+        })
         .collect::<Result<Vec<_>>>()?;
     if ids.is_empty() {
         bail!("--prompt-ids is empty: give comma-separated token ids");

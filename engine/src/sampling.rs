@@ -22,7 +22,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 128, ignore_eos: false }
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            max_tokens: 128,
+            ignore_eos: false,
+        }
     }
 }
 
@@ -35,7 +42,10 @@ impl SamplingParams {
     /// Checks ranges; errors name the flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            anyhow::bail!("--temperature must be a finite number ≥ 0, got {}", self.temperature);
+            anyhow::bail!(
+                "--temperature must be a finite number ≥ 0, got {}",
+                self.temperature
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             anyhow::bail!("--top-p must be in (0, 1], got {}", self.top_p);
@@ -55,7 +65,9 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler seeded with `seed`.
     pub fn new(seed: u64) -> Self {
-        Self { rng: StdRng::seed_from_u64(seed) }
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+        }
     }
 
     /// Picks a token id from `logits` `[V]` (f32).
@@ -69,7 +81,10 @@ impl Sampler {
             idx.truncate(p.top_k);
         }
         let max = logits[idx[0]];
-        let mut probs: Vec<f32> = idx.iter().map(|&i| ((logits[i] - max) / p.temperature).exp()).collect();
+        let mut probs: Vec<f32> = idx
+            .iter()
+            .map(|&i| ((logits[i] - max) / p.temperature).exp())
+            .collect();
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= total);
         if p.top_p < 1.0 {
@@ -120,25 +135,55 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_top_p_limits_choice() {
         let logits = [0.0, 5.0, 4.9, -3.0];
-        let p = SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..Default::default()
+        };
         assert_eq!(Sampler::new(1).sample(&logits, &p), 1);
-        let p = SamplingParams { temperature: 1.0, top_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..Default::default()
+        };
         let mut s = Sampler::new(7);
         for _ in 0..50 {
-            assert_eq!(s.sample(&logits, &p), 1, "top-p 0.5 keeps only the most likely token here");
+            assert_eq!(
+                s.sample(&logits, &p),
+                1,
+                "top-p 0.5 keeps only the most likely token here"
+            );
         }
-        let p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(3);
-        let seen: std::collections::HashSet<u32> = (0..200).map(|_| s.sample(&logits, &p)).collect();
-        assert!(seen.contains(&1) && seen.contains(&2), "temperature sampling explores: {seen:?}");
+        let seen: std::collections::HashSet<u32> =
+            (0..200).map(|_| s.sample(&logits, &p)).collect();
+        assert!(
+            seen.contains(&1) && seen.contains(&2),
+            "temperature sampling explores: {seen:?}"
+        );
     }
 
     #[test]
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { temperature: 0.8, top_p: 0.9, top_k: 20, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(42); (0..20).map(|_| s.sample(&logits, &p)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(42); (0..20).map(|_| s.sample(&logits, &p)).collect() };
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            top_k: 20,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(42);
+            (0..20).map(|_| s.sample(&logits, &p)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(42);
+            (0..20).map(|_| s.sample(&logits, &p)).collect()
+        };
         assert_eq!(a, b);
     }
 }

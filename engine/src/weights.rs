@@ -17,7 +17,13 @@ pub struct WeightLoader<'a, B: Backend> {
 impl<'a, B: Backend> WeightLoader<'a, B> {
     /// `dtype` is the storage dtype for float weights (F32 or BF16).
     pub fn new(backend: &'a B, src: &'a dyn TensorSource, dtype: DType) -> Self {
-        Self { backend, src, dtype, loaded: Cell::new(0), progress: None }
+        Self {
+            backend,
+            src,
+            dtype,
+            loaded: Cell::new(0),
+            progress: None,
+        }
     }
 
     /// Calls `f(loaded, total)` after each tensor (for a progress bar).
@@ -68,7 +74,10 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         }
         let host = self.src.load(name)?;
         if !host.dtype.is_float() {
-            bail!("{origin}: tensor `{name}` has dtype {}, expected a float type", host.dtype);
+            bail!(
+                "{origin}: tensor `{name}` has dtype {}, expected a float type",
+                host.dtype
+            );
         }
         let host = convert(host, dtype)?;
         let t = self.backend.upload(&host)?;

@@ -49,7 +49,7 @@ fn q8_rows(rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
             let d = 0.5 * (blk + 1) as f32;
             b.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
             for j in 0..32 {
-                let q = (j as i32 - 16 + r as i32).clamp(-128, 127) as i8;
+                let q = (j - 16 + r as i32).clamp(-128, 127) as i8;
                 b.push(q as u8);
                 v.push(q as f32 * d);
             }
@@ -181,7 +181,7 @@ fn tiny(arch: &str, pre: &str, add_bos: bool, version: u32, alignment: usize) ->
             0,
             f32_bytes(&[1.0, 2.0, 3.0, 4.0]),
         ),
-        ("unsupported.weight", vec![256], 12, vec![0; 144]),
+        ("unsupported.weight", vec![256], 16, vec![0; 66]),
     ];
     Tiny {
         bytes: write_gguf(version, alignment, &meta, &tensors),
@@ -433,4 +433,194 @@ fn random_corruption_never_panics() {
         }
     }
     assert!(opened > 0);
+}
+
+/// Every quantized type against values dequantized by llama.cpp's gguf-py
+/// (`tests/data/gen_quant_reference.py` wrote the file).
+#[test]
+fn dequantize_matches_gguf_py() {
+    let data = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/quant_reference.bin"
+    ))
+    .unwrap();
+    let mut pos = 0;
+    let mut seen = Vec::new();
+    let u32_at = |p: usize| u32::from_le_bytes(data[p..p + 4].try_into().unwrap()) as usize;
+    while pos < data.len() {
+        let (ty, nblocks, bsize) = (u32_at(pos), u32_at(pos + 4), u32_at(pos + 8));
+        pos += 12;
+        let ty = GgmlType::from_id(ty as u32);
+        let (per, bs) = ty.block().unwrap_or_else(|| panic!("{ty:?} not loadable"));
+        assert_eq!(bs, bsize, "{ty:?} block size");
+        let raw = &data[pos..pos + nblocks * bsize];
+        pos += nblocks * bsize;
+        let n = nblocks * per;
+        let want: Vec<f32> = data[pos..pos + 4 * n]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        pos += 4 * n;
+        let got = loader::dequantize(ty, raw, n).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let tol = 1e-6 * w.abs().max(1e-3);
+            assert!(
+                (g - w).abs() <= tol,
+                "{ty:?} value {i}: got {g}, gguf-py {w}"
+            );
+        }
+        assert!(loader::dequantize(ty, &raw[1..], n).is_err());
+        seen.push(ty.name());
+    }
+    assert_eq!(
+        seen,
+        ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K"]
+    );
+}
+
+/// A GGUF with a SentencePiece (`llama`) vocabulary and a single tensor.
+fn spm_gguf(extra: Vec<(&str, MetaValue)>) -> Vec<u8> {
+    let pieces: &[(&str, f32, i32)] = &[
+        ("<unk>", 0.0, 2),
+        ("<s>", 0.0, 3),
+        ("</s>", 0.0, 3),
+        ("<0x0A>", 0.0, 6),
+        ("<0xC3>", 0.0, 6),
+        ("<0xA9>", 0.0, 6),
+        ("▁", -100.0, 1),
+        ("h", -100.0, 1),
+        ("e", -100.0, 1),
+        ("l", -100.0, 1),
+        ("o", -100.0, 1),
+        ("w", -100.0, 1),
+        ("r", -100.0, 1),
+        ("d", -100.0, 1),
+        ("ll", -1.0, 1),
+        ("▁h", -2.0, 1),
+        ("he", -3.0, 1),
+        ("▁he", -4.0, 1),
+        ("llo", -5.0, 1),
+        ("▁hello", -6.0, 1),
+        ("or", -7.0, 1),
+        ("▁w", -8.0, 1),
+        ("▁wor", -9.0, 1),
+        ("ld", -10.0, 1),
+    ];
+    let v = pieces.len();
+    let mut meta = vec![
+        ("general.architecture", s("llama")),
+        ("llama.embedding_length", MetaValue::U32(32)),
+        ("llama.block_count", MetaValue::U32(0)),
+        ("llama.feed_forward_length", MetaValue::U32(64)),
+        ("llama.attention.head_count", MetaValue::U32(4)),
+        ("tokenizer.ggml.model", s("llama")),
+        (
+            "tokenizer.ggml.tokens",
+            MetaValue::Array(pieces.iter().map(|p| s(p.0)).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            MetaValue::Array(pieces.iter().map(|p| MetaValue::F32(p.1)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(pieces.iter().map(|p| MetaValue::I32(p.2)).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id", MetaValue::U32(1)),
+        ("tokenizer.ggml.eos_token_id", MetaValue::U32(2)),
+        ("tokenizer.ggml.unknown_token_id", MetaValue::U32(0)),
+    ];
+    meta.extend(extra);
+    let embd = f32_bytes(&vec![0.0; 32 * v]);
+    write_gguf(
+        3,
+        32,
+        &meta,
+        &[("token_embd.weight", vec![32, v as u64], 0, embd)],
+    )
+}
+
+#[test]
+fn sentencepiece_vocabulary() {
+    let ck = open_bytes(&spm_gguf(vec![])).unwrap();
+    assert_eq!(ck.config["num_key_value_heads"], 4);
+    assert_eq!(ck.config["vocab_size"], 24);
+    // llama.cpp adds BOS by default for SentencePiece vocabularies.
+    assert!(ck.assets.add_bos);
+    let tok = ck.assets.tokenizer.as_ref().unwrap();
+    // Merges by score: ll, ▁h, ▁he, llo, ▁hello, or, ▁w, ▁wor, ld.
+    assert_eq!(tok.encode("hello world", false).unwrap(), vec![19, 22, 23]);
+    assert_eq!(
+        tok.encode("hello world", true).unwrap(),
+        vec![1, 19, 22, 23]
+    );
+    // A space prefix after special tokens too; bytes for characters outside the vocabulary;
+    // the unknown id when even the byte is missing.
+    assert_eq!(tok.encode("<s>hello", false).unwrap(), vec![1, 19]);
+    assert_eq!(tok.encode("é\n", false).unwrap(), vec![6, 4, 5, 3]);
+    assert_eq!(tok.encode("z", false).unwrap(), vec![6, 0]);
+    assert_eq!(tok.decode(&[1, 19, 22, 23], true).unwrap(), "hello world");
+    assert_eq!(tok.decode(&[6, 4, 5, 3], false).unwrap(), "é\n");
+    let mut sd = tok.stream_decoder(true);
+    let mut out = sd.push_all(&[1, 19, 22, 23, 6, 4, 5, 3]).unwrap();
+    out.push_str(&sd.finish().unwrap());
+    assert_eq!(out, tok.decode(&[1, 19, 22, 23, 6, 4, 5, 3], true).unwrap());
+
+    let ck = open_bytes(&spm_gguf(vec![
+        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
+        ("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false)),
+    ]))
+    .unwrap();
+    assert!(!ck.assets.add_bos);
+    let tok = ck.assets.tokenizer.as_ref().unwrap();
+    assert_eq!(tok.encode("hello", true).unwrap(), vec![16, 18]); // he llo
+    let e = format!(
+        "{:#}",
+        open_bytes(&spm_gguf(vec![("tokenizer.ggml.model", s("bert"))]))
+            .err()
+            .unwrap()
+    );
+    assert!(
+        e.contains("tokenizer.ggml.model") && e.contains("bert"),
+        "{e}"
+    );
+}
+
+/// A tokenizer saved as `tokenizer.json` loads back in an HF directory, and a post-processor
+/// that adds BOS is detected when `tokenizer_config.json` does not say.
+#[test]
+fn hf_dir_tokenizer_json() {
+    let ck = open_bytes(&tiny("llama", "smollm", true, 3, 32).bytes).unwrap();
+    let tok = ck.assets.tokenizer.as_ref().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tok.inner.save(d.join("tokenizer.json"), false).unwrap();
+    std::fs::write(d.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+    let data: Vec<u8> = 1.0f32.to_le_bytes().to_vec();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &data).unwrap();
+    safetensors::serialize_to_file([("w", view)], None, &d.join("model.safetensors")).unwrap();
+    let hf = loader::open(d).unwrap();
+    let t2 = hf.assets.tokenizer.as_ref().unwrap();
+    let text = "abc ab<|im_end|>12";
+    assert_eq!(
+        t2.encode(text, true).unwrap(),
+        tok.encode(text, true).unwrap()
+    );
+    assert_eq!(t2.encode(text, false).unwrap(), vec![8, 10, 2, 11, 12]);
+    // No ids in config.json: BOS/EOS come from the tokenizer_config texts.
+    assert_eq!(hf.assets.bos_id, None);
+    assert!(!hf.assets.add_bos);
+    std::fs::write(
+        d.join("tokenizer_config.json"),
+        r#"{"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}}"#,
+    )
+    .unwrap();
+    let hf = loader::open(d).unwrap();
+    assert_eq!(hf.assets.bos_id, Some(1));
+    assert_eq!(hf.assets.eos_ids, vec![2]);
+    assert!(hf.assets.add_bos, "the post-processor adds BOS");
+    std::fs::write(d.join("tokenizer.json"), "{broken").unwrap();
+    let e = format!("{:#}", loader::open(d).err().unwrap());
+    assert!(e.contains("tokenizer.json"), "{e}");
 }

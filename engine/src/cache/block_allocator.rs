@@ -14,7 +14,10 @@ impl BlockAllocator {
     /// All `num_blocks` blocks free.
     pub fn new(num_blocks: usize) -> Self {
         // Reversed so that `pop` hands out low ids first (easier to read in traces).
-        Self { free: (0..num_blocks as u32).rev().collect(), ref_counts: vec![0; num_blocks] }
+        Self {
+            free: (0..num_blocks as u32).rev().collect(),
+            ref_counts: vec![0; num_blocks],
+        }
     }
 
     /// Blocks not in use.

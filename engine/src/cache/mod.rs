@@ -34,7 +34,16 @@ pub struct CacheSpec {
 impl CacheSpec {
     /// `layers` identical paged-KV layers.
     pub fn paged_kv(layers: usize, kv_heads: usize, k_dim: usize, v_dim: usize) -> Self {
-        Self { layers: vec![LayerCacheSpec::PagedKv { kv_heads, k_dim, v_dim }; layers] }
+        Self {
+            layers: vec![
+                LayerCacheSpec::PagedKv {
+                    kv_heads,
+                    k_dim,
+                    v_dim
+                };
+                layers
+            ],
+        }
     }
 
     /// Elements kept per token over all layers.
@@ -42,7 +51,11 @@ impl CacheSpec {
         self.layers
             .iter()
             .map(|l| match *l {
-                LayerCacheSpec::PagedKv { kv_heads, k_dim, v_dim } => kv_heads * (k_dim + v_dim),
+                LayerCacheSpec::PagedKv {
+                    kv_heads,
+                    k_dim,
+                    v_dim,
+                } => kv_heads * (k_dim + v_dim),
             })
             .sum()
     }
@@ -59,7 +72,13 @@ pub struct KvCache<B: Backend> {
 
 impl<B: Backend> KvCache<B> {
     /// Allocates zeroed caches for `spec` with `num_blocks` blocks of `block_size` tokens in `dtype`.
-    pub fn new(b: &B, spec: &CacheSpec, num_blocks: usize, block_size: usize, dtype: DType) -> Result<Self> {
+    pub fn new(
+        b: &B,
+        spec: &CacheSpec,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+    ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             bail!("the KV cache needs at least one block of at least one token");
         }
@@ -67,13 +86,21 @@ impl<B: Backend> KvCache<B> {
             .layers
             .iter()
             .map(|l| match *l {
-                LayerCacheSpec::PagedKv { kv_heads, k_dim, v_dim } => Ok((
+                LayerCacheSpec::PagedKv {
+                    kv_heads,
+                    k_dim,
+                    v_dim,
+                } => Ok((
                     b.zeros(&[num_blocks, block_size, kv_heads, k_dim], dtype)?,
                     b.zeros(&[num_blocks, block_size, kv_heads, v_dim], dtype)?,
                 )),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { layers, block_size, num_blocks })
+        Ok(Self {
+            layers,
+            block_size,
+            num_blocks,
+        })
     }
 
     /// The (keys, values) tensors of layer `i`.

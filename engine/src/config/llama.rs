@@ -76,7 +76,8 @@ impl LlamaConfig {
 
     /// Per-head width (`head_dim`, else `hidden_size / num_attention_heads`).
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     /// The RoPE settings, merging `rope_parameters`, `rope_scaling` and `rope_theta`.
@@ -96,10 +97,10 @@ impl LlamaConfig {
     pub fn validate(&self) -> Result<()> {
         let h = self.num_attention_heads;
         let kv = self.kv_heads();
-        if h == 0 || kv == 0 || h % kv != 0 {
+        if h == 0 || kv == 0 || !h.is_multiple_of(kv) {
             bail!("num_attention_heads ({h}) must be a positive multiple of num_key_value_heads ({kv})");
         }
-        if self.head_dim() == 0 || self.head_dim() % 2 != 0 {
+        if self.head_dim() == 0 || !self.head_dim().is_multiple_of(2) {
             bail!("head_dim ({}) must be positive and even", self.head_dim());
         }
         for (name, v) in [
@@ -114,7 +115,10 @@ impl LlamaConfig {
             }
         }
         if self.hidden_act != "silu" {
-            bail!("hidden_act '{}' is not supported (expected 'silu')", self.hidden_act);
+            bail!(
+                "hidden_act '{}' is not supported (expected 'silu')",
+                self.hidden_act
+            );
         }
         if self.mlp_bias {
             bail!("mlp_bias = true is not supported yet");

@@ -31,9 +31,16 @@ impl ModelConfig {
             .and_then(|v| v.as_str())
             .with_context(|| format!("{origin}: field `model_type` is missing (expected one of {SUPPORTED_MODEL_TYPES:?})"))?;
         let parse = || -> Result<LlamaConfig> {
-            let cfg: LlamaConfig = serde_json::from_value(value.clone())
+            let cfg: LlamaConfig =
+                serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{origin}: invalid `{model_type}` config: field `{}`: {}",
+                        e.path(),
+                        e.inner()
+                    )
+                })?;
+            cfg.validate()
                 .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
-            cfg.validate().with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
             Ok(cfg)
         };
         Ok(match model_type {

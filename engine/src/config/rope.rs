@@ -35,7 +35,10 @@ impl RopeParameters {
     pub fn validate(&self) -> Result<()> {
         match self.kind() {
             "default" => Ok(()),
-            "linear" => self.factor.map(|_| ()).ok_or_else(|| anyhow::anyhow!("rope_type linear needs `factor`")),
+            "linear" => self
+                .factor
+                .map(|_| ())
+                .ok_or_else(|| anyhow::anyhow!("rope_type linear needs `factor`")),
             "llama3" => {
                 if self.factor.is_none()
                     || self.low_freq_factor.is_none()
@@ -46,7 +49,9 @@ impl RopeParameters {
                 }
                 Ok(())
             }
-            other => bail!("rope_type '{other}' is not supported (supported: default, linear, llama3)"),
+            other => {
+                bail!("rope_type '{other}' is not supported (supported: default, linear, llama3)")
+            }
         }
     }
 }
@@ -97,7 +102,10 @@ mod tests {
 
     #[test]
     fn default_frequencies_fall_geometrically() {
-        let p = RopeParameters { rope_theta: Some(10000.0), ..Default::default() };
+        let p = RopeParameters {
+            rope_theta: Some(10000.0),
+            ..Default::default()
+        };
         let f = rope_inv_freq(&p, 8, 1.0).unwrap();
         assert_eq!(f.len(), 4);
         assert!((f[0] - 1.0).abs() < 1e-7);
@@ -115,13 +123,23 @@ mod tests {
             high_freq_factor: Some(4.0),
             original_max_position_embeddings: Some(64.0),
         };
-        let base = rope_inv_freq(&RopeParameters { rope_theta: Some(10000.0), ..Default::default() }, 16, 1.0).unwrap();
+        let base = rope_inv_freq(
+            &RopeParameters {
+                rope_theta: Some(10000.0),
+                ..Default::default()
+            },
+            16,
+            1.0,
+        )
+        .unwrap();
         let f = rope_inv_freq(&p, 16, 1.0).unwrap();
         // λ(f0) = 2π < 16: kept. λ(f7) = 2π·10000^(14/16) ≫ 64: divided by 8.
         assert_eq!(f[0], base[0]);
         assert!((f[7] - base[7] / 8.0).abs() < 1e-9);
         // Something in between is blended strictly between the two.
-        let mid: Vec<usize> = (0..8).filter(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-9).collect();
+        let mid: Vec<usize> = (0..8)
+            .filter(|&i| f[i] != base[i] && (f[i] - base[i] / 8.0).abs() > 1e-9)
+            .collect();
         for i in mid {
             assert!(f[i] < base[i] && f[i] > base[i] / 8.0);
         }
@@ -129,7 +147,13 @@ mod tests {
 
     #[test]
     fn unknown_rope_type_is_an_error() {
-        let p = RopeParameters { rope_type: Some("weird".into()), ..Default::default() };
-        assert!(rope_inv_freq(&p, 8, 10000.0).unwrap_err().to_string().contains("weird"));
+        let p = RopeParameters {
+            rope_type: Some("weird".into()),
+            ..Default::default()
+        };
+        assert!(rope_inv_freq(&p, 8, 10000.0)
+            .unwrap_err()
+            .to_string()
+            .contains("weird"));
     }
 }

@@ -51,7 +51,9 @@ impl<B: Backend> Attention<B> {
     ) -> Result<Self> {
         let (q_dim, kv_dim) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let norm = |name: &str| -> Result<Option<RmsNorm<B>>> {
-            qk_norm.map(|eps| RmsNorm::load(w, &format!("{prefix}.{name}"), s.head_dim, eps)).transpose()
+            qk_norm
+                .map(|eps| RmsNorm::load(w, &format!("{prefix}.{name}"), s.head_dim, eps))
+                .transpose()
         };
         Ok(Self {
             shape: s,
@@ -90,6 +92,7 @@ impl<B: Backend> Attention<B> {
         b.write_kv(&k, &v, &kv.0, &kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let o = b.paged_attention(&q, &kv.0, &kv.1, meta, scale)?;
-        self.o_proj.forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
+        self.o_proj
+            .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }
 }

@@ -14,9 +14,19 @@ pub struct Linear<B: Backend> {
 
 impl<B: Backend> Linear<B> {
     /// Loads `{prefix}.weight` (and `{prefix}.bias` when `bias`).
-    pub fn load(w: &WeightLoader<B>, prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Self> {
+    pub fn load(
+        w: &WeightLoader<B>,
+        prefix: &str,
+        out_dim: usize,
+        in_dim: usize,
+        bias: bool,
+    ) -> Result<Self> {
         let weight = w.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
-        let bias = if bias { Some(w.get(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
+        let bias = if bias {
+            Some(w.get(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            None
+        };
         Ok(Self { weight, bias })
     }
 

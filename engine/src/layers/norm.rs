@@ -15,7 +15,10 @@ pub struct RmsNorm<B: Backend> {
 impl<B: Backend> RmsNorm<B> {
     /// Loads `{prefix}.weight` of shape `[dim]`.
     pub fn load(w: &WeightLoader<B>, prefix: &str, dim: usize, eps: f64) -> Result<Self> {
-        Ok(Self { weight: w.get(&format!("{prefix}.weight"), &[dim])?, eps: eps as f32 })
+        Ok(Self {
+            weight: w.get(&format!("{prefix}.weight"), &[dim])?,
+            eps: eps as f32,
+        })
     }
 
     /// `x` `[R, D]` → `[R, D]`.

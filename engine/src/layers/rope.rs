@@ -19,11 +19,23 @@ impl<B: Backend> Rope<B> {
     /// Uploads `inv_freq` (see [`crate::config::rope_inv_freq`]).
     pub fn new(b: &B, inv_freq: &[f32], style: RopeStyle, mscale: f32) -> Result<Self> {
         let t = b.upload(&HostTensor::from_f32(vec![inv_freq.len()], inv_freq)?)?;
-        Ok(Self { inv_freq: t, rot_dim: inv_freq.len() * 2, style, mscale })
+        Ok(Self {
+            inv_freq: t,
+            rot_dim: inv_freq.len() * 2,
+            style,
+            mscale,
+        })
     }
 
     /// `x` `[N, H, hd]`, `positions` `[N]` u32 → rotated `[N, H, hd]`.
     pub fn forward(&self, b: &B, x: &B::Tensor, positions: &B::Tensor) -> Result<B::Tensor> {
-        b.rope(x, positions, &self.inv_freq, self.rot_dim, self.style, self.mscale)
+        b.rope(
+            x,
+            positions,
+            &self.inv_freq,
+            self.rot_dim,
+            self.style,
+            self.mscale,
+        )
     }
 }

@@ -4,6 +4,7 @@
 //! RoPE; [`unpermute_rows`] puts them back in the Hugging Face (half-split RoPE) order.
 
 use super::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
+use super::gguf_quant::dequantize;
 use super::{Checkpoint, TensorSource, TokenizerAssets};
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
@@ -18,6 +19,15 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
 
 /// Opens a `.gguf` file as a [`Checkpoint`].
 pub fn open_gguf(path: &Path) -> Result<Checkpoint> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    if matches!(ext, "safetensors" | "json" | "jinja") {
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        bail!(
+            "{}: expected a .gguf file or a model directory; for a Hugging Face checkpoint pass its directory ({})",
+            path.display(),
+            dir.display()
+        );
+    }
     let file = GgufFile::open(path)?;
     checkpoint_from_gguf(file)
 }
@@ -331,60 +341,6 @@ fn reorder_rows(
     Ok(out)
 }
 
-/// Dequantizes a ggml tensor's bytes to f32 values (F32, Q8_0, Q4_0, Q4_1).
-pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
-    let (per, bsize) = ty
-        .block()
-        .ok_or_else(|| anyhow!("ggml type {} cannot be dequantized", ty.name()))?;
-    if !numel.is_multiple_of(per) || bytes.len() != numel / per * bsize {
-        bail!(
-            "{} data of {} bytes does not hold {numel} values",
-            ty.name(),
-            bytes.len()
-        );
-    }
-    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-    let mut out = Vec::with_capacity(numel);
-    match ty {
-        GgmlType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        ),
-        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(f16)),
-        GgmlType::BF16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-        ),
-        GgmlType::Q8_0 => {
-            for blk in bytes.chunks_exact(bsize) {
-                let d = f16(&blk[0..2]);
-                out.extend(blk[2..].iter().map(|&q| (q as i8) as f32 * d));
-            }
-        }
-        GgmlType::Q4_0 => {
-            for blk in bytes.chunks_exact(bsize) {
-                let d = f16(&blk[0..2]);
-                let qs = &blk[2..18];
-                out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * d));
-                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
-            }
-        }
-        GgmlType::Q4_1 => {
-            for blk in bytes.chunks_exact(bsize) {
-                let d = f16(&blk[0..2]);
-                let m = f16(&blk[2..4]);
-                let qs = &blk[4..20];
-                out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * d + m));
-                out.extend(qs.iter().map(|&q| (q >> 4) as f32 * d + m));
-            }
-        }
-        GgmlType::Other(_) => unreachable!("block() is None for other types"),
-    }
-    Ok(out)
-}
-
 /// Which q/k permutation a tensor needs undone.
 #[derive(Clone, Copy, Debug)]
 enum Unpermute {
@@ -453,16 +409,17 @@ impl TensorSource for GgufSource {
             GgmlType::F16 => (DType::F16, bytes.to_vec()),
             GgmlType::BF16 => (DType::BF16, bytes.to_vec()),
             GgmlType::F32 => (DType::F32, bytes.to_vec()),
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            GgmlType::Other(_) => bail!(
+                "{path}: tensor {} ({name}) has ggml type {}; supported: {}",
+                t.name,
+                t.ggml_type.name(),
+                super::gguf_quant::SUPPORTED_TYPES
+            ),
+            _ => {
                 let v = dequantize(t.ggml_type, bytes, t.numel())
                     .with_context(|| format!("{path}: tensor {} ({name})", t.name))?;
                 (DType::F32, bytemuck::cast_slice::<f32, u8>(&v).to_vec())
             }
-            GgmlType::Other(_) => bail!(
-                "{path}: tensor {} ({name}) has ggml type {}; supported: f32, f16, bf16, q8_0, q4_0, q4_1",
-                t.name,
-                t.ggml_type.name()
-            ),
         };
         let data = match un {
             Unpermute::Heads(h) if shape.len() == 2 => {
@@ -527,20 +484,30 @@ fn tokenizer_assets(f: &GgufFile) -> Result<TokenizerAssets> {
         }
     };
     let tokens = strings("tokenizer.ggml.tokens")?;
+    let types = |n: usize| -> Result<Vec<i32>> {
+        match f.get("tokenizer.ggml.token_type") {
+            None => Ok(vec![1; n]),
+            Some(MetaValue::Array(a)) => a
+                .iter()
+                .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{path}: metadata tokenizer.ggml.token_type should be an array of integers"
+                    )
+                }),
+            Some(v) => bail!(
+                "{path}: metadata tokenizer.ggml.token_type is a {}, expected an array",
+                v.type_name()
+            ),
+        }
+    };
     let (tokenizer, add_bos) = match (model.as_deref(), &tokens) {
         (None, _) | (_, None) => (None, add_bos_meta.unwrap_or(false)),
         (Some("gpt2"), Some(tokens)) => {
             let merges = strings("tokenizer.ggml.merges")?
                 .ok_or_else(|| anyhow!("{path}: gpt2 tokenizer without tokenizer.ggml.merges"))?;
-            let types: Vec<i32> = match f.get("tokenizer.ggml.token_type") {
-                None => vec![1; tokens.len()],
-                Some(MetaValue::Array(a)) => a
-                    .iter()
-                    .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| anyhow!("{path}: metadata tokenizer.ggml.token_type should be an array of integers"))?,
-                Some(v) => bail!("{path}: metadata tokenizer.ggml.token_type is a {}, expected an array", v.type_name()),
-            };
+            let types = types(tokens.len())?;
             let pre = f
                 .get("tokenizer.ggml.pre")
                 .and_then(|v| v.as_str())
@@ -551,8 +518,46 @@ fn tokenizer_assets(f: &GgufFile) -> Result<TokenizerAssets> {
                 .with_context(|| format!("{path}: building the tokenizer from tokenizer.ggml.*"))?;
             (Some(tok), add_bos)
         }
+        (Some("llama"), Some(tokens)) => {
+            let types = types(tokens.len())?;
+            let scores: Vec<f32> = match f.get("tokenizer.ggml.scores") {
+                None => (0..tokens.len()).map(|i| -(i as f32)).collect(),
+                Some(MetaValue::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_f64().map(|x| x as f32))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "{path}: metadata tokenizer.ggml.scores should be an array of numbers"
+                        )
+                    })?,
+                Some(v) => bail!(
+                    "{path}: metadata tokenizer.ggml.scores is a {}, expected an array",
+                    v.type_name()
+                ),
+            };
+            // llama.cpp's default for SentencePiece vocabularies is to add BOS.
+            let add_bos = add_bos_meta.unwrap_or(true) && bos_id.is_some();
+            let add_space_prefix = f
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true);
+            let vocab = super::gguf_tokenizer::SpmVocab {
+                tokens,
+                scores: &scores,
+                token_types: &types,
+                unk_id: id("tokenizer.ggml.unknown_token_id"),
+                bos_id,
+                add_bos,
+                add_space_prefix,
+            };
+            let tok = super::gguf_tokenizer::build_spm(&vocab)
+                .map(Tokenizer::from_inner)
+                .with_context(|| format!("{path}: building the tokenizer from tokenizer.ggml.*"))?;
+            (Some(tok), add_bos)
+        }
         (Some(other), Some(_)) => bail!(
-            "{path}: tokenizer.ggml.model = \"{other}\" is not supported yet (supported: gpt2)"
+            "{path}: tokenizer.ggml.model = \"{other}\" is not supported (supported: gpt2, llama)"
         ),
     };
     let text =

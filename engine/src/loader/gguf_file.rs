@@ -125,7 +125,8 @@ impl MetaValue {
     }
 }
 
-/// ggml tensor element types (the numbering of `ggml.h`).
+/// ggml tensor element types (the numbering of `ggml.h`; variant names follow ggml's).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     /// 32-bit float.
@@ -140,6 +141,20 @@ pub enum GgmlType {
     Q8_0,
     /// bfloat16.
     BF16,
+    /// Blocks of 32: f16 scale, 32 high bits + 16 bytes of low nibbles, `(q - 16) * d`.
+    Q5_0,
+    /// Blocks of 32: f16 scale, f16 min, 32 high bits + 16 bytes of low nibbles, `q * d + m`.
+    Q5_1,
+    /// K-quant, super-blocks of 256 with 2-bit values.
+    Q2_K,
+    /// K-quant, super-blocks of 256 with 3-bit values.
+    Q3_K,
+    /// K-quant, super-blocks of 256 with 4-bit values and 6-bit scales/mins.
+    Q4_K,
+    /// K-quant, super-blocks of 256 with 5-bit values and 6-bit scales/mins.
+    Q5_K,
+    /// K-quant, super-blocks of 256 with 6-bit values and 8-bit scales.
+    Q6_K,
     /// Any other ggml type, by number (not loadable yet).
     Other(u32),
 }
@@ -152,7 +167,14 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
             other => GgmlType::Other(other),
         }
@@ -165,7 +187,14 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
             GgmlType::Other(i) => i,
         }

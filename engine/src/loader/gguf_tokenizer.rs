@@ -137,21 +137,176 @@ pub(crate) fn build_gpt2(
     if add_bos {
         let bos =
             bos_id.ok_or_else(|| anyhow!("add_bos_token is set but there is no bos_token_id"))?;
-        let text = tokens.get(bos as usize).ok_or_else(|| {
-            anyhow!(
-                "bos_token_id {bos} is outside the vocabulary ({} tokens)",
-                tokens.len()
-            )
-        })?;
-        let tp = TemplateProcessing::builder()
-            .try_single(format!("{text} $A"))
-            .map_err(|e| anyhow!("BOS template: {e}"))?
-            .try_pair(format!("{text} $A {text} $B:1"))
-            .map_err(|e| anyhow!("BOS template: {e}"))?
-            .special_tokens(vec![(text.clone(), bos)])
-            .build()
-            .map_err(|e| anyhow!("BOS template: {e}"))?;
-        tok.with_post_processor(Some(tp));
+        add_bos_processor(&mut tok, tokens, bos)?;
     }
     Ok(tok)
+}
+
+/// SentencePiece-style vocabulary facts from GGUF metadata (`tokenizer.ggml.model = "llama"`).
+pub(crate) struct SpmVocab<'a> {
+    /// Token strings (`▁` for spaces, `<0x0A>` byte tokens).
+    pub tokens: &'a [String],
+    /// Merge scores; higher merges first.
+    pub scores: &'a [f32],
+    /// llama.cpp token types.
+    pub token_types: &'a [i32],
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub unk_id: Option<u32>,
+    /// `tokenizer.ggml.bos_token_id` and whether raw prompts start with it.
+    pub bos_id: Option<u32>,
+    /// Prepend BOS in `encode(text, true)`.
+    pub add_bos: bool,
+    /// `tokenizer.ggml.add_space_prefix` (default true): a space before each text fragment.
+    pub add_space_prefix: bool,
+}
+
+const TYPE_NORMAL: i32 = 1;
+
+/// Builds a SentencePiece BPE tokenizer (Llama/Mistral GGUF vocabularies): spaces become `▁`,
+/// adjacent pieces merge by the score of the merged piece (highest first), characters outside
+/// the vocabulary fall back to `<0xXX>` byte tokens.
+pub(crate) fn build_spm(v: &SpmVocab) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+    use tokenizers::decoders::strip::Strip;
+    use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSequence};
+    use tokenizers::{DecoderWrapper, NormalizerWrapper};
+
+    let n = v.tokens.len();
+    if n == 0 {
+        bail!("tokenizer.ggml.tokens is empty");
+    }
+    if v.token_types.len() != n || v.scores.len() != n {
+        bail!(
+            "tokenizer.ggml.tokens has {n} entries but token_type has {} and scores {}",
+            v.token_types.len(),
+            v.scores.len()
+        );
+    }
+    let mut vocab: AHashMap<String, u32> = AHashMap::with_capacity(n);
+    for (i, t) in v.tokens.iter().enumerate() {
+        vocab.entry(t.clone()).or_insert(i as u32);
+    }
+    // Merges: every split of a normal or user-defined piece into two vocabulary pieces, ranked
+    // by the piece's score (ties: lower id first, then the shorter left part).
+    let mergeable = |i: usize| matches!(v.token_types[i], TYPE_NORMAL | TYPE_USER_DEFINED);
+    let mut ranked: Vec<(f32, u32, usize, String, String)> = Vec::new();
+    for (i, t) in v.tokens.iter().enumerate() {
+        if !mergeable(i) || vocab.get(t) != Some(&(i as u32)) {
+            continue;
+        }
+        for (k, _) in t.char_indices().skip(1) {
+            let (a, b) = t.split_at(k);
+            let ok = |s: &str| vocab.get(s).is_some_and(|&j| mergeable(j as usize));
+            if ok(a) && ok(b) {
+                ranked.push((v.scores[i], i as u32, k, a.to_string(), b.to_string()));
+            }
+        }
+    }
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    let merges: Vec<(String, String)> = ranked.into_iter().map(|(_, _, _, a, b)| (a, b)).collect();
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = v.unk_id {
+        let text = v.tokens.get(unk as usize).ok_or_else(|| {
+            anyhow!("unknown_token_id {unk} is outside the vocabulary ({n} tokens)")
+        })?;
+        builder = builder.unk_token(text.clone());
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| anyhow!("invalid SentencePiece vocabulary: {e}"))?;
+    let mut tok = tokenizers::Tokenizer::new(bpe);
+    let space = Replace::new(" ", "▁").map_err(|e| anyhow!("normalizer: {e}"))?;
+    let norm: NormalizerWrapper = if v.add_space_prefix {
+        NormSequence::new(vec![Prepend::new("▁".into()).into(), space.into()]).into()
+    } else {
+        space.into()
+    };
+    tok.with_normalizer(Some(norm))
+        .map_err(|e| anyhow!("normalizer: {e}"))?;
+    let mut decoders: Vec<DecoderWrapper> = vec![
+        Replace::new("▁", " ")
+            .map_err(|e| anyhow!("decoder: {e}"))?
+            .into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+    ];
+    if v.add_space_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    tok.with_decoder(Some(DecoderSequence::new(decoders)));
+    let pick = |ty: i32, special: bool| -> Vec<AddedToken> {
+        v.tokens
+            .iter()
+            .zip(v.token_types)
+            .filter(|(_, &t)| t == ty)
+            .map(|(s, _)| AddedToken::from(s.clone(), special))
+            .collect()
+    };
+    tok.add_special_tokens(pick(TYPE_CONTROL, true))
+        .map_err(|e| anyhow!("adding control tokens: {e}"))?;
+    tok.add_tokens(pick(TYPE_USER_DEFINED, false))
+        .map_err(|e| anyhow!("adding user-defined tokens: {e}"))?;
+    if v.add_bos {
+        let bos = v
+            .bos_id
+            .ok_or_else(|| anyhow!("add_bos_token is set but there is no bos_token_id"))?;
+        add_bos_processor(&mut tok, v.tokens, bos)?;
+    }
+    Ok(tok)
+}
+
+/// Makes `encode(text, true)` prepend BOS.
+fn add_bos_processor(tok: &mut tokenizers::Tokenizer, tokens: &[String], bos: u32) -> Result<()> {
+    let text = tokens.get(bos as usize).ok_or_else(|| {
+        anyhow!(
+            "bos_token_id {bos} is outside the vocabulary ({} tokens)",
+            tokens.len()
+        )
+    })?;
+    let tp = TemplateProcessing::builder()
+        .try_single(format!("{text} $A"))
+        .map_err(|e| anyhow!("BOS template: {e}"))?
+        .try_pair(format!("{text} $A {text} $B:1"))
+        .map_err(|e| anyhow!("BOS template: {e}"))?
+        .special_tokens(vec![(text.clone(), bos)])
+        .build()
+        .map_err(|e| anyhow!("BOS template: {e}"))?;
+    tok.with_post_processor(Some(tp));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    fn split(pre: &str, text: &str) -> Vec<String> {
+        let (pt, _) = pre_tokenizer(pre).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        pt.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn pre_tokenizers() {
+        for name in SUPPORTED_PRE {
+            assert!(pre_tokenizer(name).is_ok(), "{name}");
+        }
+        assert_eq!(split("gpt2", "ab 12345!"), ["ab", "Ġ12345", "!"]);
+        assert_eq!(split("smollm", "ab 123"), ["ab", "Ġ", "1", "2", "3"]);
+        assert_eq!(
+            split("llama3", "ab 12345\n\n x"),
+            ["ab", "Ġ", "123", "45", "ĊĊ", "Ġx"]
+        );
+        assert_eq!(split("qwen2", "Hi 42"), ["Hi", "Ġ", "4", "2"]);
+        assert!(pre_tokenizer("nope").is_err());
+    }
 }

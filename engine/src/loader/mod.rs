@@ -3,6 +3,7 @@
 
 mod gguf;
 mod gguf_file;
+mod gguf_quant;
 pub(crate) mod gguf_tokenizer;
 mod hf_dir;
 mod safetensors;
@@ -13,10 +14,11 @@ use dayone_backend::HostTensor;
 use std::path::{Path, PathBuf};
 
 pub use self::gguf::{
-    checkpoint_from_gguf, dequantize, hf_tensor_name, open_gguf, permute_rows, unpermute_rows,
-    GgufSource, SUPPORTED_ARCHITECTURES,
+    checkpoint_from_gguf, hf_tensor_name, open_gguf, permute_rows, unpermute_rows, GgufSource,
+    SUPPORTED_ARCHITECTURES,
 };
 pub use self::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
+pub use self::gguf_quant::dequantize;
 pub use self::hf_dir::{open_hf_dir, read_assets};
 pub use self::safetensors::SafetensorsSource;
 

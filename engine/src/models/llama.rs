@@ -65,8 +65,19 @@ impl<B: Backend> Llama<B> {
             .map(|i| {
                 let p = format!("model.layers.{i}");
                 Ok(DecoderLayer {
-                    input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
-                    self_attn: Attention::load(w, &format!("{p}.self_attn"), shape, c.attention_bias, qk_norm)?,
+                    input_layernorm: RmsNorm::load(
+                        w,
+                        &format!("{p}.input_layernorm"),
+                        c.hidden_size,
+                        c.rms_norm_eps,
+                    )?,
+                    self_attn: Attention::load(
+                        w,
+                        &format!("{p}.self_attn"),
+                        shape,
+                        c.attention_bias,
+                        qk_norm,
+                    )?,
                     post_attention_layernorm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm"),
@@ -80,17 +91,35 @@ impl<B: Backend> Llama<B> {
         let norm = RmsNorm::load(w, "model.norm", c.hidden_size, c.rms_norm_eps)?;
         // Some tied checkpoints still ship `lm_head.weight`; use it when present.
         let lm_head = if !c.tie_word_embeddings || w.has("lm_head.weight") {
-            Some(Linear::load(w, "lm_head", c.vocab_size, c.hidden_size, false)?)
+            Some(Linear::load(
+                w,
+                "lm_head",
+                c.vocab_size,
+                c.hidden_size,
+                false,
+            )?)
         } else {
             None
         };
-        Ok(Self { embed_tokens, layers, norm, lm_head, rope, shape })
+        Ok(Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            shape,
+        })
     }
 }
 
 impl<B: Backend> CausalLm<B> for Llama<B> {
     fn cache_spec(&self) -> CacheSpec {
-        CacheSpec::paged_kv(self.layers.len(), self.shape.kv_heads, self.shape.head_dim, self.shape.head_dim)
+        CacheSpec::paged_kv(
+            self.layers.len(),
+            self.shape.kv_heads,
+            self.shape.head_dim,
+            self.shape.head_dim,
+        )
     }
 
     fn forward(
@@ -106,14 +135,26 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
             t.push(h.clone());
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let a = layer.self_attn.forward(b, &layer.input_layernorm.forward(b, &h)?, &self.rope, meta, cache.layer(i))?;
+            let a = layer.self_attn.forward(
+                b,
+                &layer.input_layernorm.forward(b, &h)?,
+                &self.rope,
+                meta,
+                cache.layer(i),
+            )?;
             h = b.add(&h, &a)?;
-            let m = layer.mlp.forward(b, &layer.post_attention_layernorm.forward(b, &h)?)?;
+            let m = layer
+                .mlp
+                .forward(b, &layer.post_attention_layernorm.forward(b, &h)?)?;
             h = b.add(&h, &m)?;
             // HF's `hidden_states`: the embedding, each layer's output but the last, then the
             // final norm of the last layer's output.
             if let Some(t) = trace.as_deref_mut() {
-                t.push(if i + 1 < self.layers.len() { h.clone() } else { self.norm.forward(b, &h)? });
+                t.push(if i + 1 < self.layers.len() {
+                    h.clone()
+                } else {
+                    self.norm.forward(b, &h)?
+                });
             }
         }
         let last = b.embedding(&h, &meta.logit_rows)?;

@@ -27,7 +27,12 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_batched_tokens: 2048, max_prefill_chunk: 2048, max_num_seqs: 256, block_size: 16 }
+        Self {
+            max_batched_tokens: 2048,
+            max_prefill_chunk: 2048,
+            max_num_seqs: 256,
+            block_size: 16,
+        }
     }
 }
 
@@ -59,10 +64,18 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler over `num_blocks` cache blocks.
     pub fn new(config: SchedulerConfig, num_blocks: usize) -> Result<Self> {
-        if config.max_batched_tokens == 0 || config.max_prefill_chunk == 0 || config.max_num_seqs == 0 {
+        if config.max_batched_tokens == 0
+            || config.max_prefill_chunk == 0
+            || config.max_num_seqs == 0
+        {
             bail!("scheduler limits must be positive: {config:?}");
         }
-        Ok(Self { config, waiting: VecDeque::new(), running: Vec::new(), allocator: BlockAllocator::new(num_blocks) })
+        Ok(Self {
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            allocator: BlockAllocator::new(num_blocks),
+        })
     }
 
     /// Queues a sequence.
@@ -76,7 +89,8 @@ impl Scheduler {
     }
 
     fn blocks_needed(&self, seq: &Sequence, upto: usize) -> usize {
-        upto.div_ceil(self.config.block_size).saturating_sub(seq.blocks.len())
+        upto.div_ceil(self.config.block_size)
+            .saturating_sub(seq.blocks.len())
     }
 
     fn preempt_last(&mut self) -> Result<()> {
@@ -108,7 +122,8 @@ impl Scheduler {
                 continue;
             }
             let seq = &mut self.running[i];
-            seq.blocks.extend(self.allocator.allocate(need).expect("checked free blocks"));
+            seq.blocks
+                .extend(self.allocator.allocate(need).expect("checked free blocks"));
             out.push(ScheduledChunk {
                 index: i,
                 start: seq.num_computed,
@@ -119,14 +134,19 @@ impl Scheduler {
             i += 1;
         }
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front() else { break };
-            let len = (seq.tokens.len() - seq.num_computed).min(budget).min(self.config.max_prefill_chunk);
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
+            let len = (seq.tokens.len() - seq.num_computed)
+                .min(budget)
+                .min(self.config.max_prefill_chunk);
             let need = self.blocks_needed(seq, seq.num_computed + len);
             if need > self.allocator.num_free() {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
-            seq.blocks.extend(self.allocator.allocate(need).expect("checked free blocks"));
+            seq.blocks
+                .extend(self.allocator.allocate(need).expect("checked free blocks"));
             out.push(ScheduledChunk {
                 index: self.running.len(),
                 start: seq.num_computed,
@@ -167,7 +187,12 @@ mod tests {
 
     #[test]
     fn prompt_is_chunked_under_the_budget() {
-        let cfg = SchedulerConfig { max_batched_tokens: 8, max_prefill_chunk: 8, max_num_seqs: 4, block_size: 4 };
+        let cfg = SchedulerConfig {
+            max_batched_tokens: 8,
+            max_prefill_chunk: 8,
+            max_num_seqs: 4,
+            block_size: 4,
+        };
         let mut s = Scheduler::new(cfg, 16).unwrap();
         s.add(seq(0, 20));
         let mut starts = vec![];
@@ -186,7 +211,12 @@ mod tests {
 
     #[test]
     fn decode_and_prefill_share_a_step() {
-        let cfg = SchedulerConfig { max_batched_tokens: 6, max_prefill_chunk: 6, max_num_seqs: 4, block_size: 4 };
+        let cfg = SchedulerConfig {
+            max_batched_tokens: 6,
+            max_prefill_chunk: 6,
+            max_num_seqs: 4,
+            block_size: 4,
+        };
         let mut s = Scheduler::new(cfg, 16).unwrap();
         s.add(seq(0, 3));
         let c = s.schedule().unwrap();
@@ -196,12 +226,21 @@ mod tests {
         let c = s.schedule().unwrap();
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].start, c[0].len), (3, 1), "decode of seq 0");
-        assert_eq!((c[1].start, c[1].len, c[1].wants_logits), (0, 5, false), "first chunk of seq 1");
+        assert_eq!(
+            (c[1].start, c[1].len, c[1].wants_logits),
+            (0, 5, false),
+            "first chunk of seq 1"
+        );
     }
 
     #[test]
     fn out_of_blocks_preempts_newest_and_frees_everything_at_the_end() {
-        let cfg = SchedulerConfig { max_batched_tokens: 64, max_prefill_chunk: 64, max_num_seqs: 4, block_size: 4 };
+        let cfg = SchedulerConfig {
+            max_batched_tokens: 64,
+            max_prefill_chunk: 64,
+            max_num_seqs: 4,
+            block_size: 4,
+        };
         let mut s = Scheduler::new(cfg, 3).unwrap();
         s.add(seq(0, 4));
         s.add(seq(1, 4));
@@ -217,7 +256,10 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(s.running.len(), 1);
         assert_eq!(s.waiting.len(), 2);
-        assert_eq!(s.waiting[0].num_computed, 0, "preempted sequences recompute");
+        assert_eq!(
+            s.waiting[0].num_computed, 0,
+            "preempted sequences recompute"
+        );
         for r in s.running.iter_mut() {
             r.finished = Some(FinishReason::Length);
         }

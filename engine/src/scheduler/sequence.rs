@@ -37,7 +37,16 @@ impl Sequence {
     /// A new sequence from prompt ids.
     pub fn new(id: u64, prompt: Vec<u32>, params: SamplingParams) -> Self {
         let sampler = Sampler::new(params.seed.wrapping_add(id));
-        Self { id, prompt_len: prompt.len(), tokens: prompt, num_computed: 0, blocks: Vec::new(), params, sampler, finished: None }
+        Self {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            blocks: Vec::new(),
+            params,
+            sampler,
+            finished: None,
+        }
     }
 
     /// The generated tokens so far.
