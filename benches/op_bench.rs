@@ -1,11 +1,13 @@
 //! Op micro-benchmark: times `linear` as a matvec (M = 1, decode) and as a matmul (M ≥ 16,
-//! prefill) and prints GB/s (weight bytes read per second) or GFLOP/s (2·M·N·K per second),
+//! prefill) with f32 and bf16 weights and prints GB/s (bytes read per second) or GFLOP/s
+//! (2·M·N·K per second), plus `paged_attention` for one decode token and one prefill chunk,
 //! with its conditions.
 //!
 //! Usage: `op-bench [--iters N] [--quick]` (WGSL backend; set `XDG_RUNTIME_DIR=/tmp` on lavapipe).
 
 use anyhow::Result;
-use dayone_backend::{conformance::Rng, Backend, DType, HostTensor};
+use dayone_backend::conformance::{AttnCase, Rng};
+use dayone_backend::{Backend, DType, HostTensor};
 use std::time::Instant;
 
 /// Times `iters` calls of `linear(x [m, k], w [n, k] uploaded as wdt)` after one warm-up, best of 3 rounds;
@@ -38,6 +40,53 @@ fn time_linear<B: Backend>(
         best = best.min(t0.elapsed().as_secs_f64() / iters as f64);
     }
     Ok(best)
+}
+
+/// Times `paged_attention` for one sequence with `ctx` cached tokens and `new` query tokens
+/// (block size 16, scattered blocks); returns seconds per call.
+fn time_attention<B: Backend>(
+    b: &B,
+    h: usize,
+    hkv: usize,
+    hd: usize,
+    ctx: usize,
+    new: usize,
+    iters: usize,
+) -> Result<f64> {
+    let case = AttnCase {
+        h,
+        hkv,
+        hd_k: hd,
+        hd_v: hd,
+        block_size: 16,
+        seqs: vec![(ctx, new)],
+        spare_blocks: 0,
+    };
+    let mut rng = Rng::new(2);
+    let (meta, blocks) = case.meta(&mut rng);
+    let q = b.upload(&HostTensor::from_f32(
+        vec![new, h, hd],
+        &rng.vec(new * h * hd, 1.0),
+    )?)?;
+    let kv = blocks * 16 * hkv * hd;
+    let kc = b.upload(&HostTensor::from_f32(
+        vec![blocks, 16, hkv, hd],
+        &rng.vec(kv, 1.0),
+    )?)?;
+    let vc = b.upload(&HostTensor::from_f32(
+        vec![blocks, 16, hkv, hd],
+        &rng.vec(kv, 1.0),
+    )?)?;
+    let dm = b.upload_meta(meta)?;
+    let scale = 1.0 / (hd as f32).sqrt();
+    drop(b.paged_attention(&q, &kc, &vc, &dm, scale)?);
+    b.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        drop(b.paged_attention(&q, &kc, &vc, &dm, scale)?);
+    }
+    b.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() / iters as f64)
 }
 
 fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
@@ -83,6 +132,16 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
                 flops / s / 1e9
             );
         }
+    }
+    for &(ctx, new) in &[(1023usize, 1usize), (0, 128)] {
+        let (h, hkv, hd) = (9, 3, 64);
+        let s = time_attention(b, h, hkv, hd, ctx, new, iters.div_ceil(4).max(1))?;
+        let kv_bytes = 2 * (ctx + new) * hkv * hd * 4;
+        println!(
+            "paged_attention H={h} Hkv={hkv} hd={hd} ctx={ctx} new={new}: {:>9.3} ms  ({:.2} GB/s of KV read once)",
+            s * 1e3,
+            kv_bytes as f64 / s / 1e9
+        );
     }
     Ok(())
 }

@@ -13,13 +13,16 @@ use std::path::PathBuf;
 pub fn fixture(name: &str) -> PathBuf {
     match std::env::var_os("DAYONE_FIXTURES") {
         Some(dir) => PathBuf::from(dir).join(name),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name),
     }
 }
 
 /// The WGSL backend; CI installs lavapipe, so its absence is a failure, not a skip.
 pub fn wgsl() -> dayone_wgsl::WgslBackend {
-    dayone_wgsl::WgslBackend::new().expect("WGSL backend unavailable (install mesa-vulkan-drivers for lavapipe)")
+    dayone_wgsl::WgslBackend::new()
+        .expect("WGSL backend unavailable (install mesa-vulkan-drivers for lavapipe)")
 }
 
 /// The CUDA backend on device 0 (only called when `dayone_cuda::is_available()`).
@@ -112,6 +115,21 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// The reference's own bf16-vs-f32 logits error on a case (largest over the steps where its two
+/// greedy paths still agree).
+pub fn own_bf16_error(case: &Case) -> f64 {
+    let (f, b) = (&case.float32, &case.bfloat16);
+    let agree = f
+        .greedy_ids
+        .iter()
+        .zip(&b.greedy_ids)
+        .take_while(|(x, y)| x == y)
+        .count();
+    (0..=agree.min(f.logits.len() - 1))
+        .map(|i| rel_err(&b.logits[i], &f.logits[i]))
+        .fold(0.0, f64::max)
+}
+
 /// An engine over a fixture checkpoint.
 pub fn engine<B: Backend>(b: B, name: &str, cfg: EngineConfig) -> Result<Engine<B>> {
     let ckpt = loader::open(&fixture(name))?;
@@ -120,37 +138,65 @@ pub fn engine<B: Backend>(b: B, name: &str, cfg: EngineConfig) -> Result<Engine<
 
 /// Greedy params that ignore EOS.
 pub fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { max_tokens, ignore_eos: true, ..Default::default() }
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    }
 }
 
 /// Runs each reference prompt alone through prefill + decode with logits captured, and checks
-/// every logits row against the reference within the dtype's tolerance and the greedy tokens.
+/// every logits row against the reference's float32 run within the dtype's tolerance, and the
+/// greedy tokens.
+///
+/// The float32 run is the ground truth for both dtypes: transformers' own bf16 run is itself up
+/// to 3e-2 away from it on these random-weight models (its activations are rounded at every op),
+/// so comparing two bf16 computations with each other would measure two rounding patterns, not
+/// correctness. The bf16 tolerance is the field's 2e-2, widened to 1.5× the reference's own
+/// bf16-vs-f32 error on that prompt where the reference itself is further off. In bf16 a near-tie may flip the greedy token; the logits of that step must still
+/// be within tolerance, and the comparison of that prompt stops there, since later steps continue
+/// from a different token.
 pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
     let r = reference(name)?;
-    let mut e = engine(b, name, EngineConfig { dtype, ..Default::default() })?;
+    let mut e = engine(
+        b,
+        name,
+        EngineConfig {
+            dtype,
+            ..Default::default()
+        },
+    )?;
     e.capture_logits = true;
     let tol = tolerance(dtype);
     for (ci, case) in r.cases.iter().enumerate() {
-        let want = if dtype == DType::F32 { &case.float32 } else { &case.bfloat16 };
+        let want = &case.float32;
+        let tol = if dtype == DType::F32 {
+            tol
+        } else {
+            tol.max(1.5 * own_bf16_error(case))
+        };
         e.add_request(case.prompt_ids.clone(), greedy(want.logits.len()))?;
-        let mut got_ids = Vec::new();
         let mut step = 0;
+        let mut diverged = false;
         while e.has_unfinished() {
             let events = e.step()?;
-            if events.is_empty() {
-                continue; // a prefill chunk without a sampled token
+            if events.is_empty() || diverged {
+                continue; // a prefill chunk without a sampled token, or past a bf16 near-tie
             }
             let (_, logits) = &e.last_logits[0];
             let err = rel_err(logits, &want.logits[step]);
             if err > tol {
                 bail!("{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
             }
-            got_ids.push(events[0].token);
+            if let Some(&want_id) = want.greedy_ids.get(step) {
+                if events[0].token != want_id {
+                    if dtype == DType::F32 {
+                        bail!("{name} {dtype} case {ci} step {step}: greedy token {} != reference {want_id}", events[0].token);
+                    }
+                    diverged = true;
+                }
+            }
             step += 1;
-        }
-        let n = want.greedy_ids.len();
-        if got_ids[..n] != want.greedy_ids[..] {
-            bail!("{name} {dtype} case {ci}: greedy tokens {:?} != reference {:?}", &got_ids[..n], want.greedy_ids);
         }
     }
     Ok(())

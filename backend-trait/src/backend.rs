@@ -24,6 +24,22 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// How a Mixture-of-Experts router turns gate logits into expert choices and weights
+/// (DeepSeek-V3 "noaux_tc": Liu et al. 2024, DeepSeek-V3 report §2.1.2; HF `DeepseekV3TopkRouter`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    /// Experts per token.
+    pub top_k: usize,
+    /// Expert groups (1 = no group limit).
+    pub n_group: usize,
+    /// Groups kept per token.
+    pub topk_group: usize,
+    /// Divide the chosen weights by their sum (+1e-20).
+    pub norm_topk_prob: bool,
+    /// Multiplier on the final weights.
+    pub routed_scaling_factor: f32,
+}
+
 /// A compute device that runs dayone's tensor ops.
 ///
 /// Conventions for every op:
@@ -131,6 +147,90 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Index of the largest value in each row (first on ties): `x` `[R, V]` → `[R]` u32.
     fn argmax(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Per-head linear map `y[n, h] = w[h] · x[n, h]`: `x` `[N, H, K]`, `w` `[H, O, K]` →
+    /// `[N, H, O]` in `x`'s dtype, f32 accumulation. MLA uses it to absorb `W_UK` into the query
+    /// and to apply `W_UV` to the latent output (DeepSeek-V2 report §2.1.2).
+    fn head_linear(&self, _x: &Self::Tensor, _w: &Self::Tensor) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "head_linear is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Writes `x` `[N, w]` into columns `col..col + w` of the paged single-tensor cache
+    /// `cache` `[blocks, bs, W]` at `meta.slot_mapping[n]` (MLA's latent cache keeps
+    /// `[c_kv | k_pe]` per token).
+    fn write_cache(
+        &self,
+        _x: &Self::Tensor,
+        _cache: &Self::Tensor,
+        _col: usize,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<()> {
+        anyhow::bail!(
+            "write_cache is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Causal multi-head attention over a paged latent cache with one shared KV row per token
+    /// (MLA in absorbed form, DeepSeek-V2 report §2.1.2). With `c_s = cache[slot(s)]` `[L + R]`:
+    /// `score(n, h, s) = scale · (q_lat[n, h] · c_s[..L] + q_rope[n, h] · c_s[L..])` over the
+    /// sequence's positions `s ≤ positions[n]`; `out[n, h] = Σ_s softmax(score) · c_s[..L]`.
+    /// `q_lat` `[N, H, L]`, `q_rope` `[N, H, R]`, `cache` `[blocks, bs, L + R]` → `[N, H, L]`;
+    /// softmax in f32.
+    fn paged_latent_attention(
+        &self,
+        _q_lat: &Self::Tensor,
+        _q_rope: &Self::Tensor,
+        _cache: &Self::Tensor,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+        _scale: f32,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "paged_latent_attention is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Mixture-of-Experts routing, all in f32: `ℓ = x · gate_wᵀ`, `s = σ(ℓ)`; choice scores
+    /// `s' = s + bias` (bias for choosing only); with `n_group > 1`, each group's score is the sum
+    /// of its two largest `s'`, and experts outside the `topk_group` best groups get `−∞`; the
+    /// `top_k` largest `s'` are chosen (ties: lower index first); weights are the unbiased `s`,
+    /// normalised to sum 1 when `norm_topk_prob`, times `routed_scaling_factor`.
+    /// `x` `[N, D]`, `gate_w` `[E, D]` f32, `bias` `[E]` f32 → (`ids` `[N, k]` u32 in descending
+    /// choice-score order, `weights` `[N, k]` f32). Source: HF `DeepseekV3TopkRouter`.
+    fn moe_route(
+        &self,
+        _x: &Self::Tensor,
+        _gate_w: &Self::Tensor,
+        _bias: Option<&Self::Tensor>,
+        _routing: &MoeRouting,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        anyhow::bail!(
+            "moe_route is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Routed SwiGLU experts: `y[n] = Σ_j weights[n, j] · down[e] · (silu(g) ⊙ u)` with
+    /// `e = ids[n, j]` and `[g | u] = gate_up[e] · x[n]`.
+    /// `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32, `gate_up` `[E, 2F, D]` (gate rows
+    /// first), `down` `[E, D, F]` → `[N, D]` in `x`'s dtype, f32 accumulation.
+    fn moe_experts(
+        &self,
+        _x: &Self::Tensor,
+        _ids: &Self::Tensor,
+        _weights: &Self::Tensor,
+        _gate_up: &Self::Tensor,
+        _down: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "moe_experts is not implemented on the {} backend",
+            self.name()
+        )
+    }
 
     /// Uploads one step's metadata (one host→device copy per field).
     fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<Self::Tensor>> {

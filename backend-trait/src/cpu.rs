@@ -3,7 +3,9 @@
 //! For engine tests without a GPU and for debugging a model layer by layer on a laptop; not for
 //! speed. bf16 activations are computed in f32 (`activation_dtype(BF16) = F32`).
 
-use crate::{reference, Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo};
+use crate::{
+    reference, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
+};
 use anyhow::{ensure, Result};
 use std::sync::{Arc, RwLock};
 
@@ -182,5 +184,72 @@ impl Backend for CpuBackend {
 
     fn argmax(&self, x: &CpuTensor) -> Result<CpuTensor> {
         Ok(CpuTensor::new(reference::argmax(&x.host())?))
+    }
+
+    fn head_linear(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::head_linear(
+            &x.host(),
+            &w.host(),
+        )?))
+    }
+
+    fn write_cache(
+        &self,
+        x: &CpuTensor,
+        cache: &CpuTensor,
+        col: usize,
+        meta: &DeviceStepMeta<CpuTensor>,
+    ) -> Result<()> {
+        let mut c = cache.host();
+        reference::write_cache(&x.host(), &mut c, col, &meta.host)?;
+        c.shape = cache.data.read().expect("lock").shape.clone();
+        *cache.data.write().expect("lock") = c;
+        Ok(())
+    }
+
+    fn paged_latent_attention(
+        &self,
+        q_lat: &CpuTensor,
+        q_rope: &CpuTensor,
+        cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+        scale: f32,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::paged_latent_attention(
+            &q_lat.host(),
+            &q_rope.host(),
+            &cache.host(),
+            &meta.host,
+            scale,
+        )?))
+    }
+
+    fn moe_route(
+        &self,
+        x: &CpuTensor,
+        gate_w: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        routing: &MoeRouting,
+    ) -> Result<(CpuTensor, CpuTensor)> {
+        let bias = bias.map(|b| b.host());
+        let (i, w) = reference::moe_route(&x.host(), &gate_w.host(), bias.as_ref(), routing)?;
+        Ok((CpuTensor::new(i), CpuTensor::new(w)))
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CpuTensor,
+        ids: &CpuTensor,
+        weights: &CpuTensor,
+        gate_up: &CpuTensor,
+        down: &CpuTensor,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::moe_experts(
+            &x.host(),
+            &ids.host(),
+            &weights.host(),
+            &gate_up.host(),
+            &down.host(),
+        )?))
     }
 }

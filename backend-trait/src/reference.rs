@@ -389,3 +389,314 @@ pub fn argmax(x: &HostTensor) -> Result<HostTensor> {
     }
     HostTensor::from_u32(vec![r], &out)
 }
+
+/// Per-head linear map (MLA weight absorption, DeepSeek-V2 report §2.1.2):
+/// `y[n, h, o] = Σ_k w[h, o, k] · x[n, h, k]`.
+///
+/// `x` `[N, H, K]`, `w` `[H, O, K]` → `[N, H, O]` in `x`'s dtype.
+pub fn head_linear(x: &HostTensor, w: &HostTensor) -> Result<HostTensor> {
+    rank("head_linear", "x", x, 3, "[N, H, K]")?;
+    rank("head_linear", "w", w, 3, "[H, O, K]")?;
+    let dt = float_dtype("head_linear", "x", x)?;
+    let (n, h, k) = (x.shape[0], x.shape[1], x.shape[2]);
+    let o = w.shape[1];
+    ensure!(
+        w.shape[0] == h && w.shape[2] == k,
+        "head_linear: w must have shape [{h}, O, {k}], got {:?}",
+        w.shape
+    );
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let mut y = vec![0f32; n * h * o];
+    for t in 0..n {
+        for hh in 0..h {
+            let xr = &xv[(t * h + hh) * k..(t * h + hh + 1) * k];
+            for oo in 0..o {
+                let wr = &wv[(hh * o + oo) * k..(hh * o + oo + 1) * k];
+                y[(t * h + hh) * o + oo] = xr
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, h, o], &y, dt)
+}
+
+/// Paged single-tensor cache write: `cache[slot_mapping[n], col..col + w] = x[n]`.
+///
+/// `x` `[N, w]`, `cache` `[blocks, bs, W]` (modified in place, values rounded to its dtype).
+pub fn write_cache(
+    x: &HostTensor,
+    cache: &mut HostTensor,
+    col: usize,
+    meta: &StepMeta,
+) -> Result<()> {
+    rank("write_cache", "x", x, 2, "[N, w]")?;
+    rank("write_cache", "cache", cache, 3, "[blocks, bs, W]")?;
+    let (n, w) = (x.shape[0], x.shape[1]);
+    let (blocks, bs, width) = (cache.shape[0], cache.shape[1], cache.shape[2]);
+    ensure!(
+        col + w <= width,
+        "write_cache: columns {col}..{} exceed the cache width {width}",
+        col + w
+    );
+    ensure!(
+        meta.slot_mapping.len() == n,
+        "write_cache: slot_mapping must have {n} entries"
+    );
+    let xv = x.to_f32();
+    let mut cv = cache.to_f32();
+    for t in 0..n {
+        let slot = meta.slot_mapping[t] as usize;
+        ensure!(
+            slot < blocks * bs,
+            "write_cache: slot {slot} outside the cache ({blocks}×{bs})"
+        );
+        cv[slot * width + col..slot * width + col + w].copy_from_slice(&xv[t * w..(t + 1) * w]);
+    }
+    *cache = HostTensor::from_f32_as(cache.shape.clone(), &cv, cache.dtype)?;
+    Ok(())
+}
+
+/// Causal attention over a paged latent cache (MLA absorbed form, DeepSeek-V2 report §2.1.2):
+/// `score(n, h, s) = scale · (q_lat[n, h] · c_s[..L] + q_rope[n, h] · c_s[L..])` for the
+/// sequence's positions `s ≤ positions[n]`, `out[n, h] = Σ_s softmax_s(score) · c_s[..L]`.
+///
+/// `q_lat` `[N, H, L]`, `q_rope` `[N, H, R]`, `cache` `[blocks, bs, L + R]` → `[N, H, L]`.
+pub fn paged_latent_attention(
+    q_lat: &HostTensor,
+    q_rope: &HostTensor,
+    cache: &HostTensor,
+    meta: &StepMeta,
+    scale: f32,
+) -> Result<HostTensor> {
+    rank("paged_latent_attention", "q_lat", q_lat, 3, "[N, H, L]")?;
+    rank("paged_latent_attention", "q_rope", q_rope, 3, "[N, H, R]")?;
+    rank(
+        "paged_latent_attention",
+        "cache",
+        cache,
+        3,
+        "[blocks, bs, L + R]",
+    )?;
+    let dt = float_dtype("paged_latent_attention", "q_lat", q_lat)?;
+    let (n, h, l) = (q_lat.shape[0], q_lat.shape[1], q_lat.shape[2]);
+    let r = q_rope.shape[2];
+    ensure!(
+        q_rope.shape[..2] == [n, h] && cache.shape[2] == l + r,
+        "paged_latent_attention: q_rope must be [{n}, {h}, R] and cache [blocks, bs, {l} + R], got {:?} and {:?}",
+        q_rope.shape,
+        cache.shape
+    );
+    let bs = cache.shape[1];
+    let w = l + r;
+    let (qv, rv, cv) = (q_lat.to_f32(), q_rope.to_f32(), cache.to_f32());
+    let mut out = vec![0f32; n * h * l];
+    for t in 0..n {
+        let s = meta.token_seq[t] as usize;
+        let p = meta.positions[t] as usize;
+        let table = &meta.block_tables[s * meta.max_blocks..(s + 1) * meta.max_blocks];
+        for hh in 0..h {
+            let ql = &qv[(t * h + hh) * l..(t * h + hh + 1) * l];
+            let qr = &rv[(t * h + hh) * r..(t * h + hh + 1) * r];
+            let rows: Vec<&[f32]> = (0..=p)
+                .map(|j| {
+                    let slot = table[j / bs] as usize * bs + j % bs;
+                    &cv[slot * w..(slot + 1) * w]
+                })
+                .collect();
+            let scores: Vec<f64> = rows
+                .iter()
+                .map(|c| {
+                    let a: f64 = ql
+                        .iter()
+                        .zip(&c[..l])
+                        .map(|(x, y)| *x as f64 * *y as f64)
+                        .sum();
+                    let b: f64 = qr
+                        .iter()
+                        .zip(&c[l..])
+                        .map(|(x, y)| *x as f64 * *y as f64)
+                        .sum();
+                    (a + b) * scale as f64
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..l {
+                let acc: f64 = rows.iter().zip(&e).map(|(c, p)| c[d] as f64 * p).sum();
+                out[(t * h + hh) * l + d] = (acc / z) as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, h, l], &out, dt)
+}
+
+/// MoE routing (DeepSeek-V3 "noaux_tc"; HF `DeepseekV3TopkRouter`); see
+/// [`crate::Backend::moe_route`]. Returns (`ids` `[N, k]` u32, `weights` `[N, k]` f32).
+pub fn moe_route(
+    x: &HostTensor,
+    gate_w: &HostTensor,
+    bias: Option<&HostTensor>,
+    routing: &crate::MoeRouting,
+) -> Result<(HostTensor, HostTensor)> {
+    rank("moe_route", "x", x, 2, "[N, D]")?;
+    rank("moe_route", "gate_w", gate_w, 2, "[E, D]")?;
+    let (n, d) = (x.shape[0], x.shape[1]);
+    let e = gate_w.shape[0];
+    let k = routing.top_k;
+    let g = routing.n_group.max(1);
+    ensure!(
+        gate_w.shape[1] == d,
+        "moe_route: gate_w must be [E, {d}], got {:?}",
+        gate_w.shape
+    );
+    ensure!(k >= 1 && k <= e, "moe_route: top_k {k} must be in 1..={e}");
+    ensure!(
+        e.is_multiple_of(g) && routing.topk_group >= 1 && routing.topk_group <= g,
+        "moe_route: {e} experts, {g} groups, topk_group {}",
+        routing.topk_group
+    );
+    let bv = match bias {
+        Some(b) => {
+            ensure!(
+                b.shape == [e],
+                "moe_route: bias must be [{e}], got {:?}",
+                b.shape
+            );
+            b.to_f32()
+        }
+        None => vec![0.0; e],
+    };
+    let (xv, wv) = (x.to_f32(), gate_w.to_f32());
+    let mut ids = Vec::with_capacity(n * k);
+    let mut weights = Vec::with_capacity(n * k);
+    let per = e / g;
+    for t in 0..n {
+        let xr = &xv[t * d..(t + 1) * d];
+        let s: Vec<f32> = (0..e)
+            .map(|i| {
+                let l: f32 = xr
+                    .iter()
+                    .zip(&wv[i * d..(i + 1) * d])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                1.0 / (1.0 + (-l).exp())
+            })
+            .collect();
+        let mut choice: Vec<f32> = s.iter().zip(&bv).map(|(a, b)| a + b).collect();
+        if g > 1 {
+            let mut group_score: Vec<(usize, f32)> = (0..g)
+                .map(|gi| {
+                    let mut v: Vec<f32> = choice[gi * per..(gi + 1) * per].to_vec();
+                    v.sort_by(|a, b| b.total_cmp(a));
+                    (gi, v.iter().take(2).sum())
+                })
+                .collect();
+            group_score.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let keep: Vec<usize> = group_score
+                .iter()
+                .take(routing.topk_group)
+                .map(|x| x.0)
+                .collect();
+            for (i, c) in choice.iter_mut().enumerate() {
+                if !keep.contains(&(i / per)) {
+                    *c = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+        let chosen = &order[..k];
+        let sum: f32 = chosen.iter().map(|&i| s[i]).sum();
+        for &i in chosen {
+            let mut w = s[i];
+            if routing.norm_topk_prob {
+                w /= sum + 1e-20;
+            }
+            ids.push(i as u32);
+            weights.push(w * routing.routed_scaling_factor);
+        }
+    }
+    Ok((
+        HostTensor::from_u32(vec![n, k], &ids)?,
+        HostTensor::from_f32(vec![n, k], &weights)?,
+    ))
+}
+
+/// Routed SwiGLU experts (see [`crate::Backend::moe_experts`]):
+/// `y[n] = Σ_j weights[n, j] · down[e] · (silu(g) ⊙ u)`, `[g | u] = gate_up[e] · x[n]`, `e = ids[n, j]`.
+///
+/// `x` `[N, D]`, `ids` `[N, k]`, `weights` `[N, k]` f32, `gate_up` `[E, 2F, D]`, `down` `[E, D, F]`
+/// → `[N, D]` in `x`'s dtype.
+pub fn moe_experts(
+    x: &HostTensor,
+    ids: &HostTensor,
+    weights: &HostTensor,
+    gate_up: &HostTensor,
+    down: &HostTensor,
+) -> Result<HostTensor> {
+    rank("moe_experts", "x", x, 2, "[N, D]")?;
+    rank("moe_experts", "gate_up", gate_up, 3, "[E, 2F, D]")?;
+    rank("moe_experts", "down", down, 3, "[E, D, F]")?;
+    let dt = float_dtype("moe_experts", "x", x)?;
+    let (n, d) = (x.shape[0], x.shape[1]);
+    let (e, f2) = (gate_up.shape[0], gate_up.shape[1]);
+    let f = f2 / 2;
+    ensure!(
+        gate_up.shape[2] == d && f2 % 2 == 0,
+        "moe_experts: gate_up must be [E, 2F, {d}], got {:?}",
+        gate_up.shape
+    );
+    ensure!(
+        down.shape == [e, d, f],
+        "moe_experts: down must be [{e}, {d}, {f}], got {:?}",
+        down.shape
+    );
+    ensure!(
+        ids.shape.len() == 2 && ids.shape[0] == n && weights.shape == ids.shape,
+        "moe_experts: ids and weights must be [{n}, k]"
+    );
+    let k = ids.shape[1];
+    let (xv, iv, wv, gu, dn) = (
+        x.to_f32(),
+        ids.to_u32()?,
+        weights.to_f32(),
+        gate_up.to_f32(),
+        down.to_f32(),
+    );
+    let mut y = vec![0f32; n * d];
+    for t in 0..n {
+        let xr = &xv[t * d..(t + 1) * d];
+        let mut acc = vec![0f64; d];
+        for j in 0..k {
+            let ex = iv[t * k + j] as usize;
+            ensure!(
+                ex < e,
+                "moe_experts: expert id {ex} out of range ({e} experts)"
+            );
+            let dot = |row: usize| -> f64 {
+                let w = &gu[(ex * f2 + row) * d..(ex * f2 + row + 1) * d];
+                xr.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum()
+            };
+            let hmid: Vec<f64> = (0..f)
+                .map(|i| {
+                    let g = dot(i);
+                    let u = dot(f + i);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            for o in 0..d {
+                let w = &dn[(ex * d + o) * f..(ex * d + o + 1) * f];
+                let v: f64 = hmid.iter().zip(w).map(|(a, b)| a * *b as f64).sum();
+                acc[o] += wv[t * k + j] as f64 * v;
+            }
+        }
+        for o in 0..d {
+            y[t * d + o] = acc[o] as f32;
+        }
+    }
+    HostTensor::from_f32_as(vec![n, d], &y, dt)
+}

@@ -64,6 +64,50 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         }
     }
 
+    /// Loads `name` to the host, checked against `shape`, in the storage dtype (for weights that
+    /// are rearranged or stacked before upload).
+    pub fn host(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        self.host_as(name, shape, self.dtype)
+    }
+
+    /// Like [`WeightLoader::host`] but in f32.
+    pub fn host_f32(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        self.host_as(name, shape, DType::F32)
+    }
+
+    /// The storage dtype of float weights.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Uploads a host tensor assembled by the caller, converted to the storage dtype.
+    pub fn upload(&self, host: HostTensor) -> Result<B::Tensor> {
+        let t = self.backend.upload(&convert(host, self.dtype)?)?;
+        self.loaded.set(self.loaded.get() + 1);
+        if let Some(p) = self.progress {
+            p(self.loaded.get(), self.src.names().len());
+        }
+        Ok(t)
+    }
+
+    fn host_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<HostTensor> {
+        let origin = self.src.origin();
+        let Some(found) = self.src.shape(name) else {
+            bail!("{origin}: tensor `{name}` is missing (expected shape {shape:?})");
+        };
+        if found != shape {
+            bail!("{origin}: tensor `{name}` has shape {found:?}, expected {shape:?}");
+        }
+        let host = self.src.load(name)?;
+        if !host.dtype.is_float() {
+            bail!(
+                "{origin}: tensor `{name}` has dtype {}, expected a float type",
+                host.dtype
+            );
+        }
+        convert(host, dtype)
+    }
+
     fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<B::Tensor> {
         let origin = self.src.origin();
         let Some(found) = self.src.shape(name) else {

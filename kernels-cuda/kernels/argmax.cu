@@ -3,6 +3,7 @@
 
 template <typename T>
 __device__ void argmax_impl(const T* __restrict__ x, u32* __restrict__ out, u32 rows, u32 v) {
+    grid_dep_wait();
     __shared__ float sv[32];
     __shared__ u32 si[32];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;

@@ -29,6 +29,7 @@ __device__ __forceinline__ void attn_decode_impl(
     const u32* __restrict__ block_tables, T* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs, u32 max_blocks,
     u32 num_blocks, u32 chunk, u32 nsplit, float scale_log2) {
+    grid_dep_wait();
     constexpr int NT = 128;
     constexpr int NSUB = NT / TPK;
     constexpr int UNR = 4;
@@ -74,27 +75,35 @@ __device__ __forceinline__ void attn_decode_impl(
         for (int i = 0; i < 8; i++) acc[g][i] = 0.f;
     }
 
+    // Branch-free loads: key indices past `end` are clamped to a valid key and masked later;
+    // threads past hd_k / hd_v re-read their neighbours' dims (never used), so all 2·UNR
+    // 16-byte loads of a step can be in flight together. The block ids of the next step are
+    // fetched one step ahead.
     const u32* bt = block_tables + (u64)s * max_blocks;
+    const u32 dk = kact ? d0 : hdk - 8;
+    const u32 dv = vact ? d0 : hdv - 8;
+    u32 nblk[UNR];
+    if (start < end) {
+#pragma unroll
+        for (int u = 0; u < UNR; u++) nblk[u] = bt[min(start + u * NSUB + sub, end - 1) / bs];
+    }
     for (u32 base = start; base < end; base += NSUB * UNR) {
         Vec8<T> kv[UNR], vv[UNR];
         bool valid[UNR];
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
             const u32 j = base + u * NSUB + sub;
-            valid[u] = j < end;
-            u32 blk = 0;
-            if (valid[u]) {
-                blk = bt[j / bs];
-                valid[u] = blk < num_blocks;
-            }
-            if (valid[u]) {
-                const u64 row = ((u64)blk * bs + j % bs) * hkv + kvh;
-                if (kact) kv[u].load(kc + row * hdk + d0); else kv[u].zero();
-                if (vact) vv[u].load(vc + row * hdv + d0); else vv[u].zero();
-            } else {
-                kv[u].zero();
-                vv[u].zero();
-            }
+            const u32 jc = min(j, end - 1);
+            valid[u] = j < end && nblk[u] < num_blocks;
+            const u32 blk = nblk[u] < num_blocks ? nblk[u] : 0;
+            const u64 row = ((u64)blk * bs + jc % bs) * hkv + kvh;
+            kv[u].load(kc + row * hdk + dk);
+            vv[u].load(vc + row * hdv + dv);
+        }
+        const u32 nbase = base + NSUB * UNR;
+        if (nbase < end) {
+#pragma unroll
+            for (int u = 0; u < UNR; u++) nblk[u] = bt[min(nbase + u * NSUB + sub, end - 1) / bs];
         }
         float sc[GB][UNR];
 #pragma unroll
@@ -183,6 +192,7 @@ template <typename T>
 __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part_o,
                                                   const float* __restrict__ part_ml,
                                                   T* __restrict__ out, u32 hdv, u32 nsplit) {
+    grid_dep_wait();
     const u64 row = blockIdx.x;
     const float* ml = part_ml + row * nsplit * 2;
     float mm = NEG_INF_F;
@@ -211,6 +221,7 @@ __device__ __forceinline__ void attn_tiled_impl(
     const u32* __restrict__ query_start, const u32* __restrict__ positions,
     const u32* __restrict__ block_tables, T* __restrict__ out, u32 h, u32 hkv, u32 hdk, u32 hdv,
     u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {
+    grid_dep_wait();
     constexpr int NW = 4, RPW = 8, ROWS = NW * RPW, BK = 32;
     extern __shared__ float smem[];
     const u32 hdk4 = (hdk + 3) & ~3u;
@@ -354,7 +365,7 @@ __device__ __forceinline__ void attn_tiled_impl(
 }
 
 #define ATTN_DECODE(S, T, TPK, GB)                                                            \
-    extern "C" __global__ void __launch_bounds__(128)                                         \
+    extern "C" __global__ void __launch_bounds__(128, GB <= 1 ? 4 : 2)                    \
         attn_decode_##S##_t##TPK##_g##GB(                                                    \
             const T* q, const T* kc, const T* vc, const u32* token_seq, const u32* positions, \
             const u32* block_tables, T* out, float* part_o, float* part_ml, u32 h, u32 hkv,   \
@@ -381,3 +392,243 @@ __device__ __forceinline__ void attn_tiled_impl(
     }                                                                                         \
     ATTN_TILED(S, T, 2) ATTN_TILED(S, T, 4) ATTN_TILED(S, T, 8) ATTN_TILED(S, T, 16)
 DAYONE_FOR_FLOAT_TYPES(ATTN_ALL)
+
+// ---------------------------------------------------------------------------------------------
+// attn_mma_*: the tiled kernel on tensor cores (bf16/f16 only), FlashAttention-2 style
+// (Dao 2023): a block of 4 warps takes 64 (token, head) rows of one sequence sharing one KV head
+// (16 rows per warp), walks the keys in tiles of 64 staged in shared memory, computes S = Q·Kᵀ
+// and O += P·V with mma.sync m16n8k16 (f32 accumulation) and keeps the softmax online in f32.
+// Requirements (checked on the host): hd_k and hd_v multiples of 16, hd_k <= 256, hd_v <= DV.
+// Dynamic shared memory: Q [64][hdk+8], K [64][hdk+8], V [64][hdv+8] in T, then [64] u32.
+// grid = (ceil(max query tokens / tq), Hkv · ceil(G / hc), S), block = 128, tq · hc <= 64.
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+template <typename T> struct Mma;
+template <> struct Mma<bf16> {
+    static __device__ __forceinline__ void run(float* d, const u32* a, u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        return (u32)from_f<bf16>(lo).x | ((u32)from_f<bf16>(hi).x << 16);
+    }
+};
+template <> struct Mma<f16> {
+    static __device__ __forceinline__ void run(float* d, const u32* a, u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float lo, float hi) {
+        return (u32)from_f<f16>(lo).x | ((u32)from_f<f16>(hi).x << 16);
+    }
+};
+
+template <typename T, int DV>
+__device__ __forceinline__ void attn_mma_impl(
+    const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+    const u32* __restrict__ query_start, const u32* __restrict__ positions,
+    const u32* __restrict__ block_tables, T* __restrict__ out, u32 h, u32 hkv, u32 hdk, u32 hdv,
+    u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {
+    constexpr int ROWS = 64, BK = 64, NT = DV / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    const u32 qs = hdk + 8, ks = hdk + 8, vs = hdv + 8;  // row strides (elements)
+    T* sk = sq + ROWS * qs;
+    T* sv = sk + BK * ks;
+    u32* sok = reinterpret_cast<u32*>(sv + BK * vs);  // [BK] 1 = key present
+
+    const u32 s = blockIdx.z;
+    const u32 gq = h / hkv;
+    const u32 gchunks = (gq + hc - 1) / hc;
+    const u32 kvh = blockIdx.y / gchunks;
+    const u32 gc = blockIdx.y % gchunks;
+    const u32 hbase = kvh * gq + gc * hc;
+    const u32 nh_blk = min(hc, gq - gc * hc);
+    const u32 q0 = query_start[s], q1 = query_start[s + 1];
+    const u32 t0 = q0 + blockIdx.x * tq;
+    if (t0 >= q1) return;
+    const u32 ntok = min(tq, q1 - t0);
+    const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3;
+
+    u32 kv_end = 0;
+    for (u32 i = 0; i < ntok; i++) kv_end = max(kv_end, positions[t0 + i] + 1);
+    kv_end = min(kv_end, max_blocks * bs);
+
+    // Q rows into shared memory (zeros for rows past the block's tokens/heads).
+    const u32 qvec = hdk / 8;
+    for (u32 e = tid; e < ROWS * qvec; e += blockDim.x) {
+        const u32 r = e / qvec, c = (e % qvec) * 8, tok = r / hc, gg = r % hc;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (tok < ntok && gg < nh_blk)
+            val = *reinterpret_cast<const uint4*>(q + ((u64)(t0 + tok) * h + hbase + gg) * hdk + c);
+        *reinterpret_cast<uint4*>(sq + r * qs + c) = val;
+    }
+    // This thread's two rows (g and g + 8 of the warp's 16).
+    u32 rpos[2];
+    bool rvalid[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const u32 r = w * 16 + g + 8 * i, tok = r / hc, gg = r % hc;
+        rvalid[i] = tok < ntok && gg < nh_blk;
+        rpos[i] = rvalid[i] ? positions[t0 + tok] : 0;
+    }
+    float m[2] = {NEG_INF_F, NEG_INF_F}, l[2] = {0.f, 0.f};
+    float o[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+    const u32* bt = block_tables + (u64)s * max_blocks;
+    const u32 kvec = hdk / 8, vvec = hdv / 8;
+
+    for (u32 kb = 0; kb < kv_end; kb += BK) {
+        __syncthreads();  // previous tile consumed (and Q written, the first time)
+        if (tid < BK) {
+            const u32 key = kb + tid;
+            sok[tid] = (key < kv_end && bt[key / bs] < num_blocks) ? 1u : 0u;
+        }
+        for (u32 e = tid; e < BK * (kvec + vvec); e += blockDim.x) {
+            const bool isk = e < BK * kvec;
+            const u32 e2 = isk ? e : e - BK * kvec;
+            const u32 nv = isk ? kvec : vvec;
+            const u32 j = e2 / nv, c = (e2 % nv) * 8, key = kb + j;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (key < kv_end) {
+                const u32 blk = bt[key / bs];
+                if (blk < num_blocks) {
+                    const u64 row = ((u64)blk * bs + key % bs) * hkv + kvh;
+                    val = isk ? *reinterpret_cast<const uint4*>(kc + row * hdk + c)
+                              : *reinterpret_cast<const uint4*>(vc + row * hdv + c);
+                }
+            }
+            if (isk) *reinterpret_cast<uint4*>(sk + j * ks + c) = val;
+            else *reinterpret_cast<uint4*>(sv + j * vs + c) = val;
+        }
+        __syncthreads();
+
+        // S = Q·Kᵀ for this warp's 16 rows × 64 keys.
+        float sc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+        for (u32 k0 = 0; k0 < hdk; k0 += 16) {
+            u32 a[4];
+            ldsm_x4(smem_addr(sq + (w * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8), a[0], a[1], a[2], a[3]);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                u32 b0, b1, b2, b3;
+                const u32 key = jj * 16 + (lane & 7) + (lane >> 4) * 8;
+                ldsm_x4(smem_addr(sk + key * ks + k0 + ((lane >> 3) & 1) * 8), b0, b1, b2, b3);
+                Mma<T>::run(sc[2 * jj], a, b0, b1);
+                Mma<T>::run(sc[2 * jj + 1], a, b2, b3);
+            }
+        }
+        // Mask, scale, online softmax (rows g and g + 8; a quad of lanes shares a row).
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                const u32 kj = j * 8 + t4 * 2 + (e & 1);
+                const bool ok = rvalid[i] && kb + kj <= rpos[i] && sok[kj] != 0u;
+                sc[j][e] = ok ? sc[j][e] * scale_log2 : NEG_INF_F;
+                mx[i] = fmaxf(mx[i], sc[j][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            corr[i] = mx[i] == NEG_INF_F ? 1.f : exp2f(m[i] - mx[i]);
+            m[i] = mx[i];
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            o[j][0] *= corr[0]; o[j][1] *= corr[0];
+            o[j][2] *= corr[1]; o[j][3] *= corr[1];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                const float p = sc[j][e] == NEG_INF_F ? 0.f : exp2f(sc[j][e] - m[i]);
+                sc[j][e] = p;
+                l[i] += p;
+            }
+        // O += P·V: P re-packed from the S accumulators as A fragments (16 keys per step).
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            u32 a[4];
+            a[0] = Mma<T>::pack(sc[2 * kk][0], sc[2 * kk][1]);
+            a[1] = Mma<T>::pack(sc[2 * kk][2], sc[2 * kk][3]);
+            a[2] = Mma<T>::pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            a[3] = Mma<T>::pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            const u32 key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int jd = 0; jd < NT / 2; jd++) {
+                if ((u32)jd * 16 >= hdv) break;
+                u32 b0, b1, b2, b3;
+                ldsm_x4_t(smem_addr(sv + key * vs + jd * 16 + (lane >> 4) * 8), b0, b1, b2, b3);
+                Mma<T>::run(o[2 * jd], a, b0, b1);
+                Mma<T>::run(o[2 * jd + 1], a, b2, b3);
+            }
+        }
+    }
+
+    // Normalise and write this thread's rows.
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!rvalid[i]) continue;
+        const u32 r = w * 16 + g + 8 * i, tok = r / hc, gg = r % hc;
+        T* orow = out + ((u64)(t0 + tok) * h + hbase + gg) * hdv;
+        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const u32 d = j * 8 + t4 * 2;
+            if (d < hdv) {
+                orow[d] = from_f<T>(o[j][2 * i] * inv);
+                orow[d + 1] = from_f<T>(o[j][2 * i + 1] * inv);
+            }
+        }
+    }
+}
+
+#define ATTN_MMA(S, T, DV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma_##S##_d##DV(                   \
+        const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
+        const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
+        u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {                   \
+        grid_dep_wait();                                                                      \
+        attn_mma_impl<T, DV>(q, kc, vc, query_start, positions, block_tables, out, h, hkv,    \
+                             hdk, hdv, bs, max_blocks, num_blocks, hc, tq, scale_log2);       \
+    }
+#if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
+ATTN_MMA(bf16, bf16, 64) ATTN_MMA(bf16, bf16, 128) ATTN_MMA(bf16, bf16, 256)
+#endif
+#if defined(DAYONE_ONLY_F16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_BF16))
+ATTN_MMA(f16, f16, 64) ATTN_MMA(f16, f16, 128) ATTN_MMA(f16, f16, 256)
+#endif

@@ -92,6 +92,16 @@ template <typename H> struct Vec8Half {
 template <> struct Vec8<bf16> : Vec8Half<bf16> {};
 template <> struct Vec8<f16> : Vec8Half<f16> {};
 
+// Programmatic dependent launch (sm_90+): the host may launch a kernel before the previous one
+// in the stream has finished; every kernel calls this first, before touching global memory, so
+// only the launch itself overlaps the previous kernel's tail. A no-op on older architectures and
+// for launches without the attribute.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -7,6 +7,7 @@
 template <typename T, typename F>
 __device__ __forceinline__ void binary_impl(const T* __restrict__ a, const T* __restrict__ b,
                                             T* __restrict__ out, u64 n, F f) {
+    grid_dep_wait();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 n8 = n / 8;
@@ -31,6 +32,7 @@ struct Add {
 
 template <typename T>
 __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32 m, u32 n) {
+    grid_dep_wait();
     const u64 total = (u64)m * n;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {

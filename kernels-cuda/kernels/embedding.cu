@@ -6,6 +6,7 @@ extern "C" __global__ void embedding_rows(const unsigned char* __restrict__ tabl
                                           const u32* __restrict__ ids,
                                           unsigned char* __restrict__ out,
                                           u32 n, u32 v, u64 row_bytes) {
+    grid_dep_wait();
     for (u32 i = blockIdx.x; i < n; i += gridDim.x) {
         const u32 id = ids[i];
         unsigned char* o = out + (u64)i * row_bytes;

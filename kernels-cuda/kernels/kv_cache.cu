@@ -20,6 +20,7 @@ extern "C" __global__ void write_kv(const unsigned char* __restrict__ k,
                                     unsigned char* __restrict__ v_cache,
                                     const u32* __restrict__ slots, u32 n, u32 num_slots,
                                     u64 k_row_bytes, u64 v_row_bytes) {
+    grid_dep_wait();
     for (u32 i = blockIdx.x; i < n; i += gridDim.x) {
         const u32 slot = slots[i];
         if (slot >= num_slots) continue;

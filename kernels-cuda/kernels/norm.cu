@@ -5,6 +5,7 @@
 template <typename T>
 __device__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                               u32 rows, u32 d, float eps) {
+    grid_dep_wait();
     __shared__ float red[32];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const bool vec = (d & 7) == 0;

@@ -8,6 +8,7 @@ template <typename T>
 __device__ void rope_impl(const T* __restrict__ x, const u32* __restrict__ positions,
                           const float* __restrict__ inv_freq, T* __restrict__ y, u32 n, u32 h,
                           u32 hd, u32 rot, u32 style, float mscale) {
+    grid_dep_wait();
     const u32 half = rot / 2;
     const u32 per_tok = h * hd;
     for (u32 t = blockIdx.x; t < n; t += gridDim.x) {

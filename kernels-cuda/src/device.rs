@@ -156,7 +156,9 @@ impl Pool {
     /// Frees every cached (unused) buffer back to the driver, after the stream has drained.
     pub(crate) fn trim(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(drv("bind context"))?;
-        self.stream.synchronize().map_err(drv("stream synchronize"))?;
+        self.stream
+            .synchronize()
+            .map_err(drv("stream synchronize"))?;
         let mut st = self.lock();
         for (_, v) in st.free.drain() {
             for p in v {
@@ -203,6 +205,9 @@ impl Drop for DeviceBuffer {
 #[derive(Clone)]
 pub struct CudaTensor {
     pub(crate) buf: Arc<DeviceBuffer>,
+    /// Byte offset of the first element in `buf` (views such as the fields of one step's
+    /// metadata share one buffer).
+    pub(crate) offset: usize,
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
 }
@@ -210,7 +215,11 @@ pub struct CudaTensor {
 impl CudaTensor {
     /// The device address of the first element (0 for an empty tensor).
     pub fn device_ptr(&self) -> u64 {
-        self.buf.ptr
+        if self.buf.ptr == 0 {
+            0
+        } else {
+            self.buf.ptr + self.offset as u64
+        }
     }
 
     /// Size of the data in bytes.
@@ -231,6 +240,92 @@ impl TensorInfo for CudaTensor {
 impl std::fmt::Debug for CudaTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "CudaTensor({:?}, {})", self.shape, self.dtype)
+    }
+}
+
+/// Pinned host memory for small uploads: a ring of slots, each reused only after the copy that
+/// last read it has finished (an event per slot), so `cuMemcpyHtoDAsync` from it is truly
+/// asynchronous (a copy from pageable memory waits for the stream's queued work first).
+pub(crate) struct Staging {
+    base: *mut u8,
+    slot_bytes: usize,
+    events: Vec<Option<cudarc::driver::CudaEvent>>,
+    next: usize,
+}
+
+// SAFETY: the pinned pointer is only used under the backend's staging mutex.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// `slots` slots of `slot_bytes` bytes each.
+    pub(crate) fn new(ctx: &Arc<CudaContext>, slots: usize, slot_bytes: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(drv("bind context"))?;
+        // SAFETY: plain pinned allocation, freed in Drop.
+        let base =
+            unsafe { dr::malloc_host(slots * slot_bytes, 0) }.map_err(drv("cuMemHostAlloc"))?;
+        Ok(Staging {
+            base: base as *mut u8,
+            slot_bytes,
+            events: (0..slots).map(|_| None).collect(),
+            next: 0,
+        })
+    }
+
+    /// Largest upload that goes through the ring.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Copies `parts` (concatenated, each at the given byte offset) into the next free slot and
+    /// queues its copy to `dst` on `stream`.
+    pub(crate) fn upload(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        parts: &[(usize, &[u8])],
+        total: usize,
+    ) -> Result<()> {
+        if total > self.slot_bytes {
+            bail!(
+                "staging upload of {total} bytes exceeds the slot size {}",
+                self.slot_bytes
+            );
+        }
+        let i = self.next;
+        self.next = (self.next + 1) % self.events.len();
+        if let Some(ev) = &self.events[i] {
+            ev.synchronize().map_err(drv("staging event wait"))?;
+        }
+        // SAFETY: the slot lies inside the pinned allocation and no queued copy reads it (the
+        // event above has completed).
+        let slot =
+            unsafe { std::slice::from_raw_parts_mut(self.base.add(i * self.slot_bytes), total) };
+        for (off, bytes) in parts {
+            slot[*off..*off + bytes.len()].copy_from_slice(bytes);
+        }
+        // SAFETY: `dst` holds at least `total` bytes; the slot stays untouched until the event.
+        unsafe { dr::memcpy_htod_async(dst, &slot[..total], stream.cu_stream()) }
+            .map_err(drv("host-to-device copy"))?;
+        if self.events[i].is_none() {
+            self.events[i] = Some(ctx.new_event(None).map_err(drv("event creation"))?);
+        }
+        if let Some(ev) = &self.events[i] {
+            ev.record(stream).map_err(drv("event record"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        for ev in self.events.iter().flatten() {
+            let _ = ev.synchronize();
+        }
+        // SAFETY: allocated by `malloc_host` in `new`; no copy reads it any more.
+        unsafe {
+            let _ = dr::free_host(self.base as *mut std::ffi::c_void);
+        }
     }
 }
 

@@ -21,11 +21,41 @@ pub fn elementwise_grid(n: usize, per_thread: usize, threads: u32, max_blocks: u
     n.div_ceil(per_block).clamp(1, max_blocks as usize) as u32
 }
 
+/// Threads per block of the skinny-GEMV kernel (`GEMV_THREADS` in `gemv.cu`).
+pub const GEMV_THREADS: u32 = 256;
+
+/// The GEMV variant for `m` rows of x: `MT` = 1, 2, 4 or 8 (rows past `m` are masked);
+/// `None` when `m > 8` or `k` is not a multiple of 8 (cuBLAS handles those).
+pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
+    if k == 0 || !k.is_multiple_of(8) {
+        return None;
+    }
+    match m {
+        1 => Some(1),
+        2 => Some(2),
+        3..=4 => Some(4),
+        5..=8 => Some(8),
+        _ => None,
+    }
+}
+
+/// Rows of w per GEMV block (`RPW`: 4, 2 or 1): as many as keep at least 8 blocks per SM.
+pub fn gemv_rpw(n: usize, sms: u32) -> u32 {
+    let per_sm = 8 * sms.max(1) as usize;
+    if n >= 4 * per_sm {
+        4
+    } else if n >= 2 * per_sm {
+        2
+    } else {
+        1
+    }
+}
+
 /// Threads per key of the decode kernel (each thread covers 8 head dims): the smallest of 8,
 /// 16, 32 covering `max(hdk, hdv)`. `None` when a head dim is not a multiple of 8 or above 256
 /// (the tiled kernel handles those).
 pub fn decode_tpk(hdk: usize, hdv: usize) -> Option<u32> {
-    if hdk == 0 || hdv == 0 || hdk % 8 != 0 || hdv % 8 != 0 {
+    if hdk == 0 || hdv == 0 || !hdk.is_multiple_of(8) || !hdv.is_multiple_of(8) {
         return None;
     }
     match hdk.max(hdv) {
@@ -104,6 +134,35 @@ pub fn tiled_smem_bytes(hdk: usize, hdv: usize) -> usize {
     (rows * hdk4 + bk * (hdk4 + 4) + bk * hdv + bk) * 4
 }
 
+/// Rows (token, head pairs) of one tensor-core attention block.
+pub const MMA_ROWS: u32 = 64;
+
+/// The tensor-core prefill variant (`DV` = 64, 128 or 256) when the head dims allow it:
+/// both multiples of 16, `hd_k <= 256`, `hd_v <= 256`.
+pub fn mma_dv(hdk: usize, hdv: usize) -> Option<u32> {
+    if hdk == 0 || hdv == 0 || !hdk.is_multiple_of(16) || !hdv.is_multiple_of(16) || hdk > 256 {
+        return None;
+    }
+    match hdv {
+        0..=64 => Some(64),
+        65..=128 => Some(128),
+        129..=256 => Some(256),
+        _ => None,
+    }
+}
+
+/// `(hc, tq)` of the tensor-core kernel: query heads and tokens per block, `hc · tq <= 64`.
+pub fn mma_rows(g: usize) -> (u32, u32) {
+    let hc = g.clamp(1, MMA_ROWS as usize) as u32;
+    (hc, MMA_ROWS / hc)
+}
+
+/// Dynamic shared memory of the tensor-core kernel for 2-byte elements: Q and K tiles
+/// `[64][hd_k + 8]`, V `[64][hd_v + 8]`, and 64 u32 key flags.
+pub fn mma_smem_bytes(hdk: usize, hdv: usize) -> usize {
+    64 * (2 * (hdk + 8) + (hdv + 8)) * 2 + 64 * 4
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +176,21 @@ mod tests {
         assert_eq!(elementwise_grid(8 * 256 * 3, 8, 256, 1000), 3);
         assert_eq!(elementwise_grid(8 * 256 * 3 + 1, 8, 256, 1000), 4);
         assert_eq!(elementwise_grid(usize::MAX / 2, 8, 256, 1000), 1000);
+    }
+
+    #[test]
+    fn gemv_variants() {
+        assert_eq!(gemv_mt(1, 4096), Some(1));
+        assert_eq!(gemv_mt(3, 4096), Some(4));
+        assert_eq!(gemv_mt(8, 4096), Some(8));
+        assert_eq!(gemv_mt(9, 4096), None);
+        assert_eq!(gemv_mt(1, 33), None);
+        assert_eq!(gemv_mt(1, 0), None);
+        assert_eq!(gemv_rpw(14336, 132), 4);
+        assert_eq!(gemv_rpw(128256, 132), 4);
+        assert_eq!(gemv_rpw(4096, 132), 2);
+        assert_eq!(gemv_rpw(1024, 132), 1);
+        assert_eq!(gemv_rpw(1, 132), 1);
     }
 
     #[test]
@@ -143,7 +217,13 @@ mod tests {
         assert_eq!(p.chunk, 64);
         // Short context: one split.
         let p = plan_decode(8, 10, 528, 32, 64);
-        assert_eq!(p, DecodePlan { nsplit: 1, chunk: 32 });
+        assert_eq!(
+            p,
+            DecodePlan {
+                nsplit: 1,
+                chunk: 32
+            }
+        );
         // Large batch: few splits.
         let p = plan_decode(64 * 8, 1000, 528, 32, 64);
         assert_eq!(p.nsplit, 2);
@@ -157,6 +237,22 @@ mod tests {
     }
 
     #[test]
+    fn mma_shapes() {
+        assert_eq!(mma_dv(128, 128), Some(128));
+        assert_eq!(mma_dv(64, 64), Some(64));
+        assert_eq!(mma_dv(192, 128), Some(128));
+        assert_eq!(mma_dv(256, 256), Some(256));
+        assert_eq!(mma_dv(576, 512), None);
+        assert_eq!(mma_dv(40, 24), None);
+        assert_eq!(mma_dv(6, 6), None);
+        assert_eq!(mma_rows(4), (4, 16));
+        assert_eq!(mma_rows(1), (1, 64));
+        assert_eq!(mma_rows(3), (3, 21));
+        assert_eq!(mma_rows(128), (64, 1));
+        assert_eq!(mma_smem_bytes(128, 128), 64 * (2 * 136 + 136) * 2 + 256);
+    }
+
+    #[test]
     fn tiled_shapes() {
         assert_eq!(tiled_rows(1), (1, 32));
         assert_eq!(tiled_rows(4), (4, 8));
@@ -166,7 +262,10 @@ mod tests {
         assert_eq!(tiled_vpl(6), Some(2));
         assert_eq!(tiled_vpl(512), Some(16));
         assert_eq!(tiled_vpl(513), None);
-        assert_eq!(tiled_smem_bytes(128, 128), (32 * 128 + 32 * 132 + 32 * 128 + 32) * 4);
+        assert_eq!(
+            tiled_smem_bytes(128, 128),
+            (32 * 128 + 32 * 132 + 32 * 128 + 32) * 4
+        );
         assert_eq!(tiled_smem_bytes(6, 6), (32 * 8 + 32 * 12 + 32 * 6 + 32) * 4);
     }
 }

@@ -13,15 +13,15 @@ mod launch;
 pub mod nvrtc_cache;
 
 pub use device::{size_class, CudaTensor, LibraryPresence};
-pub use launch::{decode_gb, decode_tpk, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan};
+pub use launch::{
+    decode_gb, decode_tpk, gemv_mt, gemv_rpw, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan,
+};
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::{self, CudaBlas};
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo,
-};
-use device::{drv, Pool};
+use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, StepMeta, TensorInfo};
+use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -72,8 +72,13 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     pool: Arc<Pool>,
     blas: Mutex<CudaBlas>,
+    staging: Mutex<Staging>,
     kernels: Kernels,
     info: DeviceInfo,
+    /// Launch kernels with programmatic dependent launch (sm_90+, unless `DAYONE_CUDA_PDL=0`).
+    pdl: bool,
+    /// Tensor-core prefill attention (sm_80+, unless `DAYONE_CUDA_MMA_ATTN=0`).
+    mma_attention: bool,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -142,7 +147,9 @@ impl CudaBackend {
         // SAFETY: no CudaSlice is ever created by this backend.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("stream creation"))?;
-        let (major, minor) = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(drv("compute capability"))?;
         let arch = nvrtc_cache::arch_number(major, minor);
         let attr = |a| ctx.attribute(a).map_err(drv("device attribute"));
         let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
@@ -161,9 +168,17 @@ impl CudaBackend {
             target: target.clone(),
             nvrtc_version: nvrtc_cache::nvrtc_version().unwrap_or((0, 0)),
         };
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| anyhow!("cuBLAS init failed: {e:?}"))?;
+        let blas =
+            CudaBlas::new(stream.clone()).map_err(|e| anyhow!("cuBLAS init failed: {e:?}"))?;
         let pool = Arc::new(Pool::new(ctx.clone(), stream.clone()));
+        let staging = Mutex::new(Staging::new(&ctx, 64, 256 * 1024)?);
+        let pdl = arch >= 90 && std::env::var("DAYONE_CUDA_PDL").map_or(true, |v| v != "0");
+        let mma_attention =
+            arch >= 80 && std::env::var("DAYONE_CUDA_MMA_ATTN").map_or(true, |v| v != "0");
         Ok(CudaBackend {
+            mma_attention,
+            pdl,
+            staging,
             kernels: Kernels {
                 target,
                 dir: nvrtc_cache::cache_dir(),
@@ -194,12 +209,26 @@ impl CudaBackend {
         self.pool.trim()
     }
 
+    /// `linear` through cuBLAS even for decode-sized M (for comparisons with the GEMV kernel).
+    pub fn linear_cublas(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.linear_impl(x, w, bias, false)
+    }
+
     /// Compiles (or loads from the disk cache) every kernel family for activations of `dtype`
     /// now instead of at first use.
     pub fn precompile(&self, dtype: DType) -> Result<()> {
         let sfx = dtype_suffix("precompile", dtype)?;
         for (family, _) in nvrtc_cache::KERNEL_SOURCES {
-            let variant = if matches!(*family, "embedding" | "kv_cache") { "" } else { sfx };
+            let variant = if matches!(*family, "embedding" | "kv_cache") {
+                ""
+            } else {
+                sfx
+            };
             self.module(family, variant)?;
         }
         Ok(())
@@ -230,7 +259,12 @@ impl CudaBackend {
 
     /// A new tensor of `shape` holding a copy of `src`'s elements `offset..offset + numel(shape)`
     /// (device-to-device, asynchronous). Same dtype as `src`.
-    pub fn copy_slice(&self, src: &CudaTensor, offset: usize, shape: &[usize]) -> Result<CudaTensor> {
+    pub fn copy_slice(
+        &self,
+        src: &CudaTensor,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<CudaTensor> {
         let n: usize = shape.iter().product();
         if offset + n > src.numel() {
             bail!(
@@ -264,7 +298,13 @@ impl CudaBackend {
     /// The module of `family` compiled for dtype suffix `variant` (`""`: every dtype).
     fn module(&self, family: &'static str, variant: &'static str) -> Result<Arc<CudaModule>> {
         let key = (family, variant);
-        if let Some(m) = self.kernels.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(m) = self
+            .kernels
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             return Ok(m.clone());
         }
         let src = nvrtc_cache::KERNEL_SOURCES
@@ -273,7 +313,11 @@ impl CudaBackend {
             .map(|(_, s)| *s)
             .ok_or_else(|| anyhow!("unknown kernel family '{family}'"))?;
         let define = nvrtc_cache::dtype_define(variant);
-        let defines: Vec<&str> = if variant.is_empty() { vec![] } else { vec![define.as_str()] };
+        let defines: Vec<&str> = if variant.is_empty() {
+            vec![]
+        } else {
+            vec![define.as_str()]
+        };
         let bytes = nvrtc_cache::load_or_compile(
             family,
             src,
@@ -284,7 +328,9 @@ impl CudaBackend {
         let image = match self.kernels.target {
             Target::Cubin(_) => cudarc::nvrtc::Ptx::from_binary(bytes),
             Target::Ptx(_) => {
-                let s = String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string();
+                let s = String::from_utf8_lossy(&bytes)
+                    .trim_end_matches('\0')
+                    .to_string();
                 cudarc::nvrtc::Ptx::from_src(s)
             }
         };
@@ -302,15 +348,26 @@ impl CudaBackend {
 
     /// Kernel `name` of `family`, compiled for dtype suffix `variant` (`""` for dtype-agnostic
     /// families).
-    fn func(&self, family: &'static str, variant: &'static str, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.kernels.funcs.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+    fn func(
+        &self,
+        family: &'static str,
+        variant: &'static str,
+        name: &str,
+    ) -> Result<CudaFunction> {
+        if let Some(f) = self
+            .kernels
+            .funcs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+        {
             return Ok(f.clone());
         }
         let m = self.module(family, variant)?;
         let f = m
             .load_function(name)
             .map_err(|e| anyhow!("kernel '{name}' not found in '{family}': {e:?}"))?;
-        if name.starts_with("attn_tiled") {
+        if name.starts_with("attn_tiled") || name.starts_with("attn_mma") {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
                 dr::function::set_function_attribute(
@@ -338,6 +395,38 @@ impl CudaBackend {
         smem: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        if self.pdl {
+            // Programmatic dependent launch: the launch may overlap the previous kernel's tail;
+            // every kernel starts with `griddepcontrol.wait` (see common.cuh).
+            // SAFETY: a zeroed attribute value is valid; the field set is the one the id names.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block.0,
+                blockDimY: block.1,
+                blockDimZ: block.2,
+                sharedMemBytes: smem,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for `launch_kernel` below; `cfg` and `attr` outlive the call.
+            return unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
+            .map_err(|e| anyhow!("{op}: kernel launch failed: {e:?}"));
+        }
         // SAFETY: every caller passes pointers to values of the kernel's parameter types, device
         // pointers of live buffers sized for the launch shape.
         unsafe {
@@ -357,6 +446,7 @@ impl CudaBackend {
         let bytes = shape.iter().product::<usize>() * dtype.size();
         Ok(CudaTensor {
             buf: Arc::new(self.pool.alloc(bytes)?),
+            offset: 0,
             shape,
             dtype,
         })
@@ -371,7 +461,10 @@ impl CudaBackend {
 fn rows_last(op: &str, what: &str, t: &CudaTensor) -> Result<(usize, usize)> {
     match t.shape.split_last() {
         Some((&last, lead)) if !lead.is_empty() => Ok((lead.iter().product(), last)),
-        _ => bail!("{op}: {what} must have at least 2 dimensions [rows, cols], got {:?}", t.shape),
+        _ => bail!(
+            "{op}: {what} must have at least 2 dimensions [rows, cols], got {:?}",
+            t.shape
+        ),
     }
 }
 
@@ -409,10 +502,25 @@ impl Backend for CudaBackend {
         self.bind()?;
         let t = self.alloc(host.shape.clone(), host.dtype)?;
         if want > 0 {
-            // SAFETY: the buffer holds `want` bytes; pageable source memory is staged by the
-            // driver before the call returns.
-            unsafe { dr::memcpy_htod_async(t.device_ptr(), &host.data, self.stream.cu_stream()) }
+            let mut st = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            if want <= st.slot_bytes() {
+                // Small tensors (token ids, metadata): through pinned memory, fully async.
+                st.upload(
+                    &self.ctx,
+                    &self.stream,
+                    t.device_ptr(),
+                    &[(0, &host.data)],
+                    want,
+                )?;
+            } else {
+                drop(st);
+                // SAFETY: the buffer holds `want` bytes; pageable source memory is staged by
+                // the driver before the call returns.
+                unsafe {
+                    dr::memcpy_htod_async(t.device_ptr(), &host.data, self.stream.cu_stream())
+                }
                 .map_err(drv("host-to-device copy"))?;
+            }
         }
         Ok(t)
     }
@@ -425,7 +533,9 @@ impl Backend for CudaBackend {
             unsafe { dr::memcpy_dtoh_async(&mut data, t.device_ptr(), self.stream.cu_stream()) }
                 .map_err(drv("device-to-host copy"))?;
         }
-        self.stream.synchronize().map_err(drv("stream synchronize"))?;
+        self.stream
+            .synchronize()
+            .map_err(drv("stream synchronize"))?;
         HostTensor::new(t.shape.clone(), t.dtype, data)
     }
 
@@ -434,8 +544,10 @@ impl Backend for CudaBackend {
         let t = self.alloc(shape.to_vec(), dtype)?;
         if t.num_bytes() > 0 {
             // SAFETY: the buffer holds `num_bytes` bytes.
-            unsafe { dr::memset_d8_async(t.device_ptr(), 0, t.num_bytes(), self.stream.cu_stream()) }
-                .map_err(drv("memset"))?;
+            unsafe {
+                dr::memset_d8_async(t.device_ptr(), 0, t.num_bytes(), self.stream.cu_stream())
+            }
+            .map_err(drv("memset"))?;
         }
         Ok(t)
     }
@@ -451,6 +563,7 @@ impl Backend for CudaBackend {
         }
         Ok(CudaTensor {
             buf: t.buf.clone(),
+            offset: t.offset,
             shape: shape.to_vec(),
             dtype: t.dtype,
         })
@@ -464,10 +577,18 @@ impl Backend for CudaBackend {
     fn embedding(&self, table: &CudaTensor, ids: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "embedding";
         if table.shape.len() != 2 || !table.dtype.is_float() {
-            bail!("{OP}: table must be a float [V, D] tensor, got {:?} {}", table.shape, table.dtype);
+            bail!(
+                "{OP}: table must be a float [V, D] tensor, got {:?} {}",
+                table.shape,
+                table.dtype
+            );
         }
         if ids.shape.len() != 1 || ids.dtype != DType::U32 {
-            bail!("{OP}: ids must be a u32 [N] tensor, got {:?} {}", ids.shape, ids.dtype);
+            bail!(
+                "{OP}: ids must be a u32 [N] tensor, got {:?} {}",
+                ids.shape,
+                ids.dtype
+            );
         }
         let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
         self.bind()?;
@@ -501,85 +622,7 @@ impl Backend for CudaBackend {
         w: &CudaTensor,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        const OP: &str = "linear";
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        let (m, k) = rows_last(OP, "x [M, K]", x)?;
-        if w.shape.len() != 2 || w.shape[1] != k {
-            bail!("{OP}: w must be [N, K] with K = {k} (x is {:?}), got {:?}", x.shape, w.shape);
-        }
-        check_dtype(OP, "w", w, x.dtype)?;
-        let n = w.shape[0];
-        if let Some(b) = bias {
-            if b.shape != [n] {
-                bail!("{OP}: bias must be [N] = [{n}], got {:?}", b.shape);
-            }
-            check_dtype(OP, "bias", b, x.dtype)?;
-        }
-        self.bind()?;
-        let mut shape = x.shape.clone();
-        *shape.last_mut().expect("rank >= 2") = n;
-        let out = self.alloc(shape, x.dtype)?;
-        if m == 0 || n == 0 {
-            return Ok(out);
-        }
-        if k == 0 {
-            // Empty reduction: y = bias (or 0).
-            // SAFETY: the buffer holds `num_bytes` bytes.
-            unsafe {
-                dr::memset_d8_async(out.device_ptr(), 0, out.num_bytes(), self.stream.cu_stream())
-            }
-            .map_err(drv("memset"))?;
-        } else {
-            use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-            let dt = match x.dtype {
-                DType::F32 => cudaDataType::CUDA_R_32F,
-                DType::BF16 => cudaDataType::CUDA_R_16BF,
-                _ => cudaDataType::CUDA_R_16F,
-            };
-            let (mi, ni, ki) = (to_i32(OP, "M", m)?, to_i32(OP, "N", n)?, to_i32(OP, "K", k)?);
-            let alpha = 1.0f32;
-            let beta = 0.0f32;
-            let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-            // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = wᵀ·xᵀ where the
-            // row-major buffers of w and x read column-major are [K,N] and [K,M]: op(A) = Aᵀ.
-            // SAFETY: device pointers of live buffers with the sizes checked above.
-            unsafe {
-                cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    (&alpha) as *const f32 as *const c_void,
-                    w.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    x.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    (&beta) as *const f32 as *const c_void,
-                    out.device_ptr() as *mut c_void,
-                    dt,
-                    ni,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
-        }
-        if let Some(b) = bias {
-            let f = self.func("elementwise", sfx, &format!("bias_add_{sfx}"))?;
-            self.launch(
-                OP,
-                &f,
-                (launch::elementwise_grid(m * n, 1, 256, 8 * self.info.sms), 1, 1),
-                (256, 1, 1),
-                0,
-                kparams![out.device_ptr(), b.device_ptr(), to_u32(OP, "M", m)?, to_u32(OP, "N", n)?],
-            )?;
-        }
-        Ok(out)
+        self.linear_impl(x, w, bias, true)
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor> {
@@ -587,7 +630,11 @@ impl Backend for CudaBackend {
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (r, d) = rows_last(OP, "x [R, D]", x)?;
         if w.shape != [d] {
-            bail!("{OP}: w must be [D] = [{d}] (x is {:?}), got {:?}", x.shape, w.shape);
+            bail!(
+                "{OP}: w must be [D] = [{d}] (x is {:?}), got {:?}",
+                x.shape,
+                w.shape
+            );
         }
         check_dtype(OP, "w", w, x.dtype)?;
         self.bind()?;
@@ -637,7 +684,7 @@ impl Backend for CudaBackend {
                 positions.dtype
             );
         }
-        if rot_dim > hd || rot_dim % 2 != 0 {
+        if rot_dim > hd || !rot_dim.is_multiple_of(2) {
             bail!("{OP}: rot_dim must be even and at most hd = {hd}, got {rot_dim}");
         }
         if inv_freq.shape != [rot_dim / 2] || inv_freq.dtype != DType::F32 {
@@ -769,6 +816,85 @@ impl Backend for CudaBackend {
         self.attention(q, k_cache, v_cache, meta, scale)
     }
 
+    /// All seven fields in one pinned host→device copy (when they fit a staging slot); each
+    /// field is a view into the shared buffer, 16-byte aligned.
+    fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<CudaTensor>> {
+        let fields: [&[u32]; 7] = [
+            &meta.positions,
+            &meta.token_seq,
+            &meta.slot_mapping,
+            &meta.block_tables,
+            &meta.seq_lens,
+            &meta.query_start,
+            &meta.logit_rows,
+        ];
+        // Empty fields keep one (zero) element, like the trait's default.
+        let lens: Vec<usize> = fields.iter().map(|f| f.len().max(1)).collect();
+        let mut offs = Vec::with_capacity(7);
+        let mut total = 0usize;
+        for &l in &lens {
+            offs.push(total);
+            total += (l * 4).div_ceil(16) * 16;
+        }
+        let fits = total
+            <= self
+                .staging
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .slot_bytes();
+        if !fits {
+            let u = |v: &[u32]| {
+                let v: Vec<u32> = if v.is_empty() { vec![0] } else { v.to_vec() };
+                self.upload(&HostTensor::from_u32(vec![v.len()], &v)?)
+            };
+            return Ok(DeviceStepMeta {
+                positions: u(&meta.positions)?,
+                token_seq: u(&meta.token_seq)?,
+                slot_mapping: u(&meta.slot_mapping)?,
+                block_tables: u(&meta.block_tables)?,
+                seq_lens: u(&meta.seq_lens)?,
+                query_start: u(&meta.query_start)?,
+                logit_rows: u(&meta.logit_rows)?,
+                host: meta,
+            });
+        }
+        self.bind()?;
+        let whole = self.alloc(vec![total / 4], DType::U32)?;
+        const ZERO: [u8; 4] = [0; 4];
+        let parts: Vec<(usize, &[u8])> = fields
+            .iter()
+            .zip(&offs)
+            .map(|(f, &o)| {
+                let b: &[u8] = if f.is_empty() {
+                    &ZERO
+                } else {
+                    bytemuck::cast_slice(f)
+                };
+                (o, b)
+            })
+            .collect();
+        self.staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upload(&self.ctx, &self.stream, whole.device_ptr(), &parts, total)?;
+        let view = |i: usize| CudaTensor {
+            buf: whole.buf.clone(),
+            offset: offs[i],
+            shape: vec![lens[i]],
+            dtype: DType::U32,
+        };
+        Ok(DeviceStepMeta {
+            positions: view(0),
+            token_seq: view(1),
+            slot_mapping: view(2),
+            block_tables: view(3),
+            seq_lens: view(4),
+            query_start: view(5),
+            logit_rows: view(6),
+            host: meta,
+        })
+    }
+
     fn argmax(&self, x: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "argmax";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -791,17 +917,161 @@ impl Backend for CudaBackend {
             (launch::row_grid(r, 65535), 1, 1),
             (1024, 1, 1),
             0,
-            kparams![x.device_ptr(), out.device_ptr(), r as u32, to_u32(OP, "V", v)?],
+            kparams![
+                x.device_ptr(),
+                out.device_ptr(),
+                r as u32,
+                to_u32(OP, "V", v)?
+            ],
         )?;
         Ok(out)
     }
 }
 
 impl CudaBackend {
+    fn linear_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        allow_gemv: bool,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        if w.shape.len() != 2 || w.shape[1] != k {
+            bail!(
+                "{OP}: w must be [N, K] with K = {k} (x is {:?}), got {:?}",
+                x.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        let n = w.shape[0];
+        if let Some(b) = bias {
+            if b.shape != [n] {
+                bail!("{OP}: bias must be [N] = [{n}], got {:?}", b.shape);
+            }
+            check_dtype(OP, "bias", b, x.dtype)?;
+        }
+        self.bind()?;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 2") = n;
+        let out = self.alloc(shape, x.dtype)?;
+        if m == 0 || n == 0 {
+            return Ok(out);
+        }
+        if let Some(mt) = launch::gemv_mt(m, k).filter(|_| allow_gemv) {
+            // Decode-sized M: the streaming GEMV kernel (bias fused).
+            let rpw = launch::gemv_rpw(n, self.info.sms);
+            let f = self.func("gemv", sfx, &format!("gemv_{sfx}_m{mt}_r{rpw}"))?;
+            let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
+            self.launch(
+                OP,
+                &f,
+                (grid, 1, 1),
+                (launch::GEMV_THREADS, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    w.device_ptr(),
+                    bias.map_or(0u64, |b| b.device_ptr()),
+                    out.device_ptr(),
+                    m as u32,
+                    to_u32(OP, "N", n)?,
+                    to_u32(OP, "K", k)?
+                ],
+            )?;
+            return Ok(out);
+        }
+        if k == 0 {
+            // Empty reduction: y = bias (or 0).
+            // SAFETY: the buffer holds `num_bytes` bytes.
+            unsafe {
+                dr::memset_d8_async(
+                    out.device_ptr(),
+                    0,
+                    out.num_bytes(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(drv("memset"))?;
+        } else {
+            use cublas::sys::{
+                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+            };
+            let dt = match x.dtype {
+                DType::F32 => cudaDataType::CUDA_R_32F,
+                DType::BF16 => cudaDataType::CUDA_R_16BF,
+                _ => cudaDataType::CUDA_R_16F,
+            };
+            let (mi, ni, ki) = (
+                to_i32(OP, "M", m)?,
+                to_i32(OP, "N", n)?,
+                to_i32(OP, "K", k)?,
+            );
+            let alpha = 1.0f32;
+            let beta = 0.0f32;
+            let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+            // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = wᵀ·xᵀ where the
+            // row-major buffers of w and x read column-major are [K,N] and [K,M]: op(A) = Aᵀ.
+            // SAFETY: device pointers of live buffers with the sizes checked above.
+            unsafe {
+                cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    (&alpha) as *const f32 as *const c_void,
+                    w.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    x.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    (&beta) as *const f32 as *const c_void,
+                    out.device_ptr() as *mut c_void,
+                    dt,
+                    ni,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
+        }
+        if let Some(b) = bias {
+            let f = self.func("elementwise", sfx, &format!("bias_add_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (
+                    launch::elementwise_grid(m * n, 1, 256, 8 * self.info.sms),
+                    1,
+                    1,
+                ),
+                (256, 1, 1),
+                0,
+                kparams![
+                    out.device_ptr(),
+                    b.device_ptr(),
+                    to_u32(OP, "M", m)?,
+                    to_u32(OP, "N", n)?
+                ],
+            )?;
+        }
+        Ok(out)
+    }
+
     fn binary(&self, op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         let sfx = dtype_suffix(op, a.dtype)?;
         if a.shape != b.shape {
-            bail!("{op}: inputs must have equal shapes, got {:?} and {:?}", a.shape, b.shape);
+            bail!(
+                "{op}: inputs must have equal shapes, got {:?} and {:?}",
+                a.shape,
+                b.shape
+            );
         }
         check_dtype(op, "second input", b, a.dtype)?;
         self.bind()?;
@@ -814,7 +1084,11 @@ impl CudaBackend {
         self.launch(
             op,
             &f,
-            (launch::elementwise_grid(n, 8, 256, 16 * self.info.sms), 1, 1),
+            (
+                launch::elementwise_grid(n, 8, 256, 16 * self.info.sms),
+                1,
+                1,
+            ),
             (256, 1, 1),
             0,
             kparams![a.device_ptr(), b.device_ptr(), out.device_ptr(), n as u64],
@@ -903,16 +1177,22 @@ impl CudaBackend {
             to_u32(OP, "max_blocks", hm.max_blocks)?,
             to_u32(OP, "blocks", nblocks)?,
         );
-        if kv_cap == 0 {
+        if kv_cap == 0 || nblocks == 0 {
             // No cache: every softmax is empty, the output is zero.
             // SAFETY: the buffer holds `num_bytes` bytes.
-            unsafe { dr::memset_d8_async(out.device_ptr(), 0, out.num_bytes(), self.stream.cu_stream()) }
-                .map_err(drv("memset"))?;
+            unsafe {
+                dr::memset_d8_async(
+                    out.device_ptr(),
+                    0,
+                    out.num_bytes(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(drv("memset"))?;
             return Ok(out);
         }
         let tpk = launch::decode_tpk(hdk, hdv);
-        if max_q <= 1 && tpk.is_some() && n <= 65535 {
-            let tpk = tpk.expect("checked");
+        if let Some(tpk) = tpk.filter(|_| max_q <= 1 && n <= 65535) {
             let gb = launch::decode_gb(g);
             let gchunks = g.div_ceil(gb as usize);
             let step = (launch::ATTN_THREADS / tpk) * launch::DECODE_UNROLL;
@@ -923,10 +1203,17 @@ impl CudaBackend {
                 step,
                 (2 * step).max(64),
             );
-            let f = self.func("attention_paged", sfx, &format!("attn_decode_{sfx}_t{tpk}_g{gb}"))?;
+            let f = self.func(
+                "attention_paged",
+                sfx,
+                &format!("attn_decode_{sfx}_t{tpk}_g{gb}"),
+            )?;
             let (part_o, part_ml) = if plan.nsplit > 1 {
                 let rows = n * h * plan.nsplit as usize;
-                (Some(self.scratch_f32(rows * hdv)?), Some(self.scratch_f32(rows * 2)?))
+                (
+                    Some(self.scratch_f32(rows * hdv)?),
+                    Some(self.scratch_f32(rows * 2)?),
+                )
             } else {
                 (None, None)
             };
@@ -973,8 +1260,52 @@ impl CudaBackend {
             }
             return Ok(out);
         }
-        // Tiled kernel: prefill, chunked prefill and mixed steps (or head dims the decode
-        // kernel does not cover).
+        if s > 65535 {
+            bail!("{OP}: at most 65535 sequences per step, got {s}");
+        }
+        // Tensor-core kernel: prefill, chunked prefill and mixed steps in bf16/f16.
+        let mma_smem = launch::mma_smem_bytes(hdk, hdv);
+        if let Some(dv) = launch::mma_dv(hdk, hdv).filter(|_| {
+            q.dtype != DType::F32
+                && self.mma_attention
+                && mma_smem <= self.info.max_smem_optin as usize
+        }) {
+            let (hc, tq) = launch::mma_rows(g);
+            let gchunks = g.div_ceil(hc as usize);
+            let f = self.func("attention_paged", sfx, &format!("attn_mma_{sfx}_d{dv}"))?;
+            self.launch(
+                OP,
+                &f,
+                (
+                    to_u32(OP, "grid.x", max_q.div_ceil(tq as usize).max(1))?,
+                    to_u32(OP, "grid.y", hkv * gchunks)?,
+                    s as u32,
+                ),
+                (launch::ATTN_THREADS, 1, 1),
+                mma_smem as u32,
+                kparams![
+                    q.device_ptr(),
+                    k_cache.device_ptr(),
+                    v_cache.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.block_tables.device_ptr(),
+                    out.device_ptr(),
+                    hu,
+                    hkvu,
+                    hdku,
+                    hdvu,
+                    bsu,
+                    mbu,
+                    nbu,
+                    hc,
+                    tq,
+                    scale_log2
+                ],
+            )?;
+            return Ok(out);
+        }
+        // Tiled FMA kernel: f32, or head dims the other kernels do not cover.
         let vpl = launch::tiled_vpl(hdv)
             .ok_or_else(|| anyhow!("{OP}: hd_v = {hdv} is above the supported 512"))?;
         let smem = launch::tiled_smem_bytes(hdk, hdv);
@@ -984,9 +1315,6 @@ impl CudaBackend {
                  the device allows {}",
                 self.info.max_smem_optin
             );
-        }
-        if s > 65535 {
-            bail!("{OP}: at most 65535 sequences per step, got {s}");
         }
         let (hc, tq) = launch::tiled_rows(g);
         let gchunks = g.div_ceil(hc as usize);

@@ -19,9 +19,13 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("norm", include_str!("../kernels/norm.cu")),
     ("rope", include_str!("../kernels/rope.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
+    ("gemv", include_str!("../kernels/gemv.cu")),
     ("kv_cache", include_str!("../kernels/kv_cache.cu")),
     ("argmax", include_str!("../kernels/argmax.cu")),
-    ("attention_paged", include_str!("../kernels/attention_paged.cu")),
+    (
+        "attention_paged",
+        include_str!("../kernels/attention_paged.cu"),
+    ),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.
@@ -330,9 +334,15 @@ mod tests {
         assert!(a.starts_with("norm-sm_90-") && a.ends_with(".cubin"), "{a}");
         assert_eq!(a, cache_file_name("norm", "src", &t, &[], (13, 0)));
         assert_ne!(a, cache_file_name("norm", "src2", &t, &[], (13, 0)));
-        assert_ne!(a, cache_file_name("norm", "src", &Target::Cubin(80), &[], (13, 0)));
+        assert_ne!(
+            a,
+            cache_file_name("norm", "src", &Target::Cubin(80), &[], (13, 0))
+        );
         assert_ne!(a, cache_file_name("norm", "src", &t, &[], (13, 5)));
-        assert_ne!(a, cache_file_name("norm", "src", &t, &["DAYONE_ONLY_BF16"], (13, 0)));
+        assert_ne!(
+            a,
+            cache_file_name("norm", "src", &t, &["DAYONE_ONLY_BF16"], (13, 0))
+        );
         assert!(cache_file_name("norm", "src", &Target::Ptx(90), &[], (13, 0)).ends_with(".ptx"));
         assert_eq!(dtype_define("bf16"), "DAYONE_ONLY_BF16");
     }

@@ -60,7 +60,8 @@ fn decode_meta(batch: usize, ctx: usize, bs: usize) -> StepMeta {
         }
         m.positions.push(ctx as u32);
         m.token_seq.push(s as u32);
-        m.slot_mapping.push(((s * per + ctx / bs) * bs + ctx % bs) as u32);
+        m.slot_mapping
+            .push(((s * per + ctx / bs) * bs + ctx % bs) as u32);
         m.seq_lens.push(ctx as u32 + 1);
         m.query_start.push(s as u32 + 1);
         m.logit_rows.push(s as u32);
@@ -81,21 +82,37 @@ fn bench() {
     }
     let b = CudaBackend::new(0).unwrap();
     let info = b.device_info().clone();
-    println!("# {} | NVRTC {:?} target {:?}", b.name(), info.nvrtc_version, info.target);
+    println!(
+        "# {} | NVRTC {:?} target {:?}",
+        b.name(),
+        info.nvrtc_version,
+        info.target
+    );
     let t0 = Instant::now();
     b.precompile(DType::BF16).unwrap();
-    println!("precompile bf16 (NVRTC or disk cache): {:.2} s", t0.elapsed().as_secs_f64());
+    println!(
+        "precompile bf16 (NVRTC or disk cache): {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
 
     // 1. Copy bandwidth (read + write counted).
     let big = b.zeros(&[1 << 30], DType::BF16).unwrap(); // 2 GiB
-    let ms = b.time_ms(2, 10, || b.copy_slice(&big, 0, &[1 << 30]).map(|_| ())).unwrap();
+    let ms = b
+        .time_ms(2, 10, || b.copy_slice(&big, 0, &[1 << 30]).map(|_| ()))
+        .unwrap();
     let copy_bw = gbs(2.0 * (1u64 << 31) as f64, ms);
     println!("device copy 2 GiB: {ms:.3} ms = {copy_bw:.0} GB/s (read+write)");
     drop(big);
 
     // 2. cuBLAS GEMV / GEMM, bf16, 4 weight copies rotated (> L2).
     let src = b.upload(&rand_bf16(&[128256 * 4096 + 8192], 1)).unwrap();
-    for &(n, k) in &[(14336usize, 4096usize), (4096, 14336), (4096, 4096), (1024, 4096), (128256, 4096)] {
+    for &(n, k) in &[
+        (14336usize, 4096usize),
+        (4096, 14336),
+        (4096, 4096),
+        (1024, 4096),
+        (128256, 4096),
+    ] {
         let ws: Vec<CudaTensor> = (0..4)
             .map(|i| b.copy_slice(&src, (i * 7919) % 1000, &[n, k]).unwrap())
             .collect();
@@ -116,12 +133,49 @@ fn bench() {
                 gbs(bytes, ms),
                 100.0 * gbs(bytes, ms) / copy_bw
             );
+            if m == 1 {
+                let ms = b
+                    .time_ms(3, 40, || {
+                        i += 1;
+                        b.linear_cublas(&x, &ws[i % 4], None).map(|_| ())
+                    })
+                    .unwrap();
+                println!(
+                    "  (cuBLAS GemmEx, same shape:   {:8.1} us  {:6.0} GB/s ({:4.1}% of copy))",
+                    ms * 1e3,
+                    gbs(bytes, ms),
+                    100.0 * gbs(bytes, ms) / copy_bw
+                );
+            }
         }
+    }
+
+    // Host cost per op: many tiny adds, enqueue time only.
+    {
+        let a = b.copy_slice(&src, 0, &[1, 4096]).unwrap();
+        b.synchronize().unwrap();
+        let t = Instant::now();
+        for _ in 0..2000 {
+            b.add(&a, &a).unwrap();
+        }
+        let host_us = t.elapsed().as_secs_f64() * 1e6 / 2000.0;
+        b.synchronize().unwrap();
+        let ms = b.time_ms(10, 2000, || b.add(&a, &a).map(|_| ())).unwrap();
+        println!(
+            "tiny add [1,4096]: host enqueue {host_us:.2} us/op, device {:.2} us/op",
+            ms * 1e3
+        );
     }
 
     // 3. Decode attention, Llama-3.1-8B shape (H 32, Hkv 8, hd 128), bf16, block size 16.
     let (h, hkv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
-    for &(batch, ctx) in &[(1usize, 1024usize), (1, 4096), (1, 32768), (64, 1024), (64, 4096)] {
+    for &(batch, ctx) in &[
+        (1usize, 1024usize),
+        (1, 4096),
+        (1, 32768),
+        (64, 1024),
+        (64, 4096),
+    ] {
         let meta = decode_meta(batch, ctx, bs);
         let blocks = batch * meta.max_blocks;
         let kc = b.copy_slice(&src, 0, &[blocks, bs, hkv, hd]).unwrap();
@@ -129,7 +183,11 @@ fn bench() {
         let q = b.copy_slice(&src, 999, &[batch, h, hd]).unwrap();
         let dm = b.upload_meta(meta).unwrap();
         let scale = 1.0 / (hd as f32).sqrt();
-        let ms = b.time_ms(3, 50, || b.paged_attention(&q, &kc, &vc, &dm, scale).map(|_| ())).unwrap();
+        let ms = b
+            .time_ms(3, 50, || {
+                b.paged_attention(&q, &kc, &vc, &dm, scale).map(|_| ())
+            })
+            .unwrap();
         let bytes = (batch * (ctx + 1) * hkv * hd * 2 * 2) as f64;
         println!(
             "decode attention bf16 batch {batch:2} ctx {ctx:5}: {:8.1} us  {:6.0} GB/s of KV ({:4.1}% of copy)",
@@ -140,38 +198,58 @@ fn bench() {
     }
 
     // 4. Prefill attention: one sequence of 2048 tokens, causal.
-    {
-        let n = 2048usize;
-        let per = n.div_ceil(bs);
-        let mut m = StepMeta {
-            max_blocks: per,
-            block_size: bs,
-            ..Default::default()
-        };
-        m.block_tables = (0..per as u32).collect();
-        m.positions = (0..n as u32).collect();
-        m.token_seq = vec![0; n];
-        m.slot_mapping = (0..n as u32).collect();
-        m.seq_lens = vec![n as u32];
-        m.query_start = vec![0, n as u32];
-        m.logit_rows = vec![n as u32 - 1];
-        m.max_seq_len = n;
-        let kc = b.copy_slice(&src, 0, &[per, bs, hkv, hd]).unwrap();
-        let vc = b.copy_slice(&src, 5, &[per, bs, hkv, hd]).unwrap();
-        let q = b.copy_slice(&src, 9, &[n, h, hd]).unwrap();
-        let dm = b.upload_meta(m).unwrap();
-        let ms = b.time_ms(1, 5, || b.paged_attention(&q, &kc, &vc, &dm, 0.088).map(|_| ())).unwrap();
-        let flops = 4.0 * h as f64 * hd as f64 * (n * (n + 1) / 2) as f64;
-        println!(
-            "prefill attention bf16 2048 tokens: {:.2} ms  {:.1} TFLOP/s",
-            ms,
-            flops / (ms as f64 * 1e-3) / 1e12
-        );
-    }
+    prefill(&b, &src);
     drop(src);
 
-    // 5. Synthetic Llama-3.1-8B decode step through the trait's ops.
+    // 5. Synthetic Llama-3.1-8B decode step through the trait's ops, with and without
+    // programmatic dependent launch.
     llama_decode(&b, copy_bw);
+    b.trim_memory().unwrap();
+    drop(b);
+    std::env::set_var("DAYONE_CUDA_PDL", "0");
+    std::env::set_var("DAYONE_CUDA_MMA_ATTN", "0");
+    let b = CudaBackend::new(0).unwrap();
+    println!("-- without programmatic dependent launch and tensor-core prefill attention:");
+    let src = b.upload(&rand_bf16(&[1 << 26], 9)).unwrap();
+    prefill(&b, &src);
+    drop(src);
+    llama_decode(&b, copy_bw);
+}
+
+fn prefill(b: &CudaBackend, src: &CudaTensor) {
+    let (h, hkv, hd, bs) = (32usize, 8usize, 128usize, 16usize);
+    let src = src.clone();
+
+    let n = 2048usize;
+    let per = n.div_ceil(bs);
+    let mut m = StepMeta {
+        max_blocks: per,
+        block_size: bs,
+        ..Default::default()
+    };
+    m.block_tables = (0..per as u32).collect();
+    m.positions = (0..n as u32).collect();
+    m.token_seq = vec![0; n];
+    m.slot_mapping = (0..n as u32).collect();
+    m.seq_lens = vec![n as u32];
+    m.query_start = vec![0, n as u32];
+    m.logit_rows = vec![n as u32 - 1];
+    m.max_seq_len = n;
+    let kc = b.copy_slice(&src, 0, &[per, bs, hkv, hd]).unwrap();
+    let vc = b.copy_slice(&src, 5, &[per, bs, hkv, hd]).unwrap();
+    let q = b.copy_slice(&src, 9, &[n, h, hd]).unwrap();
+    let dm = b.upload_meta(m).unwrap();
+    let ms = b
+        .time_ms(1, 5, || {
+            b.paged_attention(&q, &kc, &vc, &dm, 0.088).map(|_| ())
+        })
+        .unwrap();
+    let flops = 4.0 * h as f64 * hd as f64 * (n * (n + 1) / 2) as f64;
+    println!(
+        "prefill attention bf16 2048 tokens: {:.2} ms  {:.1} TFLOP/s",
+        ms,
+        flops / (ms as f64 * 1e-3) / 1e12
+    );
 }
 
 struct Layer {
@@ -189,7 +267,16 @@ struct Layer {
 }
 
 fn llama_decode(b: &CudaBackend, copy_bw: f64) {
-    let (d, f, h, hkv, hd, vocab, nl, bs) = (4096usize, 14336usize, 32usize, 8usize, 128usize, 128256usize, 32usize, 16usize);
+    let (d, f, h, hkv, hd, vocab, nl, bs) = (
+        4096usize,
+        14336usize,
+        32usize,
+        8usize,
+        128usize,
+        128256usize,
+        32usize,
+        16usize,
+    );
     let src = b.upload(&rand_bf16(&[vocab * d + 8192], 3)).unwrap();
     let w = |n: usize, k: usize, off: usize| b.copy_slice(&src, off % 4096, &[n, k]).unwrap();
     let max_batch = 64usize;
@@ -217,11 +304,20 @@ fn llama_decode(b: &CudaBackend, copy_bw: f64) {
     let embed = w(vocab, d, 11);
     let lm_head = w(vocab, d, 13);
     drop(src);
-    let inv: Vec<f32> = (0..hd / 2).map(|i| 500000f32.powf(-((2 * i) as f32) / hd as f32)).collect();
-    let inv = b.upload(&HostTensor::from_f32(vec![hd / 2], &inv).unwrap()).unwrap();
+    let inv: Vec<f32> = (0..hd / 2)
+        .map(|i| 500000f32.powf(-((2 * i) as f32) / hd as f32))
+        .collect();
+    let inv = b
+        .upload(&HostTensor::from_f32(vec![hd / 2], &inv).unwrap())
+        .unwrap();
     let weight_bytes: usize = layers
         .iter()
-        .map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.wg, &l.wu, &l.wd].iter().map(|t| t.numel() * 2).sum::<usize>())
+        .map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.wg, &l.wu, &l.wd]
+                .iter()
+                .map(|t| t.numel() * 2)
+                .sum::<usize>()
+        })
         .sum::<usize>()
         + lm_head.numel() * 2;
     println!(
@@ -230,7 +326,9 @@ fn llama_decode(b: &CudaBackend, copy_bw: f64) {
     );
     for &batch in &[1usize, 64] {
         let ids: Vec<u32> = (0..batch as u32).map(|i| i * 101 + 7).collect();
-        let ids = b.upload(&HostTensor::from_u32(vec![batch], &ids).unwrap()).unwrap();
+        let ids = b
+            .upload(&HostTensor::from_u32(vec![batch], &ids).unwrap())
+            .unwrap();
         let meta = decode_meta(batch, ctx, bs);
         let step = || -> anyhow::Result<CudaTensor> {
             let dm = b.upload_meta(meta.clone())?;

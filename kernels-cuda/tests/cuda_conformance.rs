@@ -22,7 +22,9 @@ fn backend(test: &str) -> Option<CudaBackend> {
 
 #[test]
 fn conformance_suite() {
-    let Some(b) = backend("conformance_suite") else { return };
+    let Some(b) = backend("conformance_suite") else {
+        return;
+    };
     conformance::check_all(&b).unwrap();
     // f16 activations too (the suite covers f32 and bf16).
     for check in [
@@ -40,7 +42,14 @@ fn conformance_suite() {
     }
 }
 
-fn attn_case(h: usize, hkv: usize, hd_k: usize, hd_v: usize, bs: usize, seqs: &[(usize, usize)]) -> AttnCase {
+fn attn_case(
+    h: usize,
+    hkv: usize,
+    hd_k: usize,
+    hd_v: usize,
+    bs: usize,
+    seqs: &[(usize, usize)],
+) -> AttnCase {
     AttnCase {
         h,
         hkv,
@@ -56,19 +65,44 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, dt: DType, rng: &mut Rng) {
     let (meta, blocks) = case.meta(rng);
     let n = meta.num_tokens();
     let q = rand_tensor(rng, &[n, case.h, case.hd_k], dt, 3.0).unwrap();
-    let kc = rand_tensor(rng, &[blocks, case.block_size, case.hkv, case.hd_k], dt, 1.0).unwrap();
-    let vc = rand_tensor(rng, &[blocks, case.block_size, case.hkv, case.hd_v], dt, 1.0).unwrap();
+    let kc = rand_tensor(
+        rng,
+        &[blocks, case.block_size, case.hkv, case.hd_k],
+        dt,
+        1.0,
+    )
+    .unwrap();
+    let vc = rand_tensor(
+        rng,
+        &[blocks, case.block_size, case.hkv, case.hd_v],
+        dt,
+        1.0,
+    )
+    .unwrap();
     let scale = 1.0 / (case.hd_k as f32).sqrt();
     let want = reference::paged_attention(&q, &kc, &vc, &meta, scale).unwrap();
     let dmeta = b.upload_meta(meta.clone()).unwrap();
     let got = b
-        .paged_attention(&b.upload(&q).unwrap(), &b.upload(&kc).unwrap(), &b.upload(&vc).unwrap(), &dmeta, scale)
+        .paged_attention(
+            &b.upload(&q).unwrap(),
+            &b.upload(&kc).unwrap(),
+            &b.upload(&vc).unwrap(),
+            &dmeta,
+            scale,
+        )
         .unwrap();
     let desc = format!(
         "{dt} H {} Hkv {} hd {}/{} bs {} seqs {:?}",
         case.h, case.hkv, case.hd_k, case.hd_v, case.block_size, case.seqs
     );
-    compare("paged_attention", &desc, &b.download(&got).unwrap(), &want, tolerance(dt)).unwrap();
+    compare(
+        "paged_attention",
+        &desc,
+        &b.download(&got).unwrap(),
+        &want,
+        tolerance(dt),
+    )
+    .unwrap();
 }
 
 /// Pure decode steps (one query token per sequence) take the split-K decode kernel, which the
@@ -76,7 +110,9 @@ fn run_attention(b: &CudaBackend, case: &AttnCase, dt: DType, rng: &mut Rng) {
 /// short and long contexts (one and many splits), block sizes 16 and 32.
 #[test]
 fn decode_attention() {
-    let Some(b) = backend("decode_attention") else { return };
+    let Some(b) = backend("decode_attention") else {
+        return;
+    };
     let mut rng = Rng::new(99);
     let cases = [
         attn_case(32, 8, 128, 128, 16, &[(1023, 1)]),
@@ -100,7 +136,9 @@ fn decode_attention() {
 /// hd above 256.
 #[test]
 fn prefill_attention() {
-    let Some(b) = backend("prefill_attention") else { return };
+    let Some(b) = backend("prefill_attention") else {
+        return;
+    };
     let mut rng = Rng::new(7);
     let cases = [
         attn_case(32, 8, 128, 128, 16, &[(0, 300)]),
@@ -119,16 +157,36 @@ fn prefill_attention() {
 /// Larger linear shapes (Llama-3.1-8B projections) against the reference.
 #[test]
 fn large_linear() {
-    let Some(b) = backend("large_linear") else { return };
+    let Some(b) = backend("large_linear") else {
+        return;
+    };
     let mut rng = Rng::new(5);
-    for &(m, k, n) in &[(1usize, 4096usize, 1024usize), (5, 1024, 3000), (64, 512, 640)] {
+    for &(m, k, n) in &[
+        (1usize, 4096usize, 1024usize),
+        (5, 1024, 3000),
+        (64, 512, 640),
+        (2, 4096, 1000),
+        (8, 2048, 333),
+        (4, 8, 5),
+        (3, 14336, 77),
+        (1, 2056, 4099),
+        (6, 1544, 9000),
+    ] {
         for dt in [DType::F32, DType::BF16] {
             let x = rand_tensor(&mut rng, &[m, k], dt, 1.0).unwrap();
             let w = rand_tensor(&mut rng, &[n, k], dt, 0.05).unwrap();
             let want = reference::linear(&x, &w, None).unwrap();
-            let got = b.linear(&b.upload(&x).unwrap(), &b.upload(&w).unwrap(), None).unwrap();
-            compare("linear", &format!("{dt} [{m},{k}]x[{n},{k}]"), &b.download(&got).unwrap(), &want, tolerance(dt))
+            let got = b
+                .linear(&b.upload(&x).unwrap(), &b.upload(&w).unwrap(), None)
                 .unwrap();
+            compare(
+                "linear",
+                &format!("{dt} [{m},{k}]x[{n},{k}]"),
+                &b.download(&got).unwrap(),
+                &want,
+                tolerance(dt),
+            )
+            .unwrap();
         }
     }
 }
@@ -136,9 +194,15 @@ fn large_linear() {
 /// Bad inputs come back as errors naming the op, not panics.
 #[test]
 fn bad_inputs_are_errors() {
-    let Some(b) = backend("bad_inputs_are_errors") else { return };
-    let x = b.upload(&HostTensor::from_f32(vec![2, 3], &[0.0; 6]).unwrap()).unwrap();
-    let ids = b.upload(&HostTensor::from_u32(vec![2], &[0, 1]).unwrap()).unwrap();
+    let Some(b) = backend("bad_inputs_are_errors") else {
+        return;
+    };
+    let x = b
+        .upload(&HostTensor::from_f32(vec![2, 3], &[0.0; 6]).unwrap())
+        .unwrap();
+    let ids = b
+        .upload(&HostTensor::from_u32(vec![2], &[0, 1]).unwrap())
+        .unwrap();
     let e = b.linear(&x, &ids, None).unwrap_err().to_string();
     assert!(e.starts_with("linear"), "{e}");
     let e = b.embedding(&ids, &ids).unwrap_err().to_string();

@@ -17,7 +17,10 @@ fn every_kernel_family_compiles() {
     };
     let version = nvrtc_cache::nvrtc_version().expect("NVRTC version");
     let archs = nvrtc_cache::nvrtc_supported_archs().expect("NVRTC architectures");
-    eprintln!("NVRTC {}.{} from {from}; architectures {archs:?}", version.0, version.1);
+    eprintln!(
+        "NVRTC {}.{} from {from}; architectures {archs:?}",
+        version.0, version.1
+    );
     // Every dtype at once for the H100/H200 architecture; the small families also as PTX and
     // for sm_80, to catch architecture-specific syntax.
     let targets = [Target::Cubin(90), Target::Ptx(80)];
@@ -43,7 +46,11 @@ fn every_kernel_family_compiles() {
             }
         }
     }
-    assert!(failures.is_empty(), "NVRTC failures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "NVRTC failures:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Device memory: a size-bucketed buffer pool and row-split tensor storage.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Buffers kept idle in the pool beyond this many bytes are freed instead.
@@ -16,6 +17,8 @@ pub(crate) struct Pool {
     device: wgpu::Device,
     max_bytes: u64,
     free: Mutex<(HashMap<u64, Vec<wgpu::Buffer>>, u64)>,
+    /// Set when a buffer was dropped instead of pooled (cached bind groups must let go of it).
+    evicted: AtomicBool,
 }
 
 impl Pool {
@@ -24,6 +27,7 @@ impl Pool {
             device,
             max_bytes,
             free: Mutex::new((HashMap::new(), 0)),
+            evicted: AtomicBool::new(false),
         }
     }
 
@@ -62,10 +66,16 @@ impl Pool {
         })
     }
 
+    /// True (once) if a buffer was dropped instead of pooled since the last call.
+    pub(crate) fn take_evicted(&self) -> bool {
+        self.evicted.swap(false, Ordering::Relaxed)
+    }
+
     fn put(&self, buf: wgpu::Buffer) {
         let size = buf.size();
         let mut g = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if g.1 + size > POOL_IDLE_LIMIT {
+            self.evicted.store(true, Ordering::Relaxed);
             return; // dropped: wgpu frees it once pending work is done
         }
         g.1 += size;

@@ -1,17 +1,24 @@
 //! dayone's portable backend: [`dayone_backend::Backend`] on wgpu with WGSL compute shaders.
 //!
 //! Runs on any Vulkan/Metal/DX12 adapter, including Mesa lavapipe (CPU Vulkan), where it is the
-//! correctness reference in CI. Activations and weights are stored as f32 (bf16/f16 uploads
-//! are widened on the host); integer tensors as u32/i32.
+//! correctness reference in CI. Activations, KV caches and all results are f32
+//! ([`Backend::activation_dtype`] is always `F32`); integer tensors are u32/i32.
 //!
 //! Design:
-//! - Ops are recorded into one command encoder and submitted lazily: on `download`,
-//!   `synchronize`, before an upload that would race with pending work, or every
-//!   [`MAX_PENDING_OPS`] ops. Kernel parameters go to a uniform arena bound with dynamic offsets.
+//! - Storage dtypes: f32 uploads stay f32; bf16 uploads whose rows hold a multiple of 8 values
+//!   stay packed bf16 (dtype `BF16`, half the bytes: `linear` weights and `embedding` tables are
+//!   read packed, other ops widen such inputs on the device first); other bf16 and all f16 uploads
+//!   are widened to f32 on the host. `download` returns the stored dtype.
+//! - Ops are recorded into one command encoder and one compute pass and submitted lazily: on
+//!   `download`, `synchronize`, before an upload (pool buffers may still be referenced by pending
+//!   work, and queue writes are ordered before it), or every [`MAX_PENDING_OPS`] ops. Kernel
+//!   parameters go to a uniform arena bound with dynamic offsets; bind groups are cached.
 //! - Tensor memory comes from a size-bucketed pool and returns to it when the last handle drops.
 //! - Tensors larger than the adapter's largest storage binding (128 MiB on lavapipe) are split by
 //!   rows into several buffers; `linear` (weights), `embedding` (table), `upload` and `download`
-//!   handle split tensors transparently, other ops return an error for them.
+//!   handle split tensors transparently, other ops return an error naming the tensor.
+//! - Kernels come in a CPU flavour (llvmpipe: invocations are SIMD lanes, barriers are costly)
+//!   and a GPU flavour, chosen by adapter type ([`KernelChoice`]).
 
 mod buffers;
 mod pipelines;
@@ -20,6 +27,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use buffers::{Chunk, Pool, Storage};
 use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo};
 use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Ops recorded before the encoder is submitted without being asked.
@@ -45,19 +53,22 @@ pub struct Options {
     /// Pick the first adapter whose name contains this text (default: [`ADAPTER_ENV`], else a
     /// discrete GPU, an integrated GPU, ... a CPU adapter).
     pub adapter: Option<String>,
-    /// Which `linear` kernels to use; default: by adapter type.
+    /// Which `linear`/`paged_attention` kernels to use; default: by adapter type.
     pub kernels: KernelChoice,
 }
 
-/// Kernel variants for `linear`, tuned for different kinds of device.
+/// Kernel variants for `linear` (decode) and `paged_attention`, tuned for different kinds of
+/// device. Prefill `linear` uses 4×4 register tiles on both.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelChoice {
     /// [`KernelChoice::Cpu`] on CPU adapters (lavapipe), [`KernelChoice::Gpu`] otherwise.
     #[default]
     Auto,
-    /// SIMD lanes over outputs with uniform (broadcast) loads of the shared operand.
+    /// Invocations (= SIMD lanes on llvmpipe) over outputs, no workgroup barriers: matvec with
+    /// 4 rows per invocation, attention with one (token, head) per invocation.
     Cpu,
-    /// Workgroup reductions along K with coalesced loads (decode), 4×4 register tiles (prefill).
+    /// Workgroup reductions along K with coalesced loads (decode matvec), a workgroup per
+    /// (token, head) sharing key tiles (attention).
     Gpu,
 }
 
@@ -97,11 +108,20 @@ impl WTensor {
     }
 }
 
+/// Work recorded but not yet submitted: one encoder with (usually) one open compute pass.
 struct Recorder {
+    /// The open compute pass (ended before any copy/clear and before submission).
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
+    /// Kernel parameters, `PARAM_STRIDE` bytes per recorded dispatch, written at submission.
     params: Vec<u8>,
     ops: usize,
+    /// Bind groups by (kernel, buffers); pooled buffers come back, so decode steps hit.
+    bind_groups: HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>,
 }
+
+/// Bind groups kept before the cache is cleared.
+const MAX_BIND_GROUPS: usize = 4096;
 
 /// The WGSL backend. Cheap to share: all state lives behind internal locks.
 pub struct WgslBackend {
@@ -234,6 +254,8 @@ impl WgslBackend {
             },
             pipelines: Pipelines::new(),
             rec: Mutex::new(Recorder {
+                pass: None,
+                bind_groups: HashMap::new(),
                 encoder: None,
                 params: Vec::new(),
                 ops: 0,
@@ -262,6 +284,7 @@ impl WgslBackend {
     }
 
     fn flush_locked(&self, rec: &mut Recorder) {
+        rec.pass = None;
         if let Some(enc) = rec.encoder.take() {
             if !rec.params.is_empty() {
                 self.queue.write_buffer(&self.arena, 0, &rec.params);
@@ -272,7 +295,9 @@ impl WgslBackend {
         rec.ops = 0;
     }
 
+    /// The encoder, with the open compute pass (if any) ended.
     fn encoder<'a>(&self, rec: &'a mut Recorder) -> &'a mut wgpu::CommandEncoder {
+        rec.pass = None;
         rec.encoder.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -289,7 +314,8 @@ impl WgslBackend {
             1
         };
         let rows = if shape.is_empty() { 1 } else { shape[0] };
-        let row_bytes = (row * 4) as u64;
+        let es = dtype.size();
+        let row_bytes = (row * es) as u64;
         ensure!(
             row_bytes <= self.max_chunk,
             "tensor {shape:?}: one row of {row_bytes} bytes exceeds the largest device buffer ({} bytes)",
@@ -302,7 +328,7 @@ impl WgslBackend {
             let n = per.min(rows - r);
             let len = if shape.is_empty() { 1 } else { n * row };
             chunks.push(Chunk {
-                buf: self.pool.get((len * 4) as u64),
+                buf: self.pool.get((len * es) as u64),
                 start: r * row,
                 len,
             });
@@ -341,31 +367,53 @@ impl WgslBackend {
             .resize(offset as usize + PARAM_STRIDE as usize, 0);
         let p: &[u8] = bytemuck::cast_slice(params);
         rec.params[offset as usize..offset as usize + p.len()].copy_from_slice(p);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arena,
-                offset: 0,
-                size: wgpu::BufferSize::new(PARAM_BYTES),
-            }),
-        }];
-        for (i, b) in bufs.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
+        if self.pool.take_evicted() || rec.bind_groups.len() >= MAX_BIND_GROUPS {
+            // Buffers were really freed (or the cache is large): drop the cached bind groups
+            // so that they do not keep freed memory alive.
+            rec.bind_groups.clear();
         }
-        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let key = (
+            Arc::as_ptr(&kernel) as usize,
+            bufs.iter().map(|b| (*b).clone()).collect::<Vec<_>>(),
+        );
+        let bg = match rec.bind_groups.get(&key) {
+            Some(bg) => bg.clone(),
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.arena,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(PARAM_BYTES),
+                    }),
+                }];
+                for (i, b) in bufs.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: b.as_entire_binding(),
+                    });
+                }
+                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &kernel.layout,
+                    entries: &entries,
+                });
+                rec.bind_groups.insert(key, bg.clone());
+                bg
+            }
+        };
         rec.ops += 1;
-        let enc = self.encoder(&mut rec);
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes: None,
-        });
+        if rec.pass.is_none() {
+            let enc = self.encoder(&mut rec);
+            let pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            rec.pass = Some(pass);
+        }
+        let pass = rec.pass.as_mut().expect("compute pass was just opened");
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bg, &[offset as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
@@ -392,6 +440,27 @@ impl WgslBackend {
         Ok(())
     }
 
+    /// `t` as an f32 tensor: itself if it is f32, else an f32 copy (packed bf16 is widened on
+    /// the device). Errors for integer tensors.
+    fn f32_of(&self, op: &str, name: &str, t: &WTensor) -> Result<WTensor> {
+        match t.dtype {
+            DType::F32 => Ok(t.clone()),
+            DType::BF16 => {
+                let out = self.alloc(&t.shape, DType::F32)?;
+                let n = t.numel();
+                let g = Self::grid(op, (n as u64).div_ceil(256))?;
+                self.dispatch(
+                    &pipelines::BF16_TO_F32,
+                    &[n as u32, 0, 0, 0],
+                    &[t.single(op, name)?, out.single(op, name)?],
+                    g,
+                )?;
+                Ok(out)
+            }
+            other => bail!("{op}: {name} must be a float tensor, got {other}"),
+        }
+    }
+
     fn u32_in(op: &str, name: &str, t: &WTensor) -> Result<()> {
         ensure!(
             matches!(t.dtype, DType::U32 | DType::I32),
@@ -402,8 +471,8 @@ impl WgslBackend {
     }
 
     fn elementwise(&self, op: &str, spec: &Spec, a: &WTensor, b: &WTensor) -> Result<WTensor> {
-        Self::float_in(op, "a", a)?;
-        Self::float_in(op, "b", b)?;
+        let a = &self.f32_of(op, "a", a)?;
+        let b = &self.f32_of(op, "b", b)?;
         ensure!(
             a.shape == b.shape,
             "{op}: operands must have equal shapes, got {:?} and {:?}",
@@ -448,8 +517,12 @@ impl Backend for WgslBackend {
             host.dtype,
             host.data.len()
         );
+        // bf16 whose rows hold a multiple of 8 values stays packed (half the bytes for weights);
+        // other bf16 and all f16 tensors are widened to f32 here.
+        let packable = host.shape.last().is_some_and(|&d| d.is_multiple_of(8)) && numel > 0;
         let (dtype, bytes): (DType, std::borrow::Cow<[u8]>) = match host.dtype {
             DType::F32 | DType::U32 | DType::I32 => (host.dtype, (&host.data[..]).into()),
+            DType::BF16 if packable => (DType::BF16, (&host.data[..]).into()),
             DType::BF16 | DType::F16 => {
                 let v = host.to_f32();
                 (
@@ -466,7 +539,8 @@ impl Backend for WgslBackend {
             self.flush_locked(&mut rec);
         }
         for c in &t.st.chunks {
-            let b = &bytes[c.start * 4..(c.start + c.len) * 4];
+            let es = dtype.size();
+            let b = &bytes[c.start * es..(c.start + c.len) * es];
             if !b.is_empty() {
                 self.queue.write_buffer(&c.buf, 0, b);
             }
@@ -476,7 +550,8 @@ impl Backend for WgslBackend {
 
     fn download(&self, t: &WTensor) -> Result<HostTensor> {
         let numel = t.numel();
-        let bytes = (numel * 4) as u64;
+        let es = t.dtype.size();
+        let bytes = (numel * es) as u64;
         let mut out = vec![0u8; bytes as usize];
         if bytes > 0 {
             let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -494,8 +569,8 @@ impl Backend for WgslBackend {
                             &c.buf,
                             0,
                             &staging,
-                            (c.start * 4) as u64,
-                            Some((c.len * 4) as u64),
+                            (c.start * es) as u64,
+                            Some((c.len * es) as u64),
                         );
                     }
                 }
@@ -576,7 +651,11 @@ impl Backend for WgslBackend {
             "{OP}: ids must have shape [N], got {:?}",
             ids.shape
         );
-        Self::float_in(OP, "table", table)?;
+        ensure!(
+            matches!(table.dtype, DType::F32 | DType::BF16),
+            "{OP}: table must be a float tensor, got {}",
+            table.dtype
+        );
         Self::u32_in(OP, "ids", ids)?;
         let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
         let out = self.alloc(&[n, d], DType::F32)?;
@@ -600,7 +679,12 @@ impl Backend for WgslBackend {
                 0,
                 0,
             ];
-            self.dispatch(&pipelines::EMBED, &p, &[&c.buf, ib, ob], g)?;
+            let spec = if table.dtype == DType::BF16 {
+                &pipelines::EMBED_B16
+            } else {
+                &pipelines::EMBED
+            };
+            self.dispatch(spec, &p, &[&c.buf, ib, ob], g)?;
         }
         Ok(out)
     }
@@ -613,9 +697,17 @@ impl Backend for WgslBackend {
             x.shape,
             w.shape
         );
-        Self::float_in(OP, "x", x)?;
-        Self::float_in(OP, "w", w)?;
+        let x = &self.f32_of(OP, "x", x)?;
+        ensure!(
+            matches!(w.dtype, DType::F32 | DType::BF16),
+            "{OP}: w must be a float tensor, got {}",
+            w.dtype
+        );
         let (n, k) = (w.shape[0], w.shape[1]);
+        ensure!(
+            w.dtype != DType::BF16 || k.is_multiple_of(8),
+            "{OP}: packed bf16 weights need K % 8 == 0, got {k}"
+        );
         ensure!(
             *x.shape.last().unwrap_or(&0) == k,
             "{OP}: x must have shape [M, {k}] to match w [{n}, {k}], got {:?}",
@@ -624,14 +716,17 @@ impl Backend for WgslBackend {
         let m: usize = x.shape[..x.shape.len() - 1].iter().product();
         let mut oshape = x.shape[..x.shape.len() - 1].to_vec();
         oshape.push(n);
-        let bb = match bias {
+        let bias = match bias {
+            Some(b) => Some(self.f32_of(OP, "bias", b)?),
+            None => None,
+        };
+        let bb = match &bias {
             Some(b) => {
                 ensure!(
                     b.shape == [n],
                     "{OP}: bias must have shape [{n}], got {:?}",
                     b.shape
                 );
-                Self::float_in(OP, "bias", b)?;
                 b.single(OP, "bias")?
             }
             None => &self.dummy,
@@ -660,28 +755,43 @@ impl Backend for WgslBackend {
                 0,
             ];
             let bufs = [xb, &c.buf, bb, ob];
-            if k % 4 == 0 {
-                let tiles = (n_chunk as u64).div_ceil(4);
-                if m < 4 && !self.cpu_kernels {
-                    let g = Self::grid(OP, tiles * m as u64)?;
-                    self.dispatch(&pipelines::MATVEC_WG, &p, &bufs, g)?;
-                } else if m < 4 {
-                    let gx = tiles.div_ceil(64);
-                    ensure!(gx <= MAX_GROUPS, "{OP}: N {n} too large for one dispatch");
-                    self.dispatch(&pipelines::MATVEC_V4, &p, &bufs, [gx as u32, m as u32, 1])?;
-                } else if std::env::var_os("DAYONE_8X4").is_some() {
-                    let (gx, gy) = (tiles.div_ceil(64), (m as u64).div_ceil(8));
-                    ensure!(gx <= MAX_GROUPS && gy <= MAX_GROUPS, "{OP}: [M, N] = [{m}, {n}] too large for one dispatch");
-                    self.dispatch(&pipelines::MATMUL_8X4, &p, &bufs, [gx as u32, gy as u32, 1])?;
+            let bf16 = w.dtype == DType::BF16;
+            let tiles = (n_chunk as u64).div_ceil(4);
+            // (kernel, grid): decode (M < 4) and prefill kernels, f32 or packed-bf16 weights.
+            let (spec, g) = if !bf16 && !k.is_multiple_of(4) {
+                (
+                    &pipelines::MATMUL_S,
+                    Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?,
+                )
+            } else if m < 4 && !self.cpu_kernels {
+                let spec = if bf16 {
+                    &pipelines::MATVEC_WG_B16
                 } else {
-                    let (gx, gy) = (tiles.div_ceil(64), (m as u64).div_ceil(4));
-                    ensure!(gx <= MAX_GROUPS && gy <= MAX_GROUPS, "{OP}: [M, N] = [{m}, {n}] too large for one dispatch");
-                    self.dispatch(&pipelines::MATMUL_V4, &p, &bufs, [gx as u32, gy as u32, 1])?;
-                }
+                    &pipelines::MATVEC_WG
+                };
+                (spec, Self::grid(OP, tiles * m as u64)?)
+            } else if m < 4 {
+                let spec = if bf16 {
+                    &pipelines::MATVEC_B16
+                } else {
+                    &pipelines::MATVEC_V4
+                };
+                (spec, [tiles.div_ceil(64) as u32, m as u32, 1])
             } else {
-                let g = Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?;
-                self.dispatch(&pipelines::MATMUL_S, &p, &bufs, g)?;
-            }
+                let spec = if bf16 {
+                    &pipelines::MATMUL_B16
+                } else {
+                    &pipelines::MATMUL_V4
+                };
+                let gy = (m as u64).div_ceil(4);
+                ensure!(gy <= MAX_GROUPS, "{OP}: M {m} too large for one dispatch");
+                (spec, [tiles.div_ceil(64) as u32, gy as u32, 1])
+            };
+            ensure!(
+                tiles.div_ceil(64) <= MAX_GROUPS,
+                "{OP}: N {n} too large for one dispatch"
+            );
+            self.dispatch(spec, &p, &bufs, g)?;
         }
         Ok(out)
     }
@@ -700,8 +810,8 @@ impl Backend for WgslBackend {
             x.shape,
             w.shape
         );
-        Self::float_in(OP, "x", x)?;
-        Self::float_in(OP, "w", w)?;
+        let x = &self.f32_of(OP, "x", x)?;
+        let w = &self.f32_of(OP, "w", w)?;
         let rows = x.numel().checked_div(d).unwrap_or(0);
         let out = self.alloc(&x.shape, DType::F32)?;
         let g = Self::grid(OP, rows as u64)?;
@@ -749,9 +859,9 @@ impl Backend for WgslBackend {
             rot_dim / 2,
             inv_freq.shape
         );
-        Self::float_in(OP, "x", x)?;
+        let x = &self.f32_of(OP, "x", x)?;
         Self::u32_in(OP, "positions", positions)?;
-        Self::float_in(OP, "inv_freq", inv_freq)?;
+        let inv_freq = &self.f32_of(OP, "inv_freq", inv_freq)?;
         let out = self.alloc(&x.shape, DType::F32)?;
         let total = n * h * hd;
         let g = Self::grid(OP, (total as u64).div_ceil(256))?;
@@ -811,7 +921,7 @@ impl Backend for WgslBackend {
                 src.shape[2],
                 cache.shape
             );
-            Self::float_in(OP, name, src)?;
+            let src = &self.f32_of(OP, name, src)?;
             Self::float_in(OP, "cache", cache)?;
             let capacity = cache.shape[0] * cache.shape[1];
             if let Some(&bad) = meta
@@ -880,7 +990,7 @@ impl Backend for WgslBackend {
             hm.block_size
         );
         ensure!(
-            hdk % 4 == 0 && hdk <= 512 && hdv <= 512,
+            hdk.is_multiple_of(4) && hdk <= 512 && hdv <= 512,
             "{OP}: head dims must satisfy hd_k % 4 == 0, hd_k <= 512, hd_v <= 512; got {hdk}, {hdv}"
         );
         ensure!(
@@ -914,9 +1024,9 @@ impl Backend for WgslBackend {
                 );
             }
         }
-        for (name, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
-            Self::float_in(OP, name, t)?;
-        }
+        let q = &self.f32_of(OP, "q", q)?;
+        Self::float_in(OP, "k_cache", k_cache)?;
+        Self::float_in(OP, "v_cache", v_cache)?;
         let out = self.alloc(&[n, h, hdv], DType::F32)?;
         if n == 0 || h == 0 {
             return Ok(out);
@@ -934,9 +1044,24 @@ impl Backend for WgslBackend {
             hm.max_blocks as u32,
             (h / hkv) as u32,
             f32_param(scale),
+            (n * h) as u32,
+            0,
+            0,
+            0,
         ];
+        // CPU adapters: one invocation per (token, head), no barriers; GPUs: a workgroup per
+        // (token, head) sharing each key tile.
+        let lanes = self.cpu_kernels && hdv.is_multiple_of(4) && hdk <= 256 && hdv <= 256;
+        let (spec, g) = if lanes {
+            (
+                &pipelines::ATTN_LANES,
+                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
+            )
+        } else {
+            (&pipelines::ATTN, [h as u32, n as u32, 1])
+        };
         self.dispatch(
-            &pipelines::ATTN,
+            spec,
             &p,
             &[
                 q.single(OP, "q")?,
@@ -947,7 +1072,7 @@ impl Backend for WgslBackend {
                 meta.block_tables.single(OP, "block_tables")?,
                 out.single(OP, "output")?,
             ],
-            [h as u32, n as u32, 1],
+            g,
         )?;
         Ok(out)
     }
@@ -959,7 +1084,7 @@ impl Backend for WgslBackend {
             "{OP}: x must have shape [R, V] with V > 0, got {:?}",
             x.shape
         );
-        Self::float_in(OP, "x", x)?;
+        let x = &self.f32_of(OP, "x", x)?;
         let (r, v) = (x.shape[0], x.shape[1]);
         let out = self.alloc(&[r], DType::U32)?;
         let g = Self::grid(OP, r as u64)?;

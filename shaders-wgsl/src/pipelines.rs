@@ -29,7 +29,11 @@ const ROPE: &str = include_str!("../shaders/rope.wgsl");
 const ARGMAX: &str = include_str!("../shaders/argmax.wgsl");
 const MATMUL: &str = include_str!("../shaders/matmul.wgsl");
 const MATMUL_SCALAR: &str = include_str!("../shaders/matmul_scalar.wgsl");
+const MATMUL_BF16: &str = include_str!("../shaders/matmul_bf16.wgsl");
+const EMBEDDING_BF16: &str = include_str!("../shaders/embedding_bf16.wgsl");
+const CONVERT: &str = include_str!("../shaders/convert.wgsl");
 const KV_CACHE: &str = include_str!("../shaders/kv_cache.wgsl");
+const ATTENTION_LANES: &str = include_str!("../shaders/attention_paged_lanes.wgsl");
 const ATTENTION: &str = include_str!("../shaders/attention_paged.wgsl");
 
 macro_rules! spec {
@@ -53,8 +57,43 @@ spec!(ROPE_K, ROPE, "rope.wgsl", "rope", [R, R, R, W]);
 spec!(ARGMAX_K, ARGMAX, "argmax.wgsl", "argmax", [R, W]);
 spec!(MATVEC_V4, MATMUL, "matmul.wgsl", "matvec_v4", [R, R, R, W]);
 spec!(MATMUL_V4, MATMUL, "matmul.wgsl", "matmul_v4", [R, R, R, W]);
-spec!(MATMUL_8X4, MATMUL, "matmul.wgsl", "matmul_8x4", [R, R, R, W]);
 spec!(MATVEC_WG, MATMUL, "matmul.wgsl", "matvec_wg", [R, R, R, W]);
+spec!(
+    MATVEC_B16,
+    MATMUL_BF16,
+    "matmul_bf16.wgsl",
+    "matvec_b16",
+    [R, R, R, W]
+);
+spec!(
+    MATMUL_B16,
+    MATMUL_BF16,
+    "matmul_bf16.wgsl",
+    "matmul_b16",
+    [R, R, R, W]
+);
+spec!(
+    MATVEC_WG_B16,
+    MATMUL_BF16,
+    "matmul_bf16.wgsl",
+    "matvec_wg_b16",
+    [R, R, R, W]
+);
+spec!(
+    EMBED_B16,
+    EMBEDDING_BF16,
+    "embedding_bf16.wgsl",
+    "embedding_b16",
+    [R, R, W]
+);
+spec!(
+    ATTN_LANES,
+    ATTENTION_LANES,
+    "attention_paged_lanes.wgsl",
+    "paged_attention_lanes",
+    [R, R, R, R, R, R, W]
+);
+spec!(BF16_TO_F32, CONVERT, "convert.wgsl", "bf16_to_f32", [R, W]);
 spec!(
     MATMUL_S,
     MATMUL_SCALAR,
@@ -77,11 +116,14 @@ pub(crate) struct Kernel {
     pub(crate) layout: wgpu::BindGroupLayout,
 }
 
-/// Lazily compiled kernels, keyed by `file:entry`; shader modules are shared per file.
+/// Lazily compiled kernels, keyed by file and entry point; shader modules are shared per file.
 pub(crate) struct Pipelines {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
-    kernels: Mutex<HashMap<(&'static str, &'static str), Arc<Kernel>>>,
+    kernels: Mutex<HashMap<KernelKey, Arc<Kernel>>>,
 }
+
+/// File and entry point.
+type KernelKey = (&'static str, &'static str);
 
 impl Pipelines {
     pub(crate) fn new() -> Self {
@@ -91,8 +133,9 @@ impl Pipelines {
         }
     }
 
+    /// The compiled kernel `spec` (compiled on first use).
     pub(crate) fn get(&self, device: &wgpu::Device, spec: &Spec) -> Arc<Kernel> {
-        let key = (spec.file, spec.entry);
+        let key: KernelKey = (spec.file, spec.entry);
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = kernels.get(&key) {
             return k.clone();
@@ -102,16 +145,10 @@ impl Pipelines {
             modules
                 .entry(spec.file)
                 .or_insert_with(|| {
-                    let desc = wgpu::ShaderModuleDescriptor {
+                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(spec.file),
                         source: wgpu::ShaderSource::Wgsl(spec.source.into()),
-                    };
-                    if std::env::var_os("DAYONE_WGSL_UNCHECKED").is_some() {
-                        // SAFETY: experiment only.
-                        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
-                    } else {
-                        device.create_shader_module(desc)
-                    }
+                    })
                 })
                 .clone()
         };

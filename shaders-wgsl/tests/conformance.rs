@@ -6,7 +6,10 @@ use dayone_backend::{conformance, Backend};
 use dayone_wgsl::{KernelChoice, Options, WgslBackend};
 
 fn backend(kernels: KernelChoice) -> WgslBackend {
-    match WgslBackend::with_options(Options { kernels, ..Default::default() }) {
+    match WgslBackend::with_options(Options {
+        kernels,
+        ..Default::default()
+    }) {
         Ok(b) => {
             eprintln!("backend: {} ({kernels:?} kernels)", b.name());
             b
@@ -27,13 +30,11 @@ fn conformance_all() {
 }
 
 #[test]
-fn conformance_linear_cpu_kernels() {
-    let b = backend(KernelChoice::Cpu);
-    ok(conformance::check_linear(&b, b.activation_dtype(dayone_backend::DType::F32)));
+fn conformance_cpu_kernels() {
+    ok(conformance::check_all(&backend(KernelChoice::Cpu)));
 }
 
 #[test]
-fn conformance_linear_gpu_kernels() {
-    let b = backend(KernelChoice::Gpu);
-    ok(conformance::check_linear(&b, b.activation_dtype(dayone_backend::DType::F32)));
+fn conformance_gpu_kernels() {
+    ok(conformance::check_all(&backend(KernelChoice::Gpu)));
 }

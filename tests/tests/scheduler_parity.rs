@@ -14,7 +14,12 @@ fn config(chunk: usize, block_size: usize) -> EngineConfig {
     EngineConfig {
         dtype: DType::F32,
         kv_cache_tokens: Some(1024),
-        scheduler: SchedulerConfig { max_batched_tokens: chunk, max_prefill_chunk: chunk, max_num_seqs: 16, block_size },
+        scheduler: SchedulerConfig {
+            max_batched_tokens: chunk,
+            max_prefill_chunk: chunk,
+            max_num_seqs: 16,
+            block_size,
+        },
     }
 }
 
@@ -26,12 +31,20 @@ fn run_batched<B: Backend>(b: B, cfg: EngineConfig, prompts: &[Vec<u32>]) -> Res
         e.add_request(p.clone(), greedy(NEW_TOKENS))?;
     }
     let out = e.run_to_completion()?;
-    ensure!(e.free_blocks() == total, "{} of {total} blocks free after all sequences finished", e.free_blocks());
+    ensure!(
+        e.free_blocks() == total,
+        "{} of {total} blocks free after all sequences finished",
+        e.free_blocks()
+    );
     Ok(out.into_iter().map(|(_, g)| g).collect())
 }
 
 fn prompts() -> Result<Vec<Vec<u32>>> {
-    let mut p: Vec<Vec<u32>> = reference(MODEL)?.cases.into_iter().map(|c| c.prompt_ids).collect();
+    let mut p: Vec<Vec<u32>> = reference(MODEL)?
+        .cases
+        .into_iter()
+        .map(|c| c.prompt_ids)
+        .collect();
     // A longer prompt so that chunking crosses several blocks.
     p.push((0..70u32).map(|i| (i * 37 + 11) % 256).collect());
     Ok(p)
@@ -42,7 +55,12 @@ fn batched_equals_alone<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let together = run_batched(mk(), config(2048, 16), &prompts)?;
     for (i, p) in prompts.iter().enumerate() {
         let alone = run_batched(mk(), config(2048, 16), std::slice::from_ref(p))?;
-        ensure!(alone[0] == together[i], "prompt {i}: alone {:?} != batched {:?}", alone[0], together[i]);
+        ensure!(
+            alone[0] == together[i],
+            "prompt {i}: alone {:?} != batched {:?}",
+            alone[0],
+            together[i]
+        );
     }
     Ok(())
 }
@@ -52,7 +70,10 @@ fn chunked_equals_one_shot<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let one_shot = run_batched(mk(), config(4096, 16), &prompts)?;
     for (chunk, bs) in [(1, 16), (3, 16), (7, 4), (16, 16), (33, 8)] {
         let chunked = run_batched(mk(), config(chunk, bs), &prompts)?;
-        ensure!(chunked == one_shot, "token budget {chunk}, block size {bs}: {chunked:?} != one-shot {one_shot:?}");
+        ensure!(
+            chunked == one_shot,
+            "token budget {chunk}, block size {bs}: {chunked:?} != one-shot {one_shot:?}"
+        );
     }
     Ok(())
 }
@@ -64,7 +85,10 @@ fn preemption_keeps_tokens<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     let mut tight = config(2048, 4);
     tight.kv_cache_tokens = Some(144);
     let squeezed = run_batched(mk(), tight, &prompts)?;
-    ensure!(squeezed == roomy, "with preemption {squeezed:?} != without {roomy:?}");
+    ensure!(
+        squeezed == roomy,
+        "with preemption {squeezed:?} != without {roomy:?}"
+    );
     Ok(())
 }
 

@@ -29,7 +29,9 @@ struct Reference {
 
 fn reference() -> Result<Reference> {
     let p = fixture("smollm2_reference.json");
-    Ok(serde_json::from_str(&std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?)?)
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?,
+    )?)
 }
 
 /// Tokenizes every prompt both ways, then generates all 2×7 continuations in one batch.
@@ -39,20 +41,37 @@ fn smollm2_matches_transformers<B: Backend>(b: B) -> Result<()> {
     let mut cases = Vec::new();
     for p in &r.prompts {
         let raw = prompt::prompt_ids(&ckpt.assets, &p.text, false, None)?;
-        ensure!(raw == p.raw.prompt_ids, "raw ids of {:?}: {raw:?} != {:?}", p.text, p.raw.prompt_ids);
+        ensure!(
+            raw == p.raw.prompt_ids,
+            "raw ids of {:?}: {raw:?} != {:?}",
+            p.text,
+            p.raw.prompt_ids
+        );
         let chat = prompt::prompt_ids(&ckpt.assets, &p.text, true, None)?;
-        ensure!(chat == p.chat.prompt_ids, "chat ids of {:?}: {chat:?} != {:?}", p.text, p.chat.prompt_ids);
+        ensure!(
+            chat == p.chat.prompt_ids,
+            "chat ids of {:?}: {chat:?} != {:?}",
+            p.text,
+            p.chat.prompt_ids
+        );
         cases.push((format!("raw {:?}", p.text), raw, &p.raw.greedy_ids));
         cases.push((format!("chat {:?}", p.text), chat, &p.chat.greedy_ids));
     }
-    let cfg = EngineConfig { dtype: DType::F32, kv_cache_tokens: Some(4096), ..Default::default() };
+    let cfg = EngineConfig {
+        dtype: DType::F32,
+        kv_cache_tokens: Some(4096),
+        ..Default::default()
+    };
     let mut e = Engine::new(b, &ckpt, &cfg, None)?;
     for (_, ids, want) in &cases {
         e.add_request(ids.clone(), greedy(want.len()))?;
     }
     let out = e.run_to_completion()?;
     for ((name, _, want), (_, got)) in cases.iter().zip(out) {
-        ensure!(&got == *want, "{name}: dayone {got:?} != transformers {want:?}");
+        ensure!(
+            &got == *want,
+            "{name}: dayone {got:?} != transformers {want:?}"
+        );
     }
     Ok(())
 }

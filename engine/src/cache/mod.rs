@@ -22,6 +22,11 @@ pub enum LayerCacheSpec {
         /// Per-head value width.
         v_dim: usize,
     },
+    /// One shared row per token, `[blocks, block_size, width]` (MLA's `[c_kv | k_pe]`).
+    PagedLatent {
+        /// Values per token.
+        width: usize,
+    },
 }
 
 /// Per-layer cache specs of a model.
@@ -56,14 +61,23 @@ impl CacheSpec {
                     k_dim,
                     v_dim,
                 } => kv_heads * (k_dim + v_dim),
+                LayerCacheSpec::PagedLatent { width } => width,
             })
             .sum()
     }
 }
 
-/// The device side of the paged cache: one (keys, values) pair of tensors per layer.
+/// One layer's cache tensors.
+pub enum LayerCache<B: Backend> {
+    /// Keys and values.
+    Kv(B::Tensor, B::Tensor),
+    /// One latent row per token.
+    Latent(B::Tensor),
+}
+
+/// The device side of the paged cache: each layer's tensors, indexed by block.
 pub struct KvCache<B: Backend> {
-    layers: Vec<(B::Tensor, B::Tensor)>,
+    layers: Vec<LayerCache<B>>,
     /// Tokens per block.
     pub block_size: usize,
     /// Physical blocks per layer.
@@ -90,9 +104,12 @@ impl<B: Backend> KvCache<B> {
                     kv_heads,
                     k_dim,
                     v_dim,
-                } => Ok((
+                } => Ok(LayerCache::Kv(
                     b.zeros(&[num_blocks, block_size, kv_heads, k_dim], dtype)?,
                     b.zeros(&[num_blocks, block_size, kv_heads, v_dim], dtype)?,
+                )),
+                LayerCacheSpec::PagedLatent { width } => Ok(LayerCache::Latent(
+                    b.zeros(&[num_blocks, block_size, width], dtype)?,
                 )),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -103,8 +120,19 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// The (keys, values) tensors of layer `i`.
-    pub fn layer(&self, i: usize) -> &(B::Tensor, B::Tensor) {
-        &self.layers[i]
+    /// The (keys, values) tensors of layer `i`; errors if that layer keeps another kind of cache.
+    pub fn kv(&self, i: usize) -> Result<(&B::Tensor, &B::Tensor)> {
+        match self.layers.get(i) {
+            Some(LayerCache::Kv(k, v)) => Ok((k, v)),
+            _ => bail!("layer {i} has no key/value cache"),
+        }
+    }
+
+    /// The latent tensor of layer `i`; errors if that layer keeps another kind of cache.
+    pub fn latent(&self, i: usize) -> Result<&B::Tensor> {
+        match self.layers.get(i) {
+            Some(LayerCache::Latent(c)) => Ok(c),
+            _ => bail!("layer {i} has no latent cache"),
+        }
     }
 }

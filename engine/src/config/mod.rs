@@ -1,15 +1,17 @@
 //! Model configs: serde structs mirroring each architecture's `config.json` field names.
 
+mod deepseek_v3;
 mod llama;
-mod rope;
+pub(crate) mod rope;
 
+pub use deepseek_v3::DeepseekV3Config;
 pub use llama::LlamaConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
 
 use anyhow::{bail, Context, Result};
 
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3", "deepseek_v3"];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
 #[derive(Clone, Debug)]
@@ -18,6 +20,8 @@ pub enum ModelConfig {
     Llama(LlamaConfig),
     /// `model_type: "qwen3"`: the Llama skeleton plus per-head q/k RMSNorm and explicit `head_dim`.
     Qwen3(LlamaConfig),
+    /// `model_type: "deepseek_v3"` (DeepSeek-V3/R1, Kimi-K2): MLA + sigmoid-routed MoE.
+    DeepseekV3(DeepseekV3Config),
 }
 
 impl ModelConfig {
@@ -46,6 +50,19 @@ impl ModelConfig {
         Ok(match model_type {
             "llama" | "mistral" => ModelConfig::Llama(parse()?),
             "qwen3" => ModelConfig::Qwen3(parse()?),
+            "deepseek_v3" | "kimi_k2" => {
+                let cfg: DeepseekV3Config = serde_path_to_error::deserialize(value.clone())
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "{origin}: invalid `{model_type}` config: field `{}`: {}",
+                            e.path(),
+                            e.inner()
+                        )
+                    })?;
+                cfg.validate()
+                    .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
+                ModelConfig::DeepseekV3(cfg)
+            }
             other => bail!(
                 "{origin}: unsupported model_type '{other}' (supported: {})",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -57,6 +74,7 @@ impl ModelConfig {
     pub fn max_context(&self) -> usize {
         match self {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.max_position_embeddings,
+            ModelConfig::DeepseekV3(c) => c.max_position_embeddings,
         }
     }
 
@@ -64,6 +82,7 @@ impl ModelConfig {
     pub fn vocab_size(&self) -> usize {
         match self {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.vocab_size,
+            ModelConfig::DeepseekV3(c) => c.vocab_size,
         }
     }
 }

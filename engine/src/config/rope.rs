@@ -21,14 +21,72 @@ pub struct RopeParameters {
     /// `llama3`: wavelengths shorter than `original / high_freq_factor` are kept.
     #[serde(default)]
     pub high_freq_factor: Option<f64>,
-    /// `llama3`: the pre-extension context length.
+    /// `llama3`, `yarn`: the pre-extension context length.
     #[serde(default)]
     pub original_max_position_embeddings: Option<f64>,
+    /// `yarn`: rotations bounding the extrapolated band (default 32).
+    #[serde(default)]
+    pub beta_fast: Option<f64>,
+    /// `yarn`: rotations bounding the interpolated band (default 1).
+    #[serde(default)]
+    pub beta_slow: Option<f64>,
+    /// `yarn`: numerator scale of the cos/sin attention factor.
+    #[serde(default)]
+    pub mscale: Option<f64>,
+    /// `yarn`: denominator scale of the cos/sin factor; DeepSeek also multiplies the softmax scale
+    /// by its square.
+    #[serde(default)]
+    pub mscale_all_dim: Option<f64>,
+    /// `yarn`: explicit cos/sin factor.
+    #[serde(default)]
+    pub attention_factor: Option<f64>,
+    /// `yarn`: round the correction range outwards (default true).
+    #[serde(default)]
+    pub truncate: Option<bool>,
+}
+
+/// YaRN's magnitude correction `0.1 · m · ln(s) + 1` (1 when `s ≤ 1`); Peng et al. 2023.
+pub fn yarn_get_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * scale.ln() + 1.0
+    }
 }
 
 impl RopeParameters {
-    fn kind(&self) -> &str {
+    /// The scaling kind (`default` when absent).
+    pub fn kind(&self) -> &str {
         self.rope_type.as_deref().unwrap_or("default")
+    }
+
+    /// YaRN's factor: `factor`, else `max_position_embeddings / original_max_position_embeddings`.
+    fn yarn_factor(&self, max_position_embeddings: usize) -> f64 {
+        self.factor.unwrap_or_else(|| {
+            max_position_embeddings as f64
+                / self
+                    .original_max_position_embeddings
+                    .unwrap_or(max_position_embeddings as f64)
+        })
+    }
+
+    /// The factor on cos/sin (HF `attention_scaling`): 1 except YaRN, where it is
+    /// `attention_factor`, else `mscale(f, mscale)/mscale(f, mscale_all_dim)` when both are set,
+    /// else `mscale(f, 1)`.
+    pub fn attention_factor(&self, max_position_embeddings: usize) -> f32 {
+        if self.kind() != "yarn" {
+            return 1.0;
+        }
+        if let Some(a) = self.attention_factor {
+            return a as f32;
+        }
+        let f = self.yarn_factor(max_position_embeddings);
+        match (self.mscale, self.mscale_all_dim) {
+            (Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+                (yarn_get_mscale(f, m) / yarn_get_mscale(f, ma)) as f32
+            }
+            _ => yarn_get_mscale(f, 1.0) as f32,
+        }
     }
 
     /// Errors for an unknown `rope_type` or a missing field it needs.
@@ -49,9 +107,15 @@ impl RopeParameters {
                 }
                 Ok(())
             }
-            other => {
-                bail!("rope_type '{other}' is not supported (supported: default, linear, llama3)")
+            "yarn" => {
+                if self.original_max_position_embeddings.is_none() {
+                    bail!("rope_type yarn needs original_max_position_embeddings");
+                }
+                Ok(())
             }
+            other => bail!(
+                "rope_type '{other}' is not supported (supported: default, linear, llama3, yarn)"
+            ),
         }
     }
 }
@@ -63,7 +127,17 @@ impl RopeParameters {
 /// `_compute_llama3_parameters`: wavelength `λ = 2π/f`; keep `f` when `λ < orig/high`, use
 /// `f/factor` when `λ > orig/low`, otherwise blend with `s = (orig/λ − low)/(high − low)`:
 /// `(1 − s)·f/factor + s·f`.
-pub fn rope_inv_freq(p: &RopeParameters, rot_dim: usize, default_theta: f64) -> Result<Vec<f32>> {
+///
+/// `yarn` follows HF `_compute_yarn_parameters` (Peng et al. 2023): correction dims
+/// `d(β) = rot·ln(orig/(2πβ)) / (2 ln θ)` for β = beta_fast (low) and beta_slow (high), rounded
+/// outwards and clamped to `[0, rot−1]`; ramp `r_i = clamp((i − low)/(high − low), 0, 1)`;
+/// `f_i' = f_i/factor · r_i + f_i · (1 − r_i)`.
+pub fn rope_inv_freq(
+    p: &RopeParameters,
+    rot_dim: usize,
+    default_theta: f64,
+    max_position_embeddings: usize,
+) -> Result<Vec<f32>> {
     p.validate()?;
     let theta = p.rope_theta.unwrap_or(default_theta) as f32;
     let mut f: Vec<f32> = (0..rot_dim / 2)
@@ -91,6 +165,35 @@ pub fn rope_inv_freq(p: &RopeParameters, rot_dim: usize, default_theta: f64) -> 
                 }
             }
         }
+        "yarn" => {
+            let factor = p.yarn_factor(max_position_embeddings) as f32;
+            let orig = p
+                .original_max_position_embeddings
+                .unwrap_or(max_position_embeddings as f64);
+            let base = p.rope_theta.unwrap_or(default_theta);
+            let dim = rot_dim as f64;
+            let corr = |rot: f64| {
+                dim * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+            };
+            let (mut low, mut high) = (
+                corr(p.beta_fast.unwrap_or(32.0)),
+                corr(p.beta_slow.unwrap_or(1.0)),
+            );
+            if p.truncate.unwrap_or(true) {
+                low = low.floor();
+                high = high.ceil();
+            }
+            let low = low.max(0.0) as f32;
+            let mut high = high.min(dim - 1.0) as f32;
+            if low == high {
+                high += 0.001;
+            }
+            for (i, x) in f.iter_mut().enumerate() {
+                let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                *x = *x / factor * (1.0 - extrapolation) + *x * extrapolation;
+            }
+        }
         _ => {}
     }
     Ok(f)
@@ -106,7 +209,7 @@ mod tests {
             rope_theta: Some(10000.0),
             ..Default::default()
         };
-        let f = rope_inv_freq(&p, 8, 1.0).unwrap();
+        let f = rope_inv_freq(&p, 8, 1.0, 2048).unwrap();
         assert_eq!(f.len(), 4);
         assert!((f[0] - 1.0).abs() < 1e-7);
         assert!((f[1] - 0.1).abs() < 1e-6);
@@ -122,6 +225,7 @@ mod tests {
             low_freq_factor: Some(1.0),
             high_freq_factor: Some(4.0),
             original_max_position_embeddings: Some(64.0),
+            ..Default::default()
         };
         let base = rope_inv_freq(
             &RopeParameters {
@@ -130,9 +234,10 @@ mod tests {
             },
             16,
             1.0,
+            2048,
         )
         .unwrap();
-        let f = rope_inv_freq(&p, 16, 1.0).unwrap();
+        let f = rope_inv_freq(&p, 16, 1.0, 2048).unwrap();
         // λ(f0) = 2π < 16: kept. λ(f7) = 2π·10000^(14/16) ≫ 64: divided by 8.
         assert_eq!(f[0], base[0]);
         assert!((f[7] - base[7] / 8.0).abs() < 1e-9);
@@ -146,12 +251,34 @@ mod tests {
     }
 
     #[test]
+    fn yarn_matches_transformers() {
+        // transformers 5.24 `_compute_yarn_parameters` on the deepseek_v3_tiny fixture's settings
+        // (rot 8, θ 1e4, factor 4, original 64, β 32/1) gives [1, 0.0625, 0.0025, 0.00025].
+        let p = RopeParameters {
+            rope_type: Some("yarn".into()),
+            rope_theta: Some(10000.0),
+            factor: Some(4.0),
+            original_max_position_embeddings: Some(64.0),
+            beta_fast: Some(32.0),
+            beta_slow: Some(1.0),
+            mscale: Some(1.0),
+            mscale_all_dim: Some(1.0),
+            ..Default::default()
+        };
+        let f = rope_inv_freq(&p, 8, 10000.0, 512).unwrap();
+        for (got, want) in f.iter().zip([1.0f32, 0.0625, 0.0025, 0.00025]) {
+            assert!((got - want).abs() <= want * 1e-6, "{f:?}");
+        }
+        assert_eq!(p.attention_factor(512), 1.0);
+    }
+
+    #[test]
     fn unknown_rope_type_is_an_error() {
         let p = RopeParameters {
             rope_type: Some("weird".into()),
             ..Default::default()
         };
-        assert!(rope_inv_freq(&p, 8, 10000.0)
+        assert!(rope_inv_freq(&p, 8, 10000.0, 2048)
             .unwrap_err()
             .to_string()
             .contains("weird"));

@@ -73,7 +73,7 @@ impl<B: Backend> Attention<B> {
         x: &B::Tensor,
         rope: &Rope<B>,
         meta: &DeviceStepMeta<B::Tensor>,
-        kv: &(B::Tensor, B::Tensor),
+        kv: (&B::Tensor, &B::Tensor),
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
@@ -89,9 +89,9 @@ impl<B: Backend> Attention<B> {
         let v = b.reshape(&self.v_proj.forward(b, x)?, &[n, s.kv_heads, s.head_dim])?;
         let q = rope.forward(b, &q, &meta.positions)?;
         let k = rope.forward(b, &k, &meta.positions)?;
-        b.write_kv(&k, &v, &kv.0, &kv.1, meta)?;
+        b.write_kv(&k, &v, kv.0, kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let o = b.paged_attention(&q, &kv.0, &kv.1, meta, scale)?;
+        let o = b.paged_attention(&q, kv.0, kv.1, meta, scale)?;
         self.o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }

@@ -2,12 +2,16 @@
 
 mod attention;
 mod linear;
+mod mla;
 mod mlp;
+mod moe;
 mod norm;
 mod rope;
 
 pub use attention::{Attention, AttentionShape};
 pub use linear::Linear;
+pub use mla::{Mla, MlaShape};
 pub use mlp::Mlp;
+pub use moe::{Moe, MoeShape};
 pub use norm::RmsNorm;
 pub use rope::Rope;

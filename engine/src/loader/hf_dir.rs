@@ -20,7 +20,11 @@ pub fn open_hf_dir(dir: &Path) -> Result<Checkpoint> {
     if !config.is_object() {
         bail!("{}: expected a JSON object", config_path.display());
     }
-    let tensors = SafetensorsSource::open_dir(dir)?;
+    let fp8_block = config
+        .get("quantization_config")
+        .and_then(|q| q.get("weight_block_size"))
+        .and_then(|b| serde_json::from_value::<[usize; 2]>(b.clone()).ok());
+    let tensors = SafetensorsSource::open_dir(dir)?.with_fp8_block(fp8_block);
     let assets = read_assets(dir, &config)?;
     Ok(Checkpoint {
         path: dir.to_path_buf(),

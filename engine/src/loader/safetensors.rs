@@ -36,6 +36,8 @@ pub struct SafetensorsSource {
     origin: String,
     files: Vec<MappedFile>,
     entries: BTreeMap<String, Entry>,
+    /// `quantization_config.weight_block_size` of FP8 block-scale checkpoints (`[rows, cols]`).
+    fp8_block: Option<[usize; 2]>,
 }
 
 impl std::fmt::Debug for SafetensorsSource {
@@ -196,6 +198,7 @@ impl SafetensorsSource {
             origin,
             files,
             entries,
+            fp8_block: None,
         })
     }
 
@@ -230,6 +233,78 @@ impl SafetensorsSource {
     }
 }
 
+impl SafetensorsSource {
+    /// Declares the FP8 block size (`quantization_config.weight_block_size`, `[rows, cols]`), so
+    /// that e4m3 weights with a `*_scale_inv` tensor load dequantized.
+    pub fn with_fp8_block(mut self, block: Option<[usize; 2]>) -> Self {
+        self.fp8_block = block;
+        self
+    }
+
+    /// An e4m3 weight `[out, in]` with its `{name}_scale_inv` `[⌈out/b0⌉, ⌈in/b1⌉]` f32 scales,
+    /// dequantized to f32: `W[i, j] = fp8(q[i, j]) · scale_inv[i / b0, j / b1]` (DeepSeek-V3 FP8
+    /// checkpoints; DeepSeek-V3 report §3.3).
+    fn load_fp8(&self, name: &str, e: &Entry) -> Result<HostTensor> {
+        let path = &self.files[e.file].path;
+        let scale_name = format!("{name}_scale_inv");
+        let Some(block) = self.fp8_block else {
+            bail!(
+                "{}: tensor {name} is F8_E4M3 but config.json has no quantization_config.weight_block_size",
+                path.display()
+            );
+        };
+        let Some(se) = self.entries.get(&scale_name) else {
+            bail!("{}: FP8 tensor {name} has no {scale_name}", path.display());
+        };
+        if e.shape.len() != 2 {
+            bail!(
+                "{}: FP8 tensor {name} must be 2-D, got {:?}",
+                path.display(),
+                e.shape
+            );
+        }
+        let (rows, cols) = (e.shape[0], e.shape[1]);
+        let want = [rows.div_ceil(block[0]), cols.div_ceil(block[1])];
+        if se.shape != want || se.dtype != Dtype::F32 {
+            bail!(
+                "{}: {scale_name} must be F32 {want:?} for {name} {:?} with blocks {block:?}, got {:?} {:?}",
+                path.display(),
+                e.shape,
+                se.dtype,
+                se.shape
+            );
+        }
+        let q = &self.files[e.file].map[e.start..e.end];
+        let sb = &self.files[se.file].map[se.start..se.end];
+        let scales: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, f32>(sb);
+        let mut out = vec![0f32; rows * cols];
+        for i in 0..rows {
+            for j in 0..cols {
+                out[i * cols + j] =
+                    e4m3_to_f32(q[i * cols + j]) * scales[(i / block[0]) * want[1] + j / block[1]];
+            }
+        }
+        HostTensor::from_f32(e.shape.clone(), &out)
+    }
+}
+
+/// OCP FP8 E4M3 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities,
+/// `S.1111.111` is NaN) to f32.
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((b >> 3) & 0x0f) as i32;
+    let man = (b & 0x07) as f32;
+    if exp == 0x0f && b & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    let mag = if exp == 0 {
+        man / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    sign * mag
+}
+
 impl TensorSource for SafetensorsSource {
     fn names(&self) -> Vec<String> {
         self.entries.keys().cloned().collect()
@@ -249,10 +324,7 @@ impl TensorSource for SafetensorsSource {
             Dtype::F32 => DType::F32,
             Dtype::BF16 => DType::BF16,
             Dtype::F16 => DType::F16,
-            Dtype::F8_E4M3 => bail!(
-                "{}: tensor {name} is F8_E4M3 (FP8); FP8 checkpoints are not supported yet",
-                path.display()
-            ),
+            Dtype::F8_E4M3 => return self.load_fp8(name, e),
             other => bail!(
                 "{}: tensor {name} has dtype {other:?}; expected F32, BF16 or F16",
                 path.display()
@@ -265,5 +337,20 @@ impl TensorSource for SafetensorsSource {
 
     fn origin(&self) -> String {
         self.origin.clone()
+    }
+}
+
+#[cfg(test)]
+mod fp8_tests {
+    use super::e4m3_to_f32;
+
+    #[test]
+    fn e4m3_values() {
+        assert_eq!(e4m3_to_f32(0x00), 0.0);
+        assert_eq!(e4m3_to_f32(0x38), 1.0); // exponent 7, mantissa 0
+        assert_eq!(e4m3_to_f32(0xb8), -1.0);
+        assert_eq!(e4m3_to_f32(0x7e), 448.0); // largest normal: 1.75 · 2^8
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
+        assert!(e4m3_to_f32(0x7f).is_nan());
     }
 }

@@ -58,7 +58,12 @@ impl<B: Backend> Llama<B> {
             head_dim: c.head_dim(),
         };
         let b = w.backend();
-        let inv_freq = rope_inv_freq(&c.rope(), shape.head_dim, 10000.0)?;
+        let inv_freq = rope_inv_freq(
+            &c.rope(),
+            shape.head_dim,
+            10000.0,
+            c.max_position_embeddings,
+        )?;
         let rope = Rope::new(b, &inv_freq, RopeStyle::HalfSplit, 1.0)?;
         let embed_tokens = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         let layers = (0..c.num_hidden_layers)
@@ -140,7 +145,7 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
                 &layer.input_layernorm.forward(b, &h)?,
                 &self.rope,
                 meta,
-                cache.layer(i),
+                cache.kv(i)?,
             )?;
             h = b.add(&h, &a)?;
             let m = layer

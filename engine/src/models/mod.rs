@@ -1,9 +1,11 @@
 //! Architectures, one file each. A model turns a step's token ids into logits, reading and
 //! writing its cache; it knows the [`Backend`] trait and nothing about which backend runs it.
 
+mod deepseek_v3;
 mod llama;
 mod qwen3;
 
+pub use deepseek_v3::DeepseekV3;
 pub use llama::Llama;
 
 use crate::cache::{CacheSpec, KvCache};
@@ -48,5 +50,6 @@ pub fn load_model<B: Backend>(
     Ok(match config {
         ModelConfig::Llama(c) => Box::new(llama::Llama::load(&w, c)?),
         ModelConfig::Qwen3(c) => Box::new(qwen3::load(&w, c)?),
+        ModelConfig::DeepseekV3(c) => Box::new(deepseek_v3::DeepseekV3::load(&w, c)?),
     })
 }

@@ -1,0 +1,182 @@
+//! Multi-head Latent Attention (DeepSeek-V2 report §2.1; HF `DeepseekV3Attention`), run in the
+//! absorbed form over a latent cache that keeps only `[c_kv (L) | k_pe (R)]` per token.
+//!
+//! ```text
+//! c_q   = RMSNorm(W_qa x)                 (or x when q_lora_rank is absent)
+//! q     = W_qb c_q  → per head [q_nope (dn) | q_pe (R)];  q_pe ← RoPE(q_pe)
+//! [c_kv | k_pe] = W_kva x;  c_kv ← RMSNorm(c_kv);  k_pe ← RoPE(k_pe)   (one shared head)
+//! q̃_h  = W_UK,hᵀ q_nope,h                 (L)
+//! score = τ · (q̃_h · c_kv,s + q_pe,h · k_pe,s),  ō_h = Σ_s softmax · c_kv,s
+//! o_h   = W_UV,h ō_h;  y = W_o concat_h o_h
+//! ```
+//! where `W_kvb` `[H·(dn+dv), L]` holds per head `W_UK,h` (dn rows) then `W_UV,h` (dv rows). This
+//! equals the reference's expanded form `k_nope = W_UK c_kv`, `v = W_UV c_kv` exactly in real
+//! arithmetic.
+
+use super::{Linear, RmsNorm, Rope};
+use crate::weights::WeightLoader;
+use anyhow::Result;
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
+
+/// Widths of an MLA layer.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaShape {
+    /// Residual width `D`.
+    pub hidden: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Query latent width (`q_lora_rank`), `None` for a plain `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// KV latent width `L` (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Non-rotary query/key width per head `dn`.
+    pub nope_dim: usize,
+    /// Rotary width `R`.
+    pub rope_dim: usize,
+    /// Value width per head `dv`.
+    pub v_dim: usize,
+}
+
+/// One MLA layer's weights, rearranged at load for the absorbed form.
+pub struct Mla<B: Backend> {
+    /// Widths.
+    pub shape: MlaShape,
+    /// `W_qa` `[q_lora, D]` and its norm, when the query is compressed.
+    pub q_a: Option<(Linear<B>, RmsNorm<B>)>,
+    /// Rows of `W_qb` (or `q_proj`) giving `q_nope`: `[H·dn, q_in]`.
+    pub q_nope: Linear<B>,
+    /// Rows of `W_qb` (or `q_proj`) giving `q_pe`: `[H·R, q_in]`.
+    pub q_pe: Linear<B>,
+    /// Rows of `W_kva` giving `c_kv`: `[L, D]`.
+    pub kv_a: Linear<B>,
+    /// Rows of `W_kva` giving `k_pe`: `[R, D]`.
+    pub k_pe: Linear<B>,
+    /// Norm of `c_kv`, weight `[L]`.
+    pub kv_a_norm: RmsNorm<B>,
+    /// `W_UK` transposed per head: `[H, L, dn]`.
+    pub w_uk_t: B::Tensor,
+    /// `W_UV` per head: `[H, dv, L]`.
+    pub w_uv: B::Tensor,
+    /// `[D, H·dv]`.
+    pub o_proj: Linear<B>,
+    /// Softmax scale τ.
+    pub scale: f32,
+}
+
+/// Rows `[start, start + len)` of each of `groups` consecutive blocks of `stride` rows.
+fn rows_of(
+    t: &HostTensor,
+    groups: usize,
+    stride: usize,
+    start: usize,
+    len: usize,
+) -> Result<HostTensor> {
+    let cols = t.shape[1];
+    let es = t.dtype.size();
+    let mut data = Vec::with_capacity(groups * len * cols * es);
+    for g in 0..groups {
+        let a = (g * stride + start) * cols * es;
+        data.extend_from_slice(&t.data[a..a + len * cols * es]);
+    }
+    HostTensor::new(vec![groups * len, cols], t.dtype, data)
+}
+
+impl<B: Backend> Mla<B> {
+    /// Loads `{prefix}.{q_a_proj,q_a_layernorm,q_b_proj | q_proj, kv_a_proj_with_mqa,
+    /// kv_a_layernorm, kv_b_proj, o_proj}`.
+    pub fn load(
+        w: &WeightLoader<B>,
+        prefix: &str,
+        s: MlaShape,
+        eps: f64,
+        scale: f32,
+    ) -> Result<Self> {
+        let h = s.heads;
+        let qk = s.nope_dim + s.rope_dim;
+        let (q_a, q_in, q_name) = match s.q_lora_rank {
+            Some(r) => (
+                Some((
+                    Linear::load(w, &format!("{prefix}.q_a_proj"), r, s.hidden, false)?,
+                    RmsNorm::load(w, &format!("{prefix}.q_a_layernorm"), r, eps)?,
+                )),
+                r,
+                format!("{prefix}.q_b_proj.weight"),
+            ),
+            None => (None, s.hidden, format!("{prefix}.q_proj.weight")),
+        };
+        let q = w.host(&q_name, &[h * qk, q_in])?;
+        let kva = w.host(
+            &format!("{prefix}.kv_a_proj_with_mqa.weight"),
+            &[s.kv_lora_rank + s.rope_dim, s.hidden],
+        )?;
+        let kvb = w.host_f32(
+            &format!("{prefix}.kv_b_proj.weight"),
+            &[h * (s.nope_dim + s.v_dim), s.kv_lora_rank],
+        )?;
+        let kvb = kvb.to_f32();
+        let (l, dn, dv) = (s.kv_lora_rank, s.nope_dim, s.v_dim);
+        let mut uk_t = vec![0f32; h * l * dn];
+        let mut uv = vec![0f32; h * dv * l];
+        for hh in 0..h {
+            let base = hh * (dn + dv);
+            for i in 0..dn {
+                for j in 0..l {
+                    uk_t[(hh * l + j) * dn + i] = kvb[(base + i) * l + j];
+                }
+            }
+            for i in 0..dv {
+                let src = (base + dn + i) * l;
+                uv[(hh * dv + i) * l..(hh * dv + i + 1) * l].copy_from_slice(&kvb[src..src + l]);
+            }
+        }
+        let lin = |t: HostTensor| -> Result<Linear<B>> {
+            Ok(Linear {
+                weight: w.upload(t)?,
+                bias: None,
+            })
+        };
+        Ok(Self {
+            shape: s,
+            q_a,
+            q_nope: lin(rows_of(&q, h, qk, 0, dn)?)?,
+            q_pe: lin(rows_of(&q, h, qk, dn, s.rope_dim)?)?,
+            kv_a: lin(rows_of(&kva, 1, 0, 0, l)?)?,
+            k_pe: lin(rows_of(&kva, 1, 0, l, s.rope_dim)?)?,
+            kv_a_norm: RmsNorm::load(w, &format!("{prefix}.kv_a_layernorm"), l, eps)?,
+            w_uk_t: w.upload(HostTensor::from_f32(vec![h, l, dn], &uk_t)?)?,
+            w_uv: w.upload(HostTensor::from_f32(vec![h, dv, l], &uv)?)?,
+            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), s.hidden, h * dv, false)?,
+            scale,
+        })
+    }
+
+    /// `x` `[N, D]` → `[N, D]`; writes `[c_kv | k_pe]` of this step into `cache` `[blocks, bs, L+R]`.
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        rope: &Rope<B>,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        let s = self.shape;
+        let n = meta.host.num_tokens();
+        let cq = match &self.q_a {
+            Some((proj, norm)) => norm.forward(b, &proj.forward(b, x)?)?,
+            None => x.clone(),
+        };
+        let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;
+        let q_pe = b.reshape(&self.q_pe.forward(b, &cq)?, &[n, s.heads, s.rope_dim])?;
+        let q_pe = rope.forward(b, &q_pe, &meta.positions)?;
+        let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
+        let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, s.rope_dim])?;
+        let k_pe = b.reshape(&rope.forward(b, &k_pe, &meta.positions)?, &[n, s.rope_dim])?;
+        b.write_cache(&c_kv, cache, 0, meta)?;
+        b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
+        let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
+        let o_lat = b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?;
+        let o = b.head_linear(&o_lat, &self.w_uv)?;
+        self.o_proj
+            .forward(b, &b.reshape(&o, &[n, s.heads * s.v_dim])?)
+    }
+}

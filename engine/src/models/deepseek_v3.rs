@@ -1,0 +1,205 @@
+//! DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437; HF `modeling_deepseek_v3.py`), which also
+//! loads Kimi-K2: pre-norm decoder layers of MLA attention and, after the first
+//! `first_k_dense_replace` dense layers, a sigmoid-routed MoE with shared experts.
+//!
+//! ```text
+//! h = embed[ids]
+//! for each layer:  h += mla(rmsnorm_in(h));  h += (moe | mlp)(rmsnorm_post(h))
+//! logits = lm_head(rmsnorm(h)[logit_rows])
+//! ```
+//! The multi-token-prediction layers stored after `num_hidden_layers` are not loaded.
+
+use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
+use crate::config::{rope_inv_freq, DeepseekV3Config};
+use crate::layers::{Linear, Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope};
+use crate::models::CausalLm;
+use crate::weights::WeightLoader;
+use anyhow::Result;
+use dayone_backend::{Backend, DeviceStepMeta, MoeRouting, RopeStyle};
+
+/// The feed-forward half of a layer.
+pub enum Ffn<B: Backend> {
+    /// Dense SwiGLU.
+    Dense(Mlp<B>),
+    /// Routed experts plus shared experts.
+    Moe(Moe<B>),
+}
+
+/// One decoder layer.
+pub struct DecoderLayer<B: Backend> {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm<B>,
+    /// Multi-head latent attention.
+    pub self_attn: Mla<B>,
+    /// Norm before the feed-forward.
+    pub post_attention_layernorm: RmsNorm<B>,
+    /// Dense MLP or MoE.
+    pub mlp: Ffn<B>,
+}
+
+/// A DeepSeek-V3-family model.
+pub struct DeepseekV3<B: Backend> {
+    /// `[V, D]`.
+    pub embed_tokens: B::Tensor,
+    /// Decoder layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// Final norm.
+    pub norm: RmsNorm<B>,
+    /// `[V, D]`; `None` when tied.
+    pub lm_head: Option<Linear<B>>,
+    /// Rotary tables over the `qk_rope_head_dim` dims.
+    pub rope: Rope<B>,
+    /// `kv_lora_rank + qk_rope_head_dim`: latent cache width.
+    pub cache_width: usize,
+}
+
+impl<B: Backend> DeepseekV3<B> {
+    /// Loads a `deepseek_v3` checkpoint.
+    pub fn load(w: &WeightLoader<B>, c: &DeepseekV3Config) -> Result<Self> {
+        let b = w.backend();
+        let rp = c.rope();
+        let inv_freq = rope_inv_freq(&rp, c.qk_rope_head_dim, 10000.0, c.max_position_embeddings)?;
+        let style = if c.rope_interleave {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::HalfSplit
+        };
+        let rope = Rope::new(
+            b,
+            &inv_freq,
+            style,
+            rp.attention_factor(c.max_position_embeddings),
+        )?;
+        if c.num_nextn_predict_layers > 0 {
+            tracing::info!(
+                "skipping {} multi-token-prediction layer(s) for plain decoding",
+                c.num_nextn_predict_layers
+            );
+        }
+        let mla = MlaShape {
+            hidden: c.hidden_size,
+            heads: c.num_attention_heads,
+            q_lora_rank: c.q_lora_rank,
+            kv_lora_rank: c.kv_lora_rank,
+            nope_dim: c.qk_nope_head_dim,
+            rope_dim: c.qk_rope_head_dim,
+            v_dim: c.v_head_dim,
+        };
+        let routing = MoeRouting {
+            top_k: c.num_experts_per_tok,
+            n_group: c.n_group,
+            topk_group: c.topk_group,
+            norm_topk_prob: c.norm_topk_prob,
+            routed_scaling_factor: c.routed_scaling_factor as f32,
+        };
+        let moe = MoeShape {
+            hidden: c.hidden_size,
+            experts: c.n_routed_experts,
+            expert_dim: c.moe_intermediate_size,
+            shared_dim: c.moe_intermediate_size * c.n_shared_experts.unwrap_or(0),
+        };
+        let scale = c.softmax_scale();
+        let eps = c.rms_norm_eps;
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(DecoderLayer {
+                    input_layernorm: RmsNorm::load(
+                        w,
+                        &format!("{p}.input_layernorm"),
+                        c.hidden_size,
+                        eps,
+                    )?,
+                    self_attn: Mla::load(w, &format!("{p}.self_attn"), mla, eps, scale)?,
+                    post_attention_layernorm: RmsNorm::load(
+                        w,
+                        &format!("{p}.post_attention_layernorm"),
+                        c.hidden_size,
+                        eps,
+                    )?,
+                    mlp: if c.is_moe_layer(i) {
+                        Ffn::Moe(Moe::load(w, &format!("{p}.mlp"), moe, routing)?)
+                    } else {
+                        Ffn::Dense(Mlp::load(
+                            w,
+                            &format!("{p}.mlp"),
+                            c.hidden_size,
+                            c.intermediate_size,
+                        )?)
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = if !c.tie_word_embeddings || w.has("lm_head.weight") {
+            Some(Linear::load(
+                w,
+                "lm_head",
+                c.vocab_size,
+                c.hidden_size,
+                false,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            embed_tokens: w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?,
+            layers,
+            norm: RmsNorm::load(w, "model.norm", c.hidden_size, eps)?,
+            lm_head,
+            rope,
+            cache_width: c.kv_lora_rank + c.qk_rope_head_dim,
+        })
+    }
+}
+
+impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
+    fn cache_spec(&self) -> CacheSpec {
+        CacheSpec {
+            layers: vec![
+                LayerCacheSpec::PagedLatent {
+                    width: self.cache_width
+                };
+                self.layers.len()
+            ],
+        }
+    }
+
+    fn forward(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &KvCache<B>,
+        mut trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor> {
+        let mut h = b.embedding(&self.embed_tokens, ids)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.push(h.clone());
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            let x = layer.input_layernorm.forward(b, &h)?;
+            let a = layer
+                .self_attn
+                .forward(b, &x, &self.rope, meta, cache.latent(i)?)?;
+            h = b.add(&h, &a)?;
+            let x = layer.post_attention_layernorm.forward(b, &h)?;
+            let m = match &layer.mlp {
+                Ffn::Dense(mlp) => mlp.forward(b, &x)?,
+                Ffn::Moe(moe) => moe.forward(b, &x)?,
+            };
+            h = b.add(&h, &m)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(if i + 1 < self.layers.len() {
+                    h.clone()
+                } else {
+                    self.norm.forward(b, &h)?
+                });
+            }
+        }
+        let last = self.norm.forward(b, &b.embedding(&h, &meta.logit_rows)?)?;
+        match &self.lm_head {
+            Some(head) => head.forward(b, &last),
+            None => b.linear(&last, &self.embed_tokens, None),
+        }
+    }
+}

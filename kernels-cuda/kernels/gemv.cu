@@ -1,0 +1,142 @@
+// Skinny matrix product for decode: y[m, n] = Σ_k x[m, k] · w[n, k] (+ bias[n]), M <= 8 rows of x.
+// x [M, K], w [N, K] (row-major, the safetensors [out, in] layout), bias [N] or null, y [M, N];
+// one dtype T; f32 accumulation. Memory-bound: every weight byte is read once with 16-byte loads
+// that skip L1 (weights are streamed), while x stays in L1/L2.
+//
+// A block of 256 threads owns RPW consecutive rows of w and splits K among its threads: thread t
+// reads elements [8t, 8t + 8) of every 2048-element step, U steps per loop iteration, so that
+// RPW·U weight loads per thread are independent. The 8 warps' partial sums meet in shared memory.
+// K must be a multiple of 8. grid.x = ceil(N / RPW).
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+template <typename T> struct WLoad;
+template <> struct WLoad<float> {
+    static __device__ __forceinline__ void load(Vec8<float>& v, const float* p) {
+        const uint4 a = ld_stream16(p), b = ld_stream16(p + 4);
+        v.a = make_float4(__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w));
+        v.b = make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w));
+    }
+};
+template <typename H> struct WLoadHalf {
+    static __device__ __forceinline__ void load(Vec8<H>& v, const H* p) { v.r = ld_stream16(p); }
+};
+template <> struct WLoad<bf16> : WLoadHalf<bf16> {};
+template <> struct WLoad<f16> : WLoadHalf<f16> {};
+
+template <typename T, int MT, int RPW>
+__device__ __forceinline__ void gemv_accum(const T* const* wr, const T* const* xr, u32 kk,
+                                           float (&acc)[RPW][MT]) {
+    Vec8<T> wv[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[r], wr[r] + kk);
+    float xf[MT][8];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        Vec8<T> v;
+        v.load(xr[i] + kk);
+        v.to_float(xf[i]);
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        float wf[8];
+        wv[r].to_float(wf);
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][i] = fmaf(wf[e], xf[i][e], acc[r][i]);
+    }
+}
+
+template <typename T, int MT, int RPW, int U>
+__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
+                                          const T* __restrict__ bias, T* __restrict__ y, u32 m,
+                                          u32 n, u32 k) {
+    __shared__ float red[GEMV_WARPS][RPW * MT];
+    grid_dep_wait();
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 row0 = blockIdx.x * RPW;
+    // Rows past N and x rows past M re-read a valid row and are dropped at the end, so the
+    // main loop has no branches and all of its loads can be in flight together.
+    const T* wr[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) wr[r] = w + (u64)min(row0 + r, n - 1) * k;
+    const T* xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) xr[i] = x + (u64)min((u32)i, m - 1) * k;
+    float acc[RPW][MT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
+
+    constexpr u32 STEP = GEMV_THREADS * 8;
+    const u32 kfull = k - k % (STEP * U);
+    for (u32 kb = tid * 8; kb < kfull; kb += STEP * U) {
+        Vec8<T> wv[U][RPW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[u][r], wr[r] + kb + u * STEP);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float xf[MT][8];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                Vec8<T> v;
+                v.load(xr[i] + kb + u * STEP);
+                v.to_float(xf[i]);
+            }
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                float wf[8];
+                wv[u][r].to_float(wf);
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][i] = fmaf(wf[e], xf[i][e], acc[r][i]);
+            }
+        }
+    }
+    for (u32 kk = kfull + tid * 8; kk < k; kk += STEP) gemv_accum<T, MT, RPW>(wr, xr, kk, acc);
+
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const float s = warp_sum(acc[r][i]);
+            if (lane == 0) red[warp][r * MT + i] = s;
+        }
+    __syncthreads();
+    if (tid < RPW * MT) {
+        const u32 r = tid / MT, i = tid % MT;
+        float s = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) s += red[wi][tid];
+        if (row0 + r < n && i < m) {
+            if (bias) s += to_f(bias[row0 + r]);
+            y[(u64)i * n + row0 + r] = from_f<T>(s);
+        }
+    }
+}
+
+#define GEMV(S, T, MT, RPW, U)                                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_##S##_m##MT##_r##RPW(     \
+        const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k) {                   \
+        gemv_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k);                                     \
+    }
+#define GEMV_ALL(S, T)                                                                        \
+    GEMV(S, T, 1, 1, 2) GEMV(S, T, 1, 2, 2) GEMV(S, T, 1, 4, 2)                               \
+    GEMV(S, T, 2, 1, 2) GEMV(S, T, 2, 2, 2) GEMV(S, T, 2, 4, 2)                               \
+    GEMV(S, T, 4, 1, 2) GEMV(S, T, 4, 2, 2) GEMV(S, T, 4, 4, 1)                               \
+    GEMV(S, T, 8, 1, 2) GEMV(S, T, 8, 2, 1) GEMV(S, T, 8, 4, 1)
+DAYONE_FOR_FLOAT_TYPES(GEMV_ALL)
