@@ -1,0 +1,157 @@
+//! One DeepSeek-V3-shaped MoE block (router + routed experts + shared expert) through the
+//! `Backend` trait, at several token counts: milliseconds per block, TFLOP/s (2 FLOPs per
+//! multiply-add over the experts each token uses) and weight GB/s (bytes of the distinct experts
+//! touched, for the memory-bound small-batch case).
+//!
+//! Usage: `moe-bench [--backend cuda|wgsl|cpu] [--tokens 1,64,512,8192] [--hidden 7168]
+//!         [--experts 256] [--expert-dim 2048] [--top-k 8] [--groups 8] [--topk-group 4]
+//!         [--shared 1] [--json]`
+
+use anyhow::{bail, Result};
+use dayone_backend::conformance::Rng;
+use dayone_backend::{Backend, DType, HostTensor, MoeRouting};
+use std::time::Instant;
+
+struct Args {
+    backend: String,
+    tokens: Vec<usize>,
+    hidden: usize,
+    experts: usize,
+    expert_dim: usize,
+    top_k: usize,
+    groups: usize,
+    topk_group: usize,
+    shared: usize,
+    json: bool,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args {
+        backend: "cuda".into(),
+        tokens: vec![1, 64, 512, 8192],
+        hidden: 7168,
+        experts: 256,
+        expert_dim: 2048,
+        top_k: 8,
+        groups: 8,
+        topk_group: 4,
+        shared: 1,
+        json: false,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let key = argv[i].as_str();
+        if key == "--json" {
+            a.json = true;
+            i += 1;
+            continue;
+        }
+        let Some(v) = argv.get(i + 1) else { bail!("{key} needs a value") };
+        let num = || v.parse::<usize>().map_err(|_| anyhow::anyhow!("{key}: '{v}' is not a number"));
+        match key {
+            "--backend" => a.backend = v.clone(),
+            "--tokens" => {
+                a.tokens = v
+                    .split(',')
+                    .map(|x| x.parse().map_err(|_| anyhow::anyhow!("--tokens: '{x}'")))
+                    .collect::<Result<_>>()?
+            }
+            "--hidden" => a.hidden = num()?,
+            "--experts" => a.experts = num()?,
+            "--expert-dim" => a.expert_dim = num()?,
+            "--top-k" => a.top_k = num()?,
+            "--groups" => a.groups = num()?,
+            "--topk-group" => a.topk_group = num()?,
+            "--shared" => a.shared = num()?,
+            other => bail!("unknown flag {other}"),
+        }
+        i += 2;
+    }
+    Ok(a)
+}
+
+/// A `[shape]` bf16 host tensor of small random values: one random block repeated (random
+/// values everywhere would take minutes to draw for 15 GB of experts; timings do not depend on it).
+fn filled(shape: &[usize], rng: &mut Rng, scale: f32) -> Result<HostTensor> {
+    let n: usize = shape.iter().product();
+    let block = HostTensor::from_f32_as(vec![1 << 20], &rng.vec(1 << 20, scale), DType::BF16)?;
+    let mut data = Vec::with_capacity(n * 2);
+    while data.len() < n * 2 {
+        let take = (n * 2 - data.len()).min(block.data.len());
+        data.extend_from_slice(&block.data[..take]);
+    }
+    HostTensor::new(shape.to_vec(), DType::BF16, data)
+}
+
+fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
+    let (d, e, f) = (a.hidden, a.experts, a.expert_dim);
+    let act = b.activation_dtype(DType::BF16);
+    let mut rng = Rng::new(7);
+    let gate = b.upload(&HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 0.05))?)?;
+    let bias = b.upload(&HostTensor::from_f32(vec![e], &rng.vec(e, 0.01))?)?;
+    let gate_up = b.upload(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?;
+    let down = b.upload(&filled(&[e, d, f], &mut rng, 0.02)?)?;
+    let sf = f * a.shared;
+    let sh_gate = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
+    let sh_up = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
+    let sh_down = b.upload(&filled(&[d, sf], &mut rng, 0.02)?)?;
+    let routing = MoeRouting {
+        top_k: a.top_k,
+        n_group: a.groups,
+        topk_group: a.topk_group,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+    };
+    let block = |x: &B::Tensor| -> Result<(B::Tensor, B::Tensor)> {
+        let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
+        let y = b.moe_experts(x, &ids, &w, &gate_up, &down)?;
+        let s = b.linear(&b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?, &sh_down, None)?;
+        Ok((b.add(&y, &s)?, ids))
+    };
+    if !a.json {
+        println!("MoE block on {}: D {d}, {e} experts × F {f}, top-{}, groups {}/{}, {} shared; {act}", b.name(), a.top_k, a.topk_group, a.groups, a.shared);
+        println!("{:>7} {:>10} {:>10} {:>12} {:>9}", "tokens", "ms", "TFLOP/s", "weight GB/s", "experts");
+    }
+    for &t in &a.tokens {
+        let x = b.upload(&HostTensor::from_f32_as(vec![t, d], &rng.vec(t * d, 1.0), act)?)?;
+        let (_, ids) = block(&x)?;
+        let ids = b.download(&ids)?.to_u32()?;
+        let mut used: Vec<u32> = ids.clone();
+        used.sort_unstable();
+        used.dedup();
+        b.synchronize()?;
+        let iters = if t >= 4096 { 5 } else { 20 };
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            block(&x)?;
+        }
+        b.synchronize()?;
+        let s = t0.elapsed().as_secs_f64() / iters as f64;
+        let flops = 2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64;
+        let bytes = 3.0 * (d * f) as f64 * 2.0 * (used.len() + a.shared) as f64;
+        if a.json {
+            println!(
+                "{{\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
+                s * 1e3,
+                flops / s / 1e12,
+                bytes / s / 1e9,
+                used.len(),
+                b.name()
+            );
+        } else {
+            println!("{t:>7} {:>10.3} {:>10.2} {:>12.1} {:>9}", s * 1e3, flops / s / 1e12, bytes / s / 1e9, used.len());
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let a = parse()?;
+    match a.backend.as_str() {
+        "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),
+        "wgsl" => run(dayone_wgsl::WgslBackend::new()?, &a),
+        "cpu" => run(dayone_backend::cpu::CpuBackend, &a),
+        other => bail!("--backend must be cuda, wgsl or cpu, got {other}"),
+    }
+}
