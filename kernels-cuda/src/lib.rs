@@ -2,9 +2,17 @@
 //!
 //! - Kernels: one `.cu` file per family under `kernels/`, compiled with NVRTC at first use for
 //!   the device's architecture and cached on disk ([`nvrtc_cache`]).
-//! - `linear`: cuBLAS `GemmEx` (bf16/f16 × → same dtype with f32 compute, or f32).
+//! - `linear`: a streaming GEMV kernel for decode-sized M (≤ 8), else cuBLAS `GemmEx`
+//!   (bf16/f16 in and out with f32 compute, or f32), bias fused or added by a small kernel.
+//! - `paged_attention`: split-K flash-decoding kernel when every sequence has one query token;
+//!   tensor-core (mma.sync) tiled causal kernel for prefill/mixed steps in bf16/f16; an f32 FMA
+//!   tiled kernel otherwise.
 //! - Memory: a caching allocator (freed buffers are reused by size class); all work is queued
-//!   on one stream without host synchronisation, except `download` and `synchronize`.
+//!   on one stream without host synchronisation, except `download` and `synchronize`; small
+//!   uploads (token ids, step metadata) go through pinned memory so they stay asynchronous.
+//! - On sm_90+ kernels are launched with programmatic dependent launch.
+//!
+//! See `NOTES.md` in this crate for the dispatch rules and measured figures.
 //! - Libraries are loaded dynamically: [`CudaBackend::new`] returns a one-line error (never a
 //!   panic) when the driver, NVRTC or cuBLAS is missing, or when there is no device.
 
@@ -14,7 +22,8 @@ pub mod nvrtc_cache;
 
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
-    decode_gb, decode_tpk, gemv_mt, gemv_rpw, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan,
+    decode_gb, decode_tpk, gemv_mt, gemv_rpw, mma_dv, mma_rows, mma_smem_bytes, plan_decode,
+    tiled_rows, tiled_smem_bytes, DecodePlan,
 };
 
 use anyhow::{anyhow, bail, Result};

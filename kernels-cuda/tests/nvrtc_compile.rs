@@ -21,31 +21,57 @@ fn every_kernel_family_compiles() {
         "NVRTC {}.{} from {from}; architectures {archs:?}",
         version.0, version.1
     );
-    // Every dtype at once for the H100/H200 architecture; the small families also as PTX and
-    // for sm_80, to catch architecture-specific syntax.
-    let targets = [Target::Cubin(90), Target::Ptx(80)];
-    let mut failures = Vec::new();
+    // The H100/H200 architecture for every family (one dtype per module, as the backend
+    // compiles them), and PTX for sm_80 of the small families, to catch architecture-specific
+    // syntax. Jobs run on all cores: the attention family takes ~6 s per dtype on one core.
+    let mut jobs: Vec<(&str, &str, Target, Option<String>)> = Vec::new();
     for (family, src) in KERNEL_SOURCES {
-        let full = nvrtc_cache::full_source(src);
-        for t in &targets {
-            if *family == "attention_paged" && *t != Target::Cubin(90) {
-                continue; // the slow one (~15 s on 2 cores): sm_90 only
-            }
-            let start = std::time::Instant::now();
-            match nvrtc_cache::compile(family, &full, t, &[]) {
-                Ok(bytes) => {
-                    assert!(!bytes.is_empty(), "{family} {t:?}: empty output");
-                    eprintln!(
-                        "  {family:16} {:11} {:>8} bytes  {:>6.0} ms",
-                        t.arch_flag(),
-                        bytes.len(),
-                        start.elapsed().as_secs_f64() * 1e3
-                    );
-                }
-                Err(e) => failures.push(format!("{family} {}: {e}", t.arch_flag())),
+        let dtypes: &[Option<&str>] = if matches!(*family, "embedding" | "kv_cache") {
+            &[None]
+        } else {
+            &[Some("f32"), Some("bf16"), Some("f16")]
+        };
+        for dt in dtypes {
+            let define = dt.map(nvrtc_cache::dtype_define);
+            jobs.push((family, src, Target::Cubin(90), define.clone()));
+            if *family != "attention_paged" {
+                jobs.push((family, src, Target::Ptx(80), define));
             }
         }
     }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((family, src, t, define)) = jobs.get(i) else {
+                    break;
+                };
+                let full = nvrtc_cache::full_source(src);
+                let defines: Vec<&str> = define.iter().map(|d| d.as_str()).collect();
+                let start = std::time::Instant::now();
+                match nvrtc_cache::compile(family, &full, t, &defines) {
+                    Ok(bytes) => {
+                        assert!(!bytes.is_empty(), "{family} {t:?}: empty output");
+                        eprintln!(
+                            "  {family:16} {:11} {:18} {:>8} bytes {:>6.0} ms",
+                            t.arch_flag(),
+                            define.as_deref().unwrap_or("all dtypes"),
+                            bytes.len(),
+                            start.elapsed().as_secs_f64() * 1e3
+                        );
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!("{family} {} {define:?}: {e}", t.arch_flag())),
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
     assert!(
         failures.is_empty(),
         "NVRTC failures:\n{}",
