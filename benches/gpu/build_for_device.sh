@@ -7,14 +7,20 @@ mkdir -p .bin
 rm -f .bin/test-*
 cargo build --release --bin dayone
 cp target/release/dayone .bin/dayone
-cargo test --release --no-run -p dayone-tests -p dayone-cuda --message-format=json 2>/dev/null \
+cargo build --release -p dayone-benches --bins
+cp target/release/moe-bench target/release/op-bench .bin/
+# Test binaries of the packages in $PACKAGES (default: the cross-backend tests and the CUDA crate).
+pkgs=""
+for p in ${PACKAGES:-dayone-tests dayone-cuda}; do pkgs="$pkgs -p $p"; done
+cargo test --release --no-run $pkgs --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys, shutil
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         name = m["target"]["name"]
-        shutil.copy(m["executable"], f".bin/test-{m[\"package_id\"].split(\"#\")[0].split(\"/\")[-1]}-{name}")
-        print("copied", name)
+        pkg = m["package_id"].split("#")[0].split("/")[-1]
+        shutil.copy(m["executable"], ".bin/test-" + pkg + "-" + name)
+        print("copied", pkg, name)
 '
 ls -la .bin

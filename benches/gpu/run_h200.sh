@@ -14,7 +14,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 if [[ " $steps " == *" tests "* ]]; then
   for t in .bin/test-*; do
     echo "== $t" | tee -a "$OUT/tests.log"
-    "$t" --test-threads 1 2>&1 | grep -vE '^\s*$' | tee -a "$OUT/tests.log" | grep -E 'test result|FAILED|panicked|failed' 
+    "$t" cuda --test-threads 1 2>&1 | grep -vE '^\s*$' | tee -a "$OUT/tests.log" | grep -E 'test result|FAILED|panicked|failed' 
   done
 fi
 

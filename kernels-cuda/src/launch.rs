@@ -24,10 +24,20 @@ pub fn elementwise_grid(n: usize, per_thread: usize, threads: u32, max_blocks: u
 /// Threads per block of the skinny-GEMV kernel (`GEMV_THREADS` in `gemv.cu`).
 pub const GEMV_THREADS: u32 = 256;
 
+/// Largest M sent to the GEMV kernel (`DAYONE_CUDA_GEMV_MAX_M`, default 4). Measured on the
+/// H200 with Llama-3.1-8B shapes: an 8-row GEMV step took 9.4 ms against 8.4 ms for a 64-row
+/// cuBLAS step — at 8 rows the kernel's f32 FMAs, not memory, bound it.
+pub fn gemv_max_m() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("DAYONE_CUDA_GEMV_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+    })
+}
+
 /// The GEMV variant for `m` rows of x: `MT` = 1, 2, 4 or 8 (rows past `m` are masked);
-/// `None` when `m > 8` or `k` is not a multiple of 8 (cuBLAS handles those).
+/// `None` when `m > gemv_max_m()` or `k` is not a multiple of 8 (cuBLAS handles those).
 pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
-    if k == 0 || !k.is_multiple_of(8) {
+    if k == 0 || !k.is_multiple_of(8) || m > gemv_max_m() {
         return None;
     }
     match m {
@@ -163,6 +173,100 @@ pub fn mma_smem_bytes(hdk: usize, hdv: usize) -> usize {
     64 * (2 * (hdk + 8) + (hdv + 8)) * 2 + 64 * 4
 }
 
+/// Rows (token, head pairs) of one MLA tensor-core attention block (`MLA_ROWS` in `mla.cu`).
+pub const MLA_ROWS: u32 = 64;
+/// Keys per MLA attention tile (`MLA_BK` in `mla.cu`).
+pub const MLA_BK: u32 = 32;
+
+/// Output-width template (`DV`) of the MLA tensor-core attention kernel for latent width `l`
+/// and rotary width `r`, or `None` when the kernel does not take them (both must be multiples
+/// of 16, `l <= 512`).
+pub fn mla_dv(l: usize, r: usize) -> Option<u32> {
+    if l == 0 || !l.is_multiple_of(16) || !r.is_multiple_of(16) {
+        return None;
+    }
+    match l {
+        0..=128 => Some(128),
+        129..=256 => Some(256),
+        257..=512 => Some(512),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of the MLA tensor-core kernel: Q `[64][W+8]` and two K stages
+/// `[32][W+8]` of 16-bit elements, S `[64][36]` f32, two `[32]` u32 flags (`W = l + r`).
+pub fn mla_smem_bytes(l: usize, r: usize) -> usize {
+    let ws = l + r + 8;
+    (MLA_ROWS as usize + 2 * MLA_BK as usize) * ws * 2
+        + MLA_ROWS as usize * 36 * 4
+        + 2 * MLA_BK as usize * 4
+}
+
+/// Which grouped-GEMM kernel one MoE projection uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKernel {
+    /// Streaming grouped GEMV, at most `MT` rows per tile (`moe_gemv_*_m{MT}`).
+    Gemv(u32),
+    /// Tensor-core grouped GEMM, 64-row tiles (`moe_mma_*`, bf16/f16).
+    Mma,
+    /// FMA grouped GEMM, 32-row tiles (`moe_fma_*`, any dtype and K).
+    Fma,
+}
+
+impl MoeKernel {
+    /// Rows one tile of this kernel covers at most.
+    pub fn tile_rows(self) -> u32 {
+        match self {
+            MoeKernel::Gemv(mt) => mt,
+            MoeKernel::Mma => 64,
+            MoeKernel::Fma => 32,
+        }
+    }
+}
+
+/// Tokens up to which the MoE projections stream weights with the grouped GEMV.
+pub const MOE_GEMV_MAX_TOKENS: usize = 64;
+
+/// The MoE expert plan: kernels for gate_up (reduction over `d`) and down (over `f`), the tile
+/// rows of the shared sort (the smaller of the two kernels' tiles) and the largest tile count
+/// (`ceil(P / bt) + min(E, P)` for `P = n·k` pairs, every expert adding at most one partial tile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoePlan {
+    /// gate_up kernel.
+    pub gate_up: MoeKernel,
+    /// down kernel.
+    pub down: MoeKernel,
+    /// Rows per tile in the tile map.
+    pub bt: u32,
+    /// Upper bound on tiles (grid.y of the GEMM launches).
+    pub max_tiles: usize,
+}
+
+/// Plans `moe_experts` for `n` tokens, `k` choices, `e` experts, widths `d` and `f`;
+/// `low` = bf16/f16 activations (tensor cores available).
+pub fn moe_plan(n: usize, k: usize, e: usize, d: usize, f: usize, low: bool) -> MoePlan {
+    let pick = |kdim: usize| {
+        if !kdim.is_multiple_of(8) {
+            MoeKernel::Fma
+        } else if n <= MOE_GEMV_MAX_TOKENS {
+            MoeKernel::Gemv(n.next_power_of_two().clamp(1, 8) as u32)
+        } else if low {
+            MoeKernel::Mma
+        } else {
+            MoeKernel::Fma
+        }
+    };
+    let (gate_up, down) = (pick(d), pick(f));
+    let bt = gate_up.tile_rows().min(down.tile_rows());
+    let p = n * k;
+    MoePlan {
+        gate_up,
+        down,
+        bt,
+        max_tiles: p.div_ceil(bt as usize) + e.min(p),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,7 +286,7 @@ mod tests {
     fn gemv_variants() {
         assert_eq!(gemv_mt(1, 4096), Some(1));
         assert_eq!(gemv_mt(3, 4096), Some(4));
-        assert_eq!(gemv_mt(8, 4096), Some(8));
+        assert_eq!(gemv_mt(8, 4096), if gemv_max_m() >= 8 { Some(8) } else { None });
         assert_eq!(gemv_mt(9, 4096), None);
         assert_eq!(gemv_mt(1, 33), None);
         assert_eq!(gemv_mt(1, 0), None);
@@ -267,5 +371,44 @@ mod tests {
             (32 * 128 + 32 * 132 + 32 * 128 + 32) * 4
         );
         assert_eq!(tiled_smem_bytes(6, 6), (32 * 8 + 32 * 12 + 32 * 6 + 32) * 4);
+    }
+    #[test]
+    fn mla_shapes() {
+        assert_eq!(mla_dv(512, 64), Some(512));
+        assert_eq!(mla_dv(128, 32), Some(128));
+        assert_eq!(mla_dv(64, 16), Some(128));
+        assert_eq!(mla_dv(32, 8), None);
+        assert_eq!(mla_dv(1024, 64), None);
+        // DeepSeek-V3: Q 64×584 and 2×32×584 bf16 + S + flags, under the 227 KiB opt-in.
+        assert_eq!(mla_smem_bytes(512, 64), 128 * 584 * 2 + 64 * 36 * 4 + 256);
+        assert!(mla_smem_bytes(512, 64) <= 227 * 1024);
+    }
+
+    #[test]
+    fn moe_plans() {
+        let p = moe_plan(1, 8, 256, 7168, 2048, true);
+        assert_eq!(p.gate_up, MoeKernel::Gemv(1));
+        assert_eq!(p.bt, 1);
+        assert_eq!(p.max_tiles, 8 + 8);
+        let p = moe_plan(5, 8, 256, 7168, 2048, true);
+        assert_eq!(p.down, MoeKernel::Gemv(8));
+        let p = moe_plan(8192, 8, 256, 7168, 2048, true);
+        assert_eq!(
+            (p.gate_up, p.down, p.bt),
+            (MoeKernel::Mma, MoeKernel::Mma, 64)
+        );
+        assert_eq!(p.max_tiles, 65536 / 64 + 256);
+        let p = moe_plan(100, 4, 16, 37, 64, true);
+        assert_eq!(
+            (p.gate_up, p.down, p.bt),
+            (MoeKernel::Fma, MoeKernel::Mma, 32)
+        );
+        let p = moe_plan(100, 4, 16, 64, 64, false);
+        assert_eq!((p.gate_up, p.bt), (MoeKernel::Fma, 32));
+        let p = moe_plan(3, 2, 16, 64, 13, false);
+        assert_eq!(
+            (p.gate_up, p.down, p.bt),
+            (MoeKernel::Gemv(4), MoeKernel::Fma, 4)
+        );
     }
 }
