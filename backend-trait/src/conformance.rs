@@ -116,7 +116,8 @@ fn run<B: Backend>(b: &B, t: &B::Tensor) -> Result<HostTensor> {
     b.download(t)
 }
 
-/// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one.
+/// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one
+/// (the MLA and MoE ops through [`check_mla_moe`]).
 pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     let mut dts = vec![b.activation_dtype(DType::F32)];
     let low = b.activation_dtype(DType::BF16);
@@ -136,6 +137,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_paged_attention(b, dt)?;
         check_argmax(b, dt)?;
     }
+    check_mla_moe(b)?;
     Ok(())
 }
 
@@ -564,6 +566,414 @@ pub fn check_argmax<B: Backend>(b: &B, dt: DType) -> Result<()> {
             got.to_u32()?,
             want.to_u32()?
         );
+    }
+    Ok(())
+}
+
+/// Runs the MLA and MoE checks ([`check_head_linear`], [`check_write_cache`],
+/// [`check_paged_latent_attention`], [`check_moe_route`], [`check_moe_experts`]) for the
+/// backend's f32 activation dtype and, if different, its bf16 one.
+pub fn check_mla_moe<B: Backend>(b: &B) -> Result<()> {
+    let mut dts = vec![b.activation_dtype(DType::F32)];
+    let low = b.activation_dtype(DType::BF16);
+    if low != dts[0] {
+        dts.push(low);
+    }
+    for dt in dts {
+        check_head_linear(b, dt)?;
+        check_write_cache(b, dt)?;
+        check_paged_latent_attention(b, dt)?;
+        check_moe_route(b, dt)?;
+        check_moe_experts(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `head_linear`: decode and prefill token counts, odd K and O, the shapes MLA uses
+/// (`W_UKᵀ` `[H, L, dn]`, `W_UV` `[H, dv, L]` of the tiny test model and of DeepSeek-V3 with
+/// fewer heads), O = 1.
+pub fn check_head_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(20);
+    // (N, H, K, O)
+    let cases: &[(usize, usize, usize, usize)] = &[
+        (1, 4, 16, 32),
+        (13, 4, 32, 16),
+        (5, 3, 33, 7),
+        (1, 8, 128, 512),
+        (3, 8, 512, 128),
+        (17, 2, 40, 1),
+        (2, 5, 8, 9),
+    ];
+    for &(n, h, k, o) in cases {
+        let x = rand_tensor(&mut rng, &[n, h, k], dt, 1.0)?;
+        let w = rand_tensor(&mut rng, &[h, o, k], dt, 2.0 / (k as f32).sqrt())?;
+        let want = reference::head_linear(&x, &w)?;
+        let got = b.head_linear(&b.upload(&x)?, &b.upload(&w)?)?;
+        compare(
+            "head_linear",
+            &format!("{dt} x [{n}, {h}, {k}] w [{h}, {o}, {k}]"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// An MLA attention scenario: heads, latent width `L`, rotary width `R`, block size and
+/// per-sequence `(tokens already cached, new tokens this step)`.
+#[derive(Clone, Debug)]
+pub struct LatentCase {
+    /// Query heads `H`.
+    pub h: usize,
+    /// Latent (`kv_lora_rank`) width `L`.
+    pub l: usize,
+    /// Rotary width `R`.
+    pub r: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// `(context already in the cache, new tokens)` per sequence.
+    pub seqs: Vec<(usize, usize)>,
+}
+
+impl LatentCase {
+    /// Step metadata with scattered block ids (as [`AttnCase::meta`], 3 spare junk blocks) and
+    /// the number of blocks in the pool.
+    pub fn meta(&self, rng: &mut Rng) -> (StepMeta, usize) {
+        AttnCase {
+            h: self.h,
+            hkv: 1,
+            hd_k: self.l + self.r,
+            hd_v: self.l,
+            block_size: self.block_size,
+            seqs: self.seqs.clone(),
+            spare_blocks: 3,
+        }
+        .meta(rng)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "H {} L {} R {} bs {} seqs (ctx,new) {:?}",
+            self.h, self.l, self.r, self.block_size, self.seqs
+        )
+    }
+}
+
+/// The scenarios of [`check_write_cache`] and [`check_paged_latent_attention`]: the tiny test
+/// model's widths (L 32, R 8), DeepSeek-V3's (L 512, R 64), widths that are not multiples of 4,
+/// block sizes 16, 4 and 1, mixed decode and (chunked) prefill sequences of different lengths in
+/// one step, chunks starting mid-sequence and mid-block.
+pub fn latent_cases() -> Vec<LatentCase> {
+    let c = |h, l, r, block_size, seqs: &[(usize, usize)]| LatentCase {
+        h,
+        l,
+        r,
+        block_size,
+        seqs: seqs.to_vec(),
+    };
+    vec![
+        c(4, 32, 8, 16, &[(37, 1), (20, 13), (0, 9), (0, 1), (130, 1)]),
+        c(16, 512, 64, 16, &[(5, 1), (47, 3)]),
+        c(3, 36, 12, 4, &[(0, 17), (9, 2), (3, 1)]),
+        c(2, 30, 6, 16, &[(15, 2), (0, 5)]),
+        c(8, 128, 32, 1, &[(6, 3), (0, 1)]),
+        c(5, 64, 16, 16, &[(300, 1), (250, 20)]),
+    ]
+}
+
+/// `write_cache`: the two column ranges MLA writes (`[c_kv | k_pe]`) into a cache pre-filled with
+/// random values, plus an odd column range; everything else must stay unchanged (exact compare).
+pub fn check_write_cache<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(21);
+    for case in latent_cases() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (l, r, bs) = (case.l, case.r, case.block_size);
+        let w = l + r;
+        let mut cache = rand_tensor(&mut rng, &[blocks, bs, w], dt, 1.0)?;
+        let cd = b.upload(&cache)?;
+        let dmeta = b.upload_meta(meta.clone())?;
+        // [c_kv | k_pe], then an odd range straddling both (col 3, width L − 1).
+        for (col, width) in [(0, l), (l, r), (3, l - 1)] {
+            let x = rand_tensor(&mut rng, &[n, width], dt, 1.0)?;
+            b.write_cache(&b.upload(&x)?, &cd, col, &dmeta)?;
+            reference::write_cache(&x, &mut cache, col, &meta)?;
+        }
+        compare(
+            "write_cache",
+            &format!("{dt} {}", case.describe()),
+            &run(b, &cd)?,
+            &cache,
+            0.0,
+        )?;
+    }
+    Ok(())
+}
+
+/// `paged_latent_attention`: caches with random history plus this step's rows; unused slots hold
+/// junk; q scaled up so that the softmax is peaky (exercises online-softmax rescaling).
+pub fn check_paged_latent_attention<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(22);
+    for case in latent_cases() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (h, l, r, bs) = (case.h, case.l, case.r, case.block_size);
+        let q_lat = rand_tensor(&mut rng, &[n, h, l], dt, 2.0)?;
+        let q_rope = rand_tensor(&mut rng, &[n, h, r], dt, 2.0)?;
+        let cache = rand_tensor(&mut rng, &[blocks, bs, l + r], dt, 1.0)?;
+        let scale = 1.0 / ((l / 4 + r) as f32).sqrt();
+        let want = reference::paged_latent_attention(&q_lat, &q_rope, &cache, &meta, scale)?;
+        let dmeta = b.upload_meta(meta.clone())?;
+        let got = b.paged_latent_attention(
+            &b.upload(&q_lat)?,
+            &b.upload(&q_rope)?,
+            &b.upload(&cache)?,
+            &dmeta,
+            scale,
+        )?;
+        compare(
+            "paged_latent_attention",
+            &format!("{dt} {}", case.describe()),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// Smallest gap between choice scores that decides a routing (f64 estimate from the inputs as the
+/// backend sees them): between the `topk_group`-th and next group score, and between consecutive
+/// entries of the top `k + 1` choice scores after group masking (masked entries excluded: they tie
+/// at −∞ and are ordered by index).
+fn route_margin(choice: &[f64], r: &crate::MoeRouting) -> f64 {
+    let e = choice.len();
+    let g = r.n_group.max(1);
+    let per = e / g;
+    let mut margin = f64::INFINITY;
+    let mut c = choice.to_vec();
+    if g > 1 {
+        let mut gs: Vec<(usize, f64)> = (0..g)
+            .map(|gi| {
+                let mut v = c[gi * per..(gi + 1) * per].to_vec();
+                v.sort_by(|a, b| b.total_cmp(a));
+                (gi, v.iter().take(2).sum())
+            })
+            .collect();
+        gs.sort_by(|a, b| b.1.total_cmp(&a.1));
+        if r.topk_group < g {
+            margin = margin.min(gs[r.topk_group - 1].1 - gs[r.topk_group].1);
+        }
+        let keep: Vec<usize> = gs[..r.topk_group].iter().map(|x| x.0).collect();
+        for (i, v) in c.iter_mut().enumerate() {
+            if !keep.contains(&(i / per)) {
+                *v = f64::NEG_INFINITY;
+            }
+        }
+    }
+    c.sort_by(|a, b| b.total_cmp(a));
+    for i in 0..r.top_k.min(e - 1) {
+        if c[i + 1].is_finite() {
+            margin = margin.min(c[i] - c[i + 1]);
+        }
+    }
+    margin
+}
+
+/// `moe_route`: `n_group` 1 and > 1, `topk_group < n_group` and `= n_group`, with and without
+/// bias, `norm_topk_prob` on and off, `routed_scaling_factor` ≠ 1, odd `D`, DeepSeek-V3's
+/// 256 experts / 8 groups / top-8. Ids must match exactly and in order (descending choice score,
+/// ties by lower index); weights within the tolerance.
+///
+/// Random rows are resampled until every decision has a margin of at least 2e-3 in choice score
+/// (see `route_margin`), so that float rounding (a different summation order in `x · gate_wᵀ`,
+/// a different `exp`) cannot flip a choice. One more case builds exact ties on purpose: one-hot
+/// `x` rows make the logits exactly the chosen `gate_w` entries (no rounding in the dot product),
+/// with equal logits within groups and equal group scores, so the tie-breaking is checked too.
+pub fn check_moe_route<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    use crate::MoeRouting;
+    let mut rng = Rng::new(23);
+    let rt = |top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor| MoeRouting {
+        top_k,
+        n_group,
+        topk_group,
+        norm_topk_prob,
+        routed_scaling_factor,
+    };
+    // (N, D, E, routing, bias)
+    let cases: Vec<(usize, usize, usize, MoeRouting, bool)> = vec![
+        (5, 37, 16, rt(4, 4, 2, true, 2.5), true),
+        (13, 64, 16, rt(4, 4, 2, true, 2.5), true),
+        (3, 64, 8, rt(2, 1, 1, false, 1.0), false),
+        (7, 129, 64, rt(6, 8, 3, true, 2.5), true),
+        (1, 256, 256, rt(8, 8, 4, true, 2.5), true),
+        (4, 33, 32, rt(8, 4, 1, false, 1.5), true),
+        (9, 20, 12, rt(3, 1, 1, true, 1.0), true),
+        (2, 48, 60, rt(1, 6, 6, true, 1.0), false),
+        (6, 16, 24, rt(5, 3, 2, false, 0.5), false),
+    ];
+    const MARGIN: f64 = 2e-3;
+    for (n, d, e, routing, has_bias) in cases {
+        let gate = HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 4.5 / (d as f32).sqrt()))?;
+        let bias_v = rng.vec(e, 0.3);
+        let bias = if has_bias {
+            Some(HostTensor::from_f32(vec![e], &bias_v)?)
+        } else {
+            None
+        };
+        let gv = gate.to_f32();
+        let mut rows = Vec::with_capacity(n * d);
+        for t in 0..n {
+            let mut tries = 0;
+            loop {
+                // Round through the activation dtype: the margin must hold for what the backend sees.
+                let row = HostTensor::from_f32_as(vec![d], &rng.vec(d, 1.0), dt)?.to_f32();
+                let choice: Vec<f64> = (0..e)
+                    .map(|i| {
+                        let l: f64 = row
+                            .iter()
+                            .zip(&gv[i * d..(i + 1) * d])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum();
+                        let s = 1.0 / (1.0 + (-l).exp());
+                        s + if has_bias { bias_v[i] as f64 } else { 0.0 }
+                    })
+                    .collect();
+                if route_margin(&choice, &routing) >= MARGIN {
+                    rows.extend_from_slice(&row);
+                    break;
+                }
+                tries += 1;
+                ensure!(
+                    tries < 10_000,
+                    "check_moe_route: could not draw row {t} with a clear margin"
+                );
+            }
+        }
+        let x = HostTensor::from_f32_as(vec![n, d], &rows, dt)?;
+        let case = format!("{dt} x [{n}, {d}] E {e} {routing:?} bias {has_bias}");
+        compare_route(b, &case, &x, &gate, bias.as_ref(), &routing)?;
+    }
+
+    // Exact ties: E 16 in 4 groups of 4, one-hot rows (token t reads column t of gate_w), whose
+    // logits are the groups below rotated by t groups. Group top-2 sums: three groups tie at
+    // 2σ(2) for two places (lower group index wins), one group holds the largest logit 3 but
+    // scores σ(3) + σ(−2) and is dropped; within the kept groups four experts tie at σ(2).
+    let base: [f32; 16] = [
+        1.0, 2.0, 2.0, -1.0, // top-2 2σ(2)
+        2.0, -1.0, 2.0, 0.0, // top-2 2σ(2)
+        2.0, 2.0, 0.0, 0.0, // top-2 2σ(2)
+        3.0, -2.0, -2.0, -2.0, // top-2 σ(3) + σ(−2), dropped
+    ];
+    let (n, d, e) = (4usize, 5usize, 16usize);
+    let mut gv = vec![0f32; e * d];
+    let mut xv = vec![0f32; n * d];
+    for t in 0..n {
+        xv[t * d + t] = 1.0;
+        for i in 0..e {
+            gv[i * d + t] = base[(i + 4 * t) % e];
+        }
+    }
+    let gate = HostTensor::from_f32(vec![e, d], &gv)?;
+    let x = HostTensor::from_f32_as(vec![n, d], &xv, dt)?;
+    for routing in [rt(5, 4, 2, true, 2.5), rt(7, 4, 2, false, 1.0)] {
+        let case = format!("{dt} exact ties, one-hot x [{n}, {d}] E {e} {routing:?}");
+        compare_route(b, &case, &x, &gate, None, &routing)?;
+    }
+    Ok(())
+}
+
+/// Runs `moe_route` on the backend and the reference; ids exactly, weights within tolerance.
+fn compare_route<B: Backend>(
+    b: &B,
+    case: &str,
+    x: &HostTensor,
+    gate: &HostTensor,
+    bias: Option<&HostTensor>,
+    routing: &crate::MoeRouting,
+) -> Result<()> {
+    let (want_ids, want_w) = reference::moe_route(x, gate, bias, routing)?;
+    let bd = match bias {
+        Some(t) => Some(b.upload(t)?),
+        None => None,
+    };
+    let (ids, w) = b.moe_route(&b.upload(x)?, &b.upload(gate)?, bd.as_ref(), routing)?;
+    let (ids, w) = (run(b, &ids)?, run(b, &w)?);
+    ensure!(
+        ids.dtype == DType::U32 && ids.shape == want_ids.shape,
+        "moe_route [{case}]: ids {} {:?}, expected u32 {:?}",
+        ids.dtype,
+        ids.shape,
+        want_ids.shape
+    );
+    let (got, want) = (ids.to_u32()?, want_ids.to_u32()?);
+    if got != want {
+        let k = routing.top_k;
+        let row = (0..got.len()).find(|&i| got[i] != want[i]).unwrap_or(0) / k;
+        bail!(
+            "moe_route [{case}]: ids of token {row} are {:?}, expected {:?}",
+            &got[row * k..(row + 1) * k],
+            &want[row * k..(row + 1) * k]
+        );
+    }
+    compare("moe_route (weights)", case, &w, &want_w, tolerance(x.dtype))
+}
+
+/// `moe_experts`: decode and prefill token counts, odd `D` and `F`, `k` from 1 to `E`
+/// (every expert), experts shared by several tokens, the first and last expert used.
+pub fn check_moe_experts<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(24);
+    // (N, D, E, F, k)
+    let cases: &[(usize, usize, usize, usize, usize)] = &[
+        (1, 64, 16, 32, 4),
+        (13, 64, 16, 32, 4),
+        (5, 37, 8, 13, 2),
+        (7, 128, 64, 48, 6),
+        (3, 256, 4, 100, 4),
+        (2, 40, 6, 8, 1),
+        (33, 96, 32, 64, 8),
+    ];
+    for &(n, d, e, f, k) in cases {
+        let x = rand_tensor(&mut rng, &[n, d], dt, 1.0)?;
+        let gate_up = rand_tensor(&mut rng, &[e, 2 * f, d], dt, 3.0 / (d as f32).sqrt())?;
+        let down = rand_tensor(&mut rng, &[e, d, f], dt, 2.0 / (f as f32).sqrt())?;
+        let mut ids = Vec::with_capacity(n * k);
+        for t in 0..n {
+            let mut all: Vec<u32> = (0..e as u32).collect();
+            rng.shuffle(&mut all);
+            if t == 0 {
+                // The first and the last expert.
+                let (a, z) = (
+                    all.iter().position(|&v| v == 0).unwrap_or(0),
+                    all.iter().position(|&v| v == e as u32 - 1).unwrap_or(0),
+                );
+                all.swap(0, a);
+                if k > 1 {
+                    let z = if z == 0 { a } else { z };
+                    all.swap(1, z);
+                }
+            }
+            ids.extend_from_slice(&all[..k]);
+        }
+        let weights: Vec<f32> = (0..n * k).map(|_| 0.8 + 0.7 * rng.uniform()).collect();
+        let ids = HostTensor::from_u32(vec![n, k], &ids)?;
+        let weights = HostTensor::from_f32(vec![n, k], &weights)?;
+        let want = reference::moe_experts(&x, &ids, &weights, &gate_up, &down)?;
+        let got = b.moe_experts(
+            &b.upload(&x)?,
+            &b.upload(&ids)?,
+            &b.upload(&weights)?,
+            &b.upload(&gate_up)?,
+            &b.upload(&down)?,
+        )?;
+        compare(
+            "moe_experts",
+            &format!("{dt} x [{n}, {d}] E {e} F {f} k {k}"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
     }
     Ok(())
 }

@@ -253,3 +253,16 @@ impl Backend for CpuBackend {
         )?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CpuBackend;
+    use crate::conformance;
+
+    /// The reference backend passes the suite (a sanity check of the checks themselves: input
+    /// construction, e.g. the routing-margin resampling, and shape bookkeeping).
+    #[test]
+    fn cpu_conformance() {
+        conformance::check_all(&CpuBackend).unwrap();
+    }
+}

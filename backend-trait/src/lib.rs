@@ -16,3 +16,5 @@ pub use dtype::{DType, HostTensor};
 pub mod conformance;
 pub mod cpu;
 pub mod reference;
+#[cfg(test)]
+mod reference_tests;

@@ -19,13 +19,21 @@
 //!   handle split tensors transparently, other ops return an error naming the tensor.
 //! - Kernels come in a CPU flavour (llvmpipe: invocations are SIMD lanes, barriers are costly)
 //!   and a GPU flavour, chosen by adapter type ([`KernelChoice`]).
+//! - DeepSeek-V3 ops (MLA + MoE): `head_linear` (`head_linear.wgsl`), `write_cache`
+//!   (`write_cache.wgsl`), `paged_latent_attention` (`mla_attention_lanes.wgsl` /
+//!   `mla_attention.wgsl`), `moe_route` (router logits through `linear`, then `moe_route.wgsl`,
+//!   one invocation per token) and `moe_experts` (`moe_act.wgsl`: `silu(g)·u` per (token, slot)
+//!   into a scratch `[N, k, F]`, then `moe_down.wgsl`: the weighted down-projection sum per
+//!   token). Their weights may be f32 or packed bf16 and must fit one storage binding.
 
 mod buffers;
 mod pipelines;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use buffers::{Chunk, Pool, Storage};
-use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, TensorInfo};
+use dayone_backend::{
+    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
+};
 use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -467,6 +475,80 @@ impl WgslBackend {
             "{op}: {name} must be a u32 tensor, got {}",
             t.dtype
         );
+        Ok(())
+    }
+
+    /// A weight read by a kernel as raw words: its buffer and whether it is packed bf16 (else f32).
+    /// Such weights must fit one storage binding; larger ones (e.g. a full DeepSeek-V3 layer's
+    /// stacked experts on lavapipe's 128 MiB limit) are refused with a clear error.
+    fn weight_in<'a>(
+        &self,
+        op: &str,
+        name: &str,
+        t: &'a WTensor,
+    ) -> Result<(&'a wgpu::Buffer, u32)> {
+        let bf16 = match t.dtype {
+            DType::F32 => 0,
+            DType::BF16 => 1,
+            other => bail!("{op}: {name} must be a float tensor, got {other}"),
+        };
+        ensure!(
+            t.st.chunks.len() == 1,
+            "{op}: {name} {:?} ({} bytes) is larger than this adapter's largest storage binding \
+             ({} bytes); the WGSL backend needs it in one buffer (use a smaller model or a GPU \
+             with a larger binding limit)",
+            t.shape,
+            t.numel() * t.dtype.size(),
+            self.max_chunk
+        );
+        Ok((&t.st.chunks[0].buf, bf16))
+    }
+
+    /// Checks a step's paged-cache metadata against a cache of `blocks` blocks of `bs` slots:
+    /// sequence indices, block-table size and every block id a token's keys need.
+    fn check_paged_meta(
+        op: &str,
+        hm: &dayone_backend::StepMeta,
+        blocks: usize,
+        bs: usize,
+    ) -> Result<()> {
+        let n = hm.num_tokens();
+        ensure!(
+            bs == hm.block_size,
+            "{op}: cache block size {bs} != meta.block_size {}",
+            hm.block_size
+        );
+        ensure!(
+            hm.token_seq.len() == n,
+            "{op}: token_seq must have {n} entries"
+        );
+        ensure!(
+            hm.block_tables.len() >= hm.num_seqs() * hm.max_blocks,
+            "{op}: block_tables must have [S = {}, max_blocks = {}] entries",
+            hm.num_seqs(),
+            hm.max_blocks
+        );
+        for t in 0..n {
+            let (s, p) = (hm.token_seq[t] as usize, hm.positions[t] as usize);
+            ensure!(
+                s < hm.num_seqs(),
+                "{op}: token_seq[{t}] = {s} >= number of sequences {}",
+                hm.num_seqs()
+            );
+            ensure!(
+                p / bs < hm.max_blocks,
+                "{op}: position {p} of token {t} needs block {} >= max_blocks {}",
+                p / bs,
+                hm.max_blocks
+            );
+            for b in 0..=p / bs {
+                let id = hm.block_tables[s * hm.max_blocks + b] as usize;
+                ensure!(
+                    id < blocks,
+                    "{op}: block id {id} of sequence {s} >= cache blocks {blocks}"
+                );
+            }
+        }
         Ok(())
     }
 
@@ -1092,6 +1174,381 @@ impl Backend for WgslBackend {
             &pipelines::ARGMAX_K,
             &[r as u32, v as u32, 0, 0],
             &[x.single(OP, "x")?, out.single(OP, "output")?],
+            g,
+        )?;
+        Ok(out)
+    }
+    fn head_linear(&self, x: &WTensor, w: &WTensor) -> Result<WTensor> {
+        const OP: &str = "head_linear";
+        ensure!(
+            x.shape.len() == 3 && w.shape.len() == 3,
+            "{OP}: expected x [N, H, K] and w [H, O, K], got {:?} and {:?}",
+            x.shape,
+            w.shape
+        );
+        let (n, h, k) = (x.shape[0], x.shape[1], x.shape[2]);
+        let o = w.shape[1];
+        ensure!(
+            w.shape[0] == h && w.shape[2] == k,
+            "{OP}: w must have shape [{h}, O, {k}] to match x {:?}, got {:?}",
+            x.shape,
+            w.shape
+        );
+        let x = &self.f32_of(OP, "x", x)?;
+        let (wb, bf16) = self.weight_in(OP, "w", w)?;
+        let out = self.alloc(&[n, h, o], DType::F32)?;
+        let total = n * h * o;
+        if total == 0 {
+            return Ok(out);
+        }
+        ensure!(total < u32::MAX as usize, "{OP}: output too large");
+        // GPUs with long rows: a workgroup per output; else an invocation per output.
+        let (spec, g) = if !self.cpu_kernels && k >= 64 {
+            (&pipelines::HEAD_LINEAR_WG, Self::grid(OP, total as u64)?)
+        } else {
+            (
+                &pipelines::HEAD_LINEAR_LANES,
+                Self::grid(OP, (total as u64).div_ceil(64))?,
+            )
+        };
+        self.dispatch(
+            spec,
+            &[h as u32, k as u32, o as u32, total as u32, bf16, 0, 0, 0],
+            &[x.single(OP, "x")?, wb, out.single(OP, "output")?],
+            g,
+        )?;
+        Ok(out)
+    }
+
+    fn write_cache(
+        &self,
+        x: &WTensor,
+        cache: &WTensor,
+        col: usize,
+        meta: &DeviceStepMeta<WTensor>,
+    ) -> Result<()> {
+        const OP: &str = "write_cache";
+        let n = meta.host.num_tokens();
+        ensure!(
+            x.shape.len() == 2 && x.shape[0] == n,
+            "{OP}: x must have shape [{n}, w], got {:?}",
+            x.shape
+        );
+        ensure!(
+            cache.shape.len() == 3,
+            "{OP}: cache must have shape [blocks, bs, W], got {:?}",
+            cache.shape
+        );
+        let (w, width) = (x.shape[1], cache.shape[2]);
+        ensure!(
+            col + w <= width,
+            "{OP}: columns {col}..{} exceed the cache width {width}",
+            col + w
+        );
+        ensure!(
+            meta.host.slot_mapping.len() == n,
+            "{OP}: slot_mapping must have {n} entries"
+        );
+        let x = &self.f32_of(OP, "x", x)?;
+        Self::float_in(OP, "cache", cache)?;
+        let capacity = cache.shape[0] * cache.shape[1];
+        if let Some(&bad) = meta
+            .host
+            .slot_mapping
+            .iter()
+            .find(|&&s| s as usize >= capacity)
+        {
+            bail!(
+                "{OP}: slot {bad} outside the cache of {capacity} slots ({:?})",
+                cache.shape
+            );
+        }
+        let total = n * w;
+        if total == 0 {
+            return Ok(());
+        }
+        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
+        self.dispatch(
+            &pipelines::WRITE_CACHE_K,
+            &[total as u32, w as u32, width as u32, col as u32],
+            &[
+                x.single(OP, "x")?,
+                meta.slot_mapping.single(OP, "slot_mapping")?,
+                cache.single(OP, "cache")?,
+            ],
+            g,
+        )
+    }
+
+    fn paged_latent_attention(
+        &self,
+        q_lat: &WTensor,
+        q_rope: &WTensor,
+        cache: &WTensor,
+        meta: &DeviceStepMeta<WTensor>,
+        scale: f32,
+    ) -> Result<WTensor> {
+        const OP: &str = "paged_latent_attention";
+        let hm = &meta.host;
+        let n = hm.num_tokens();
+        ensure!(
+            q_lat.shape.len() == 3 && q_lat.shape[0] == n,
+            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
+            q_lat.shape
+        );
+        let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
+        ensure!(
+            q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
+            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
+            q_rope.shape
+        );
+        let r = q_rope.shape[2];
+        ensure!(
+            cache.shape.len() == 3 && cache.shape[2] == l + r,
+            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
+            cache.shape
+        );
+        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
+        ensure!(
+            l > 0 && l <= 512 && l + r <= 1024,
+            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
+        );
+        Self::check_paged_meta(OP, hm, blocks, bs)?;
+        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
+        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
+        Self::float_in(OP, "cache", cache)?;
+        let out = self.alloc(&[n, h, l], DType::F32)?;
+        if n == 0 || h == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
+            "{OP}: more than 65535 heads or tokens"
+        );
+        let p = [
+            h as u32,
+            l as u32,
+            r as u32,
+            bs as u32,
+            hm.max_blocks as u32,
+            f32_param(scale),
+            (n * h) as u32,
+            0,
+        ];
+        // CPU adapters: one invocation per (token, head), vec4 loads, no barriers; GPUs (and
+        // widths the lanes kernel cannot hold): a workgroup per (token, head) sharing key tiles.
+        let lanes =
+            self.cpu_kernels && l.is_multiple_of(4) && r.is_multiple_of(4) && l <= 256 && r <= 64;
+        let (spec, g) = if lanes {
+            (
+                &pipelines::MLA_ATTN_LANES,
+                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
+            )
+        } else {
+            (&pipelines::MLA_ATTN, [h as u32, n as u32, 1])
+        };
+        // The lanes kernel binds q_rope as vec4s: with R == 0 bind q_lat in its place (unread).
+        let qr = if r == 0 {
+            q_lat.single(OP, "q_lat")?
+        } else {
+            q_rope.single(OP, "q_rope")?
+        };
+        self.dispatch(
+            spec,
+            &p,
+            &[
+                q_lat.single(OP, "q_lat")?,
+                qr,
+                cache.single(OP, "cache")?,
+                meta.positions.single(OP, "positions")?,
+                meta.token_seq.single(OP, "token_seq")?,
+                meta.block_tables.single(OP, "block_tables")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok(out)
+    }
+
+    fn moe_route(
+        &self,
+        x: &WTensor,
+        gate_w: &WTensor,
+        bias: Option<&WTensor>,
+        routing: &MoeRouting,
+    ) -> Result<(WTensor, WTensor)> {
+        const OP: &str = "moe_route";
+        ensure!(
+            x.shape.len() == 2 && gate_w.shape.len() == 2 && gate_w.shape[1] == x.shape[1],
+            "{OP}: expected x [N, D] and gate_w [E, D], got {:?} and {:?}",
+            x.shape,
+            gate_w.shape
+        );
+        let (n, e) = (x.shape[0], gate_w.shape[0]);
+        let k = routing.top_k;
+        let g = routing.n_group.max(1);
+        ensure!(k >= 1 && k <= e, "{OP}: top_k {k} must be in 1..={e}");
+        ensure!(
+            e.is_multiple_of(g) && routing.topk_group >= 1 && routing.topk_group <= g && g <= 32,
+            "{OP}: {e} experts in {g} groups (at most 32), topk_group {} must be in 1..={g}",
+            routing.topk_group
+        );
+        let bias = match bias {
+            Some(b) => {
+                ensure!(
+                    b.shape == [e],
+                    "{OP}: bias must have shape [{e}], got {:?}",
+                    b.shape
+                );
+                Some(self.f32_of(OP, "bias", b)?)
+            }
+            None => None,
+        };
+        // Router logits x · gate_wᵀ [N, E] in f32, then one invocation per token.
+        let logits = self
+            .linear(x, gate_w, None)
+            .context("moe_route: router logits")?;
+        let ids = self.alloc(&[n, k], DType::U32)?;
+        let weights = self.alloc(&[n, k], DType::F32)?;
+        if n == 0 {
+            return Ok((ids, weights));
+        }
+        let bb = match &bias {
+            Some(b) => b.single(OP, "bias")?,
+            None => &self.dummy,
+        };
+        let p = [
+            n as u32,
+            e as u32,
+            k as u32,
+            g as u32,
+            (e / g) as u32,
+            routing.topk_group as u32,
+            routing.norm_topk_prob as u32,
+            bias.is_some() as u32,
+            f32_param(routing.routed_scaling_factor),
+            0,
+            0,
+            0,
+        ];
+        self.dispatch(
+            &pipelines::MOE_ROUTE_K,
+            &p,
+            &[
+                logits.single(OP, "logits")?,
+                bb,
+                ids.single(OP, "ids")?,
+                weights.single(OP, "weights")?,
+            ],
+            Self::grid(OP, (n as u64).div_ceil(64))?,
+        )?;
+        Ok((ids, weights))
+    }
+
+    fn moe_experts(
+        &self,
+        x: &WTensor,
+        ids: &WTensor,
+        weights: &WTensor,
+        gate_up: &WTensor,
+        down: &WTensor,
+    ) -> Result<WTensor> {
+        const OP: &str = "moe_experts";
+        ensure!(
+            x.shape.len() == 2 && gate_up.shape.len() == 3 && down.shape.len() == 3,
+            "{OP}: expected x [N, D], gate_up [E, 2F, D], down [E, D, F], got {:?}, {:?}, {:?}",
+            x.shape,
+            gate_up.shape,
+            down.shape
+        );
+        let (n, d) = (x.shape[0], x.shape[1]);
+        let (e, f2) = (gate_up.shape[0], gate_up.shape[1]);
+        let f = f2 / 2;
+        ensure!(
+            gate_up.shape[2] == d && f2 % 2 == 0 && f > 0,
+            "{OP}: gate_up must have shape [E, 2F, {d}], got {:?}",
+            gate_up.shape
+        );
+        ensure!(
+            down.shape == [e, d, f],
+            "{OP}: down must have shape [{e}, {d}, {f}], got {:?}",
+            down.shape
+        );
+        ensure!(
+            ids.shape.len() == 2 && ids.shape[0] == n && weights.shape == ids.shape,
+            "{OP}: ids and weights must have shape [{n}, k], got {:?} and {:?}",
+            ids.shape,
+            weights.shape
+        );
+        let k = ids.shape[1];
+        Self::u32_in(OP, "ids", ids)?;
+        let x = &self.f32_of(OP, "x", x)?;
+        let weights = &self.f32_of(OP, "weights", weights)?;
+        let (gub, gbf) = self.weight_in(OP, "gate_up", gate_up)?;
+        let (dnb, dbf) = self.weight_in(OP, "down", down)?;
+        let out = self.alloc(&[n, d], DType::F32)?;
+        if n * d == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            (n * k * f) < u32::MAX as usize && (e * f2 * d) < u32::MAX as usize,
+            "{OP}: sizes exceed 32-bit indexing"
+        );
+        let hmid = self.alloc(&[n, k.max(1), f], DType::F32)?;
+        let hb = hmid.single(OP, "scratch")?;
+        let ib = ids.single(OP, "ids")?;
+        let wg = !self.cpu_kernels;
+        // silu(g) ⊙ u for every (token, slot) into the scratch [N, k, F].
+        let total = n * k * f;
+        let (spec, g) = if wg {
+            (&pipelines::MOE_ACT_WG, Self::grid(OP, total as u64)?)
+        } else {
+            (
+                &pipelines::MOE_ACT_LANES,
+                Self::grid(OP, (total as u64).div_ceil(64))?,
+            )
+        };
+        let p = [
+            d as u32,
+            f as u32,
+            k as u32,
+            e as u32,
+            total as u32,
+            gbf,
+            0,
+            0,
+        ];
+        self.dispatch(spec, &p, &[x.single(OP, "x")?, ib, gub, hb], g)?;
+        // The weighted down-projection sum per (token, output).
+        let total = n * d;
+        let (spec, g) = if wg {
+            (&pipelines::MOE_DOWN_WG, Self::grid(OP, total as u64)?)
+        } else {
+            (
+                &pipelines::MOE_DOWN_LANES,
+                Self::grid(OP, (total as u64).div_ceil(64))?,
+            )
+        };
+        let p = [
+            d as u32,
+            f as u32,
+            k as u32,
+            e as u32,
+            total as u32,
+            dbf,
+            0,
+            0,
+        ];
+        self.dispatch(
+            spec,
+            &p,
+            &[
+                hb,
+                ib,
+                weights.single(OP, "weights")?,
+                dnb,
+                out.single(OP, "output")?,
+            ],
             g,
         )?;
         Ok(out)

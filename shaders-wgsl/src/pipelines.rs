@@ -35,6 +35,13 @@ const CONVERT: &str = include_str!("../shaders/convert.wgsl");
 const KV_CACHE: &str = include_str!("../shaders/kv_cache.wgsl");
 const ATTENTION_LANES: &str = include_str!("../shaders/attention_paged_lanes.wgsl");
 const ATTENTION: &str = include_str!("../shaders/attention_paged.wgsl");
+const HEAD_LINEAR: &str = include_str!("../shaders/head_linear.wgsl");
+const WRITE_CACHE: &str = include_str!("../shaders/write_cache.wgsl");
+const MLA_LANES: &str = include_str!("../shaders/mla_attention_lanes.wgsl");
+const MLA: &str = include_str!("../shaders/mla_attention.wgsl");
+const MOE_ROUTE: &str = include_str!("../shaders/moe_route.wgsl");
+const MOE_ACT: &str = include_str!("../shaders/moe_act.wgsl");
+const MOE_DOWN: &str = include_str!("../shaders/moe_down.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -108,6 +115,77 @@ spec!(
     "attention_paged.wgsl",
     "paged_attention",
     [R, R, R, R, R, R, W]
+);
+
+spec!(
+    HEAD_LINEAR_LANES,
+    HEAD_LINEAR,
+    "head_linear.wgsl",
+    "head_linear_lanes",
+    [R, R, W]
+);
+spec!(
+    HEAD_LINEAR_WG,
+    HEAD_LINEAR,
+    "head_linear.wgsl",
+    "head_linear_wg",
+    [R, R, W]
+);
+spec!(
+    WRITE_CACHE_K,
+    WRITE_CACHE,
+    "write_cache.wgsl",
+    "write_cache",
+    [R, R, W]
+);
+spec!(
+    MLA_ATTN_LANES,
+    MLA_LANES,
+    "mla_attention_lanes.wgsl",
+    "mla_attention_lanes",
+    [R, R, R, R, R, R, W]
+);
+spec!(
+    MLA_ATTN,
+    MLA,
+    "mla_attention.wgsl",
+    "mla_attention",
+    [R, R, R, R, R, R, W]
+);
+spec!(
+    MOE_ROUTE_K,
+    MOE_ROUTE,
+    "moe_route.wgsl",
+    "moe_route",
+    [R, R, W, W]
+);
+spec!(
+    MOE_ACT_LANES,
+    MOE_ACT,
+    "moe_act.wgsl",
+    "moe_act_lanes",
+    [R, R, R, W]
+);
+spec!(
+    MOE_ACT_WG,
+    MOE_ACT,
+    "moe_act.wgsl",
+    "moe_act_wg",
+    [R, R, R, W]
+);
+spec!(
+    MOE_DOWN_LANES,
+    MOE_DOWN,
+    "moe_down.wgsl",
+    "moe_down_lanes",
+    [R, R, R, R, W]
+);
+spec!(
+    MOE_DOWN_WG,
+    MOE_DOWN,
+    "moe_down.wgsl",
+    "moe_down_wg",
+    [R, R, R, R, W]
 );
 
 /// A compiled kernel.
