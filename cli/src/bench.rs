@@ -26,9 +26,10 @@ pub struct BenchArgs {
     /// Concurrent sequences; a comma-separated list runs each size in turn on one loaded model.
     #[arg(long, default_value = "1")]
     pub batch: String,
-    /// Prompt tokens per sequence (random ids, fixed seed).
-    #[arg(long, default_value_t = 512)]
-    pub prompt_len: usize,
+    /// Prompt tokens per sequence (random ids, fixed seed); a comma-separated list of the same
+    /// length as --batch pairs each batch size with its own prompt length.
+    #[arg(long, default_value = "512")]
+    pub prompt_len: String,
     /// Generated tokens per sequence (EOS ignored).
     #[arg(long, default_value_t = 128)]
     pub gen_len: usize,
@@ -59,8 +60,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 a.batch
             )
         })?;
-    if a.prompt_len == 0 || a.gen_len == 0 {
-        anyhow::bail!("--prompt-len and --gen-len must be at least 1");
+    let prompts = a
+        .prompt_len
+        .split(',')
+        .map(|x| x.trim().parse::<usize>().ok().filter(|&p| p > 0))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--prompt-len must be positive integers separated by commas, got '{}'",
+                prompt_len
+            )
+        })?;
+    let runs: Vec<(usize, usize)> = match prompts.len() {
+        1 => batches.iter().map(|&b| (b, prompts[0])).collect(),
+        n if n == batches.len() => batches.iter().copied().zip(prompts).collect(),
+        _ => anyhow::bail!("--prompt-len must give one length or one per --batch entry"),
+    };
+    if a.gen_len == 0 {
+        anyhow::bail!("--gen-len must be at least 1");
     }
     let kind = BackendKind::parse(&a.backend)?;
     let dtype = match &a.dtype {
@@ -70,7 +87,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let path = load::model_path(a.model.clone())?;
     let ckpt = load::open(&path)?;
-    with_backend!(kind, |b| bench(b, &ckpt, dtype, &a, &batches))
+    with_backend!(kind, |b| bench(b, &ckpt, dtype, &a, &runs))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -105,11 +122,11 @@ fn bench<B: Backend>(
     a: &BenchArgs,
     batches: &[usize],
 ) -> Result<()> {
-    let ctx = a.prompt_len + a.gen_len;
+    let ctx = prompt_len + a.gen_len;
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let cfg = EngineConfig {
         dtype,
-        kv_cache_tokens: Some(max_batch * ctx.next_multiple_of(16) + 16),
+        kv_cache_tokens: Some(kv_tokens),
         scheduler: SchedulerConfig {
             max_batched_tokens: a.max_batched_tokens,
             max_prefill_chunk: a.max_batched_tokens,
@@ -143,8 +160,17 @@ fn bench<B: Backend>(
     )?;
     engine.run_to_completion()?;
     engine.backend.synchronize()?;
-    for &batch in batches {
-        run_one(&mut engine, ckpt, a, batch, act, weight_bytes, roofline)?;
+    for &(batch, prompt_len) in runs {
+        run_one(
+            &mut engine,
+            ckpt,
+            a,
+            batch,
+            prompt_len,
+            act,
+            weight_bytes,
+            roofline,
+        )?;
     }
     Ok(())
 }
@@ -155,6 +181,7 @@ fn run_one<B: Backend>(
     ckpt: &Checkpoint,
     a: &BenchArgs,
     batch: usize,
+    prompt_len: usize,
     act: DType,
     weight_bytes: f64,
     roofline: f64,
@@ -177,14 +204,14 @@ fn run_one<B: Backend>(
     let mut first_token_at = vec![None; batch];
     let mut ids = Vec::new();
     for _ in 0..batch {
-        let p: Vec<u32> = (0..a.prompt_len).map(|_| next()).collect();
+        let p: Vec<u32> = (0..prompt_len).map(|_| next()).collect();
         ids.push(engine.add_request(p, params.clone())?);
     }
     let first_id = ids[0];
     engine.backend.synchronize()?;
     let mut decode_steps: Vec<(f64, usize, usize)> = Vec::new(); // (seconds, tokens, kv tokens read)
     let mut generated = 0usize;
-    let mut ctx_len = vec![a.prompt_len; batch];
+    let mut ctx_len = vec![prompt_len; batch];
     while engine.has_unfinished() {
         // A step is pure decode when every sequence already has its first token.
         let all_decode = first_token_at.iter().all(|x| x.is_some());
@@ -222,13 +249,13 @@ fn run_one<B: Backend>(
     } else {
         f64::NAN
     };
-    let prefill_tokens = batch * a.prompt_len;
+    let prefill_tokens = batch * prompt_len;
     let report = serde_json::json!({
         "backend": engine.backend.name(),
         "model": ckpt.path.display().to_string(),
         "dtype": act.to_string(),
         "batch": batch,
-        "prompt_len": a.prompt_len,
+        "prompt_len": prompt_len,
         "gen_len": a.gen_len,
         "ttft_median_s": percentile(&ttft, 0.5),
         "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
@@ -254,7 +281,7 @@ fn run_one<B: Backend>(
             engine.backend.name(),
             act,
             batch,
-            a.prompt_len,
+            prompt_len,
             a.gen_len
         );
         println!("{:<28}{:>14}", "metric", "value");
