@@ -68,7 +68,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "--prompt-len must be positive integers separated by commas, got '{}'",
-                prompt_len
+                a.prompt_len
             )
         })?;
     let runs: Vec<(usize, usize)> = match prompts.len() {
@@ -120,10 +120,15 @@ fn bench<B: Backend>(
     ckpt: &Checkpoint,
     dtype: DType,
     a: &BenchArgs,
-    batches: &[usize],
+    runs: &[(usize, usize)],
 ) -> Result<()> {
-    let ctx = prompt_len + a.gen_len;
-    let max_batch = batches.iter().copied().max().unwrap_or(1);
+    let max_batch = runs.iter().map(|r| r.0).max().unwrap_or(1);
+    let kv_tokens = runs
+        .iter()
+        .map(|&(b, p)| b * (p + a.gen_len).next_multiple_of(16))
+        .max()
+        .unwrap_or(16)
+        + 16;
     let cfg = EngineConfig {
         dtype,
         kv_cache_tokens: Some(kv_tokens),
