@@ -10,6 +10,7 @@ use crate::with_backend;
 use anyhow::Result;
 use clap::Args;
 use dayone_backend::{Backend, DType};
+use dayone_engine::config::ModelConfig;
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::sampling::SamplingParams;
 use dayone_engine::scheduler::SchedulerConfig;
@@ -115,6 +116,30 @@ fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
     Ok((2 * 4 * rows * cols * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Weight bytes a decode step must read.
+struct WeightBytes {
+    /// Everything but routed experts (read every step).
+    dense: f64,
+    /// All routed experts.
+    experts: f64,
+    /// (experts per MoE layer `E`, experts per token `k`); (0, 0) for dense models.
+    experts_per_layer: (usize, usize),
+}
+
+impl WeightBytes {
+    /// Dense weights plus the routed experts a step of `batch` tokens touches: with each token
+    /// choosing `k` of `E` experts, the expected distinct share is `1 − (1 − k/E)^batch` (uniform
+    /// routing; an estimate — real routers are skewed, which lowers it).
+    fn per_step(&self, batch: usize) -> f64 {
+        let (e, k) = self.experts_per_layer;
+        if e == 0 {
+            return self.dense + self.experts;
+        }
+        let share = 1.0 - (1.0 - k as f64 / e as f64).powi(batch as i32);
+        self.dense + self.experts * share
+    }
+}
+
 fn bench<B: Backend>(
     b: B,
     ckpt: &Checkpoint,
@@ -144,13 +169,25 @@ fn bench<B: Backend>(
     let vocab = engine.config.vocab_size() as u64;
     let names = ckpt.tensors.names();
     let tied = !names.iter().any(|n| n == "lm_head.weight");
-    let weight_elems: usize = names
-        .iter()
-        .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
-        .filter_map(|n| ckpt.tensors.shape(n))
-        .map(|s| s.iter().product::<usize>())
-        .sum();
-    let weight_bytes = (weight_elems * act.size()) as f64;
+    let elems = |keep: &dyn Fn(&str) -> bool| -> usize {
+        names
+            .iter()
+            .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
+            .filter(|n| !n.ends_with("_scale_inv") && keep(n))
+            .filter_map(|n| ckpt.tensors.shape(n))
+            .map(|s| s.iter().product::<usize>())
+            .sum()
+    };
+    // Routed experts are read only when chosen: count them separately (see `WeightBytes`).
+    let is_expert = |n: &str| n.contains(".mlp.experts.");
+    let weights = WeightBytes {
+        dense: (elems(&|n| !is_expert(n)) * act.size()) as f64,
+        experts: (elems(&is_expert) * act.size()) as f64,
+        experts_per_layer: match &engine.config {
+            ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
+            _ => (0, 0),
+        },
+    };
     let roofline = copy_bandwidth(&engine.backend)?;
 
     // Warm-up: one short request compiles kernels and fills allocator pools.
@@ -173,7 +210,7 @@ fn bench<B: Backend>(
             batch,
             prompt_len,
             act,
-            weight_bytes,
+            &weights,
             roofline,
         )?;
     }
@@ -188,7 +225,7 @@ fn run_one<B: Backend>(
     batch: usize,
     prompt_len: usize,
     act: DType,
-    weight_bytes: f64,
+    weights: &WeightBytes,
     roofline: f64,
 ) -> Result<()> {
     let vocab = engine.config.vocab_size() as u64;
@@ -248,6 +285,7 @@ fn run_one<B: Backend>(
         .iter()
         .map(|s| (s.2 * engine.cache_bytes_per_token()) as f64)
         .sum();
+    let weight_bytes = weights.per_step(batch);
     let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
     let achieved = if decode_time > 0.0 {
         moved / decode_time
@@ -269,7 +307,8 @@ fn run_one<B: Backend>(
         "tpot_p99_s": percentile(&tpot, 0.99),
         "output_tokens_per_s": generated as f64 / total,
         "decode_tokens_per_s": decode_tokens as f64 / decode_time,
-        "weight_bytes": weight_bytes,
+        "weight_bytes_per_step": weight_bytes,
+        "weight_bytes_total": weights.dense + weights.experts,
         "decode_bytes_per_step_avg": moved / decode_steps.len().max(1) as f64,
         "achieved_decode_gbps": achieved / 1e9,
         "roofline_gbps": roofline / 1e9,
