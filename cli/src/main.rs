@@ -43,7 +43,11 @@ fn main() {
         eprintln!("error: internal error: {msg}{at}");
     }));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("DAYONE_LOG"))
+        // Engine notes (e.g. skipped MTP layers) show by default; DAYONE_LOG overrides.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DAYONE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,dayone_engine=info")),
+        )
         .with_writer(std::io::stderr)
         .without_time()
         .init();
