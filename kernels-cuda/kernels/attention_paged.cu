@@ -402,44 +402,7 @@ DAYONE_FOR_FLOAT_TYPES(ATTN_ALL)
 // Dynamic shared memory: Q [64][hdk+8], K [64][hdk+8], V [64][hdv+8] in T, then [64] u32.
 // grid = (ceil(max query tokens / tq), Hkv · ceil(G / hc), S), block = 128, tq · hc <= 64.
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-template <typename T> struct Mma;
-template <> struct Mma<bf16> {
-    static __device__ __forceinline__ void run(float* d, const u32* a, u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-            "{%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float lo, float hi) {
-        return (u32)from_f<bf16>(lo).x | ((u32)from_f<bf16>(hi).x << 16);
-    }
-};
-template <> struct Mma<f16> {
-    static __device__ __forceinline__ void run(float* d, const u32* a, u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-            "{%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float lo, float hi) {
-        return (u32)from_f<f16>(lo).x | ((u32)from_f<f16>(hi).x << 16);
-    }
-};
+// smem_addr, ldsm_x4, ldsm_x4_t and Mma<T> live in common.cuh.
 
 template <typename T, int DV>
 __device__ __forceinline__ void attn_mma_impl(

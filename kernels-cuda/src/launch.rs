@@ -30,7 +30,10 @@ pub const GEMV_THREADS: u32 = 256;
 pub fn gemv_max_m() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("DAYONE_CUDA_GEMV_MAX_M").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+        std::env::var("DAYONE_CUDA_GEMV_MAX_M")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4)
     })
 }
 
@@ -224,8 +227,11 @@ impl MoeKernel {
     }
 }
 
-/// Tokens up to which the MoE projections stream weights with the grouped GEMV.
-pub const MOE_GEMV_MAX_TOKENS: usize = 64;
+/// Tokens up to which the MoE projections stream weights with the grouped GEMV (default of
+/// [`moe_plan`]'s `gemv_max`; `DAYONE_MOE_GEMV_MAX` overrides it in the backend). Measured on
+/// an H200 (DeepSeek-V3 block, bf16): GEMV 3.0/3.0/2.3/1.3 TB/s of expert weights at 1/2/4/8
+/// tokens, the tensor-core kernel 1.9/2.2/2.3 TB/s at 2/4/8 tokens.
+pub const MOE_GEMV_MAX_TOKENS: usize = 4;
 
 /// The MoE expert plan: kernels for gate_up (reduction over `d`) and down (over `f`), the tile
 /// rows of the shared sort (the smaller of the two kernels' tiles) and the largest tile count
@@ -243,12 +249,21 @@ pub struct MoePlan {
 }
 
 /// Plans `moe_experts` for `n` tokens, `k` choices, `e` experts, widths `d` and `f`;
-/// `low` = bf16/f16 activations (tensor cores available).
-pub fn moe_plan(n: usize, k: usize, e: usize, d: usize, f: usize, low: bool) -> MoePlan {
+/// `low` = bf16/f16 activations (tensor cores available); the grouped GEMV serves up to
+/// `gemv_max` tokens (at most 8 rows per tile).
+pub fn moe_plan(
+    n: usize,
+    k: usize,
+    e: usize,
+    d: usize,
+    f: usize,
+    low: bool,
+    gemv_max: usize,
+) -> MoePlan {
     let pick = |kdim: usize| {
         if !kdim.is_multiple_of(8) {
             MoeKernel::Fma
-        } else if n <= MOE_GEMV_MAX_TOKENS {
+        } else if n <= gemv_max || (!low && n <= 64) {
             MoeKernel::Gemv(n.next_power_of_two().clamp(1, 8) as u32)
         } else if low {
             MoeKernel::Mma
@@ -286,7 +301,10 @@ mod tests {
     fn gemv_variants() {
         assert_eq!(gemv_mt(1, 4096), Some(1));
         assert_eq!(gemv_mt(3, 4096), Some(4));
-        assert_eq!(gemv_mt(8, 4096), if gemv_max_m() >= 8 { Some(8) } else { None });
+        assert_eq!(
+            gemv_mt(8, 4096),
+            if gemv_max_m() >= 8 { Some(8) } else { None }
+        );
         assert_eq!(gemv_mt(9, 4096), None);
         assert_eq!(gemv_mt(1, 33), None);
         assert_eq!(gemv_mt(1, 0), None);
@@ -386,26 +404,30 @@ mod tests {
 
     #[test]
     fn moe_plans() {
-        let p = moe_plan(1, 8, 256, 7168, 2048, true);
+        let p = moe_plan(1, 8, 256, 7168, 2048, true, MOE_GEMV_MAX_TOKENS);
         assert_eq!(p.gate_up, MoeKernel::Gemv(1));
         assert_eq!(p.bt, 1);
         assert_eq!(p.max_tiles, 8 + 8);
-        let p = moe_plan(5, 8, 256, 7168, 2048, true);
+        let p = moe_plan(5, 8, 256, 7168, 2048, true, 8);
         assert_eq!(p.down, MoeKernel::Gemv(8));
-        let p = moe_plan(8192, 8, 256, 7168, 2048, true);
+        let p = moe_plan(8192, 8, 256, 7168, 2048, true, MOE_GEMV_MAX_TOKENS);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
             (MoeKernel::Mma, MoeKernel::Mma, 64)
         );
         assert_eq!(p.max_tiles, 65536 / 64 + 256);
-        let p = moe_plan(100, 4, 16, 37, 64, true);
+        let p = moe_plan(100, 4, 16, 37, 64, true, MOE_GEMV_MAX_TOKENS);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
             (MoeKernel::Fma, MoeKernel::Mma, 32)
         );
-        let p = moe_plan(100, 4, 16, 64, 64, false);
+        let p = moe_plan(100, 4, 16, 64, 64, false, MOE_GEMV_MAX_TOKENS);
         assert_eq!((p.gate_up, p.bt), (MoeKernel::Fma, 32));
-        let p = moe_plan(3, 2, 16, 64, 13, false);
+        let p = moe_plan(64, 8, 256, 7168, 2048, true, MOE_GEMV_MAX_TOKENS);
+        assert_eq!((p.gate_up, p.bt), (MoeKernel::Mma, 64));
+        let p = moe_plan(64, 8, 256, 7168, 2048, true, 64);
+        assert_eq!((p.gate_up, p.bt), (MoeKernel::Gemv(8), 8));
+        let p = moe_plan(3, 2, 16, 64, 13, false, 8);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
             (MoeKernel::Gemv(4), MoeKernel::Fma, 4)

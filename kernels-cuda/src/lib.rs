@@ -11,6 +11,10 @@
 //!   on one stream without host synchronisation, except `download` and `synchronize`; small
 //!   uploads (token ids, step metadata) go through pinned memory so they stay asynchronous.
 //! - On sm_90+ kernels are launched with programmatic dependent launch.
+//! - DeepSeek-V3 ops (`mla_moe`): `head_linear` (cuBLAS strided-batched), `write_cache`,
+//!   `paged_latent_attention` (tensor-core split-K kernel sharing each latent row across 64
+//!   head rows), `moe_route`, `moe_experts` (device-side sort by expert, one grouped GEMM/GEMV
+//!   launch per projection, deterministic combine).
 //!
 //! See `NOTES.md` in this crate for the dispatch rules and measured figures.
 //! - Libraries are loaded dynamically: [`CudaBackend::new`] returns a one-line error (never a
@@ -22,14 +26,17 @@ pub mod nvrtc_cache;
 
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
-    decode_gb, decode_tpk, gemv_mt, gemv_rpw, mma_dv, mma_rows, mma_smem_bytes, plan_decode,
-    tiled_rows, tiled_smem_bytes, DecodePlan,
+    decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
+    mma_smem_bytes, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan, MoeKernel,
+    MoePlan,
 };
 
 use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::{self, CudaBlas};
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, RopeStyle, StepMeta, TensorInfo};
+use dayone_backend::{
+    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, StepMeta, TensorInfo,
+};
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
 use std::collections::HashMap;
@@ -45,6 +52,8 @@ macro_rules! kparams {
         &mut [$( (&$x) as *const _ as *mut ::std::ffi::c_void ),*]
     };
 }
+
+mod mla_moe;
 
 /// What the backend knows about its device.
 #[derive(Clone, Debug)]
@@ -376,7 +385,10 @@ impl CudaBackend {
         let f = m
             .load_function(name)
             .map_err(|e| anyhow!("kernel '{name}' not found in '{family}': {e:?}"))?;
-        if name.starts_with("attn_tiled") || name.starts_with("attn_mma") {
+        if name.starts_with("attn_tiled")
+            || name.starts_with("attn_mma")
+            || name.starts_with("mla_attn_mma")
+        {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
                 dr::function::set_function_attribute(
@@ -825,10 +837,56 @@ impl Backend for CudaBackend {
         self.attention(q, k_cache, v_cache, meta, scale)
     }
 
-    /// All seven fields in one pinned host→device copy (when they fit a staging slot); each
+    fn head_linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.head_linear_impl(x, w)
+    }
+
+    fn write_cache(
+        &self,
+        x: &CudaTensor,
+        cache: &CudaTensor,
+        col: usize,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<()> {
+        self.write_cache_impl(x, cache, col, meta)
+    }
+
+    fn paged_latent_attention(
+        &self,
+        q_lat: &CudaTensor,
+        q_rope: &CudaTensor,
+        cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale)
+    }
+
+    fn moe_route(
+        &self,
+        x: &CudaTensor,
+        gate_w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        routing: &MoeRouting,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.moe_route_impl(x, gate_w, bias, routing)
+    }
+
+    fn moe_experts(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &CudaTensor,
+        down: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.moe_experts_impl(x, ids, weights, gate_up, down)
+    }
+
+    /// All eight fields in one pinned host→device copy (when they fit a staging slot); each
     /// field is a view into the shared buffer, 16-byte aligned.
     fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<CudaTensor>> {
-        let fields: [&[u32]; 7] = [
+        let fields: [&[u32]; 8] = [
             &meta.positions,
             &meta.token_seq,
             &meta.slot_mapping,
@@ -836,10 +894,11 @@ impl Backend for CudaBackend {
             &meta.seq_lens,
             &meta.query_start,
             &meta.logit_rows,
+            &meta.state_slots,
         ];
         // Empty fields keep one (zero) element, like the trait's default.
         let lens: Vec<usize> = fields.iter().map(|f| f.len().max(1)).collect();
-        let mut offs = Vec::with_capacity(7);
+        let mut offs = Vec::with_capacity(fields.len());
         let mut total = 0usize;
         for &l in &lens {
             offs.push(total);
@@ -864,6 +923,7 @@ impl Backend for CudaBackend {
                 seq_lens: u(&meta.seq_lens)?,
                 query_start: u(&meta.query_start)?,
                 logit_rows: u(&meta.logit_rows)?,
+                state_slots: u(&meta.state_slots)?,
                 host: meta,
             });
         }
@@ -900,6 +960,7 @@ impl Backend for CudaBackend {
             seq_lens: view(4),
             query_start: view(5),
             logit_rows: view(6),
+            state_slots: view(7),
             host: meta,
         })
     }

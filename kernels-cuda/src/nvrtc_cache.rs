@@ -26,6 +26,8 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
         "attention_paged",
         include_str!("../kernels/attention_paged.cu"),
     ),
+    ("mla", include_str!("../kernels/mla.cu")),
+    ("moe", include_str!("../kernels/moe.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

@@ -1,0 +1,525 @@
+// Mixture-of-Experts (DeepSeek-V3, Liu et al. 2024 §2.1.2; HF `DeepseekV3TopkRouter`):
+// routing (sigmoid scores, group-limited top-k) and routed SwiGLU experts as grouped GEMMs over
+// the (token, choice) pairs sorted by expert.
+//
+// Expert pipeline (one launch per step, never one per expert):
+//   moe_sort     ids [P = N·k] → offsets [E + 1], pos [P] (sorted position of each pair),
+//                sorted [P] (pair at each sorted position), tiles [T][2] = (expert, first row)
+//                with T ≤ ceil(P / BT) + E tiles of at most BT rows, ntiles [1].
+//   gate_up      h[sp, f] = silu(x[tok]·gate[e, f]) · (x[tok]·up[e, f])   (grouped GEMM/GEMV)
+//   down         y2[sp, d] = h[sp]·down[e, d]                              (grouped GEMM/GEMV)
+//   moe_combine  y[n, d] = Σ_j weights[n, j] · y2[pos[n·k + j], d] in f32, j in order
+//                (deterministic: no atomics in the sums; a row's GEMM result does not depend on
+//                the other rows of its tile, so the atomics-ordered sort changes nothing).
+// Grouped GEMM kernels take grid.y = the maximal tile count and exit for tiles ≥ ntiles.
+
+#define MOE_NEG_INF (-__int_as_float(0x7f800000))
+
+// ---------------------------------------------------------------------------------------------
+// Routing: one block (256 threads) per token over f32 logits [N, E]; dynamic smem 2·E + 2·G
+// words + k. Ranks (count of better entries, ties by lower index) give exact, order-independent
+// top-k and top-group choices.
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, const float* __restrict__ bias,
+                                    u32* __restrict__ ids, float* __restrict__ weights, u32 n,
+                                    u32 e, u32 k, u32 g, u32 topk_group, u32 norm, float scale) {
+    extern __shared__ float sm[];
+    float* s = sm;            // [E] sigmoid scores
+    float* c = sm + e;        // [E] choice scores
+    float* gs = c + e;        // [G] group scores
+    u32* keep = reinterpret_cast<u32*>(gs + g);  // [G]
+    u32* sel = keep + g;                          // [k]
+    grid_dep_wait();
+    const u32 tid = threadIdx.x;
+    const u32 per = e / g;
+    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
+        __syncthreads();
+        for (u32 i = tid; i < e; i += blockDim.x) {
+            const float l = logits[(u64)t * e + i];
+            const float sv = 1.f / (1.f + expf(-l));
+            s[i] = sv;
+            c[i] = sv + (bias ? bias[i] : 0.f);
+        }
+        __syncthreads();
+        if (g > 1) {
+            for (u32 gi = tid; gi < g; gi += blockDim.x) {
+                float m1 = MOE_NEG_INF, m2 = MOE_NEG_INF;
+                for (u32 i = gi * per; i < (gi + 1) * per; i++) {
+                    const float v = c[i];
+                    if (v > m1) {
+                        m2 = m1;
+                        m1 = v;
+                    } else if (v > m2) {
+                        m2 = v;
+                    }
+                }
+                gs[gi] = per >= 2 ? m1 + m2 : m1;
+            }
+            __syncthreads();
+            for (u32 gi = tid; gi < g; gi += blockDim.x) {
+                const float v = gs[gi];
+                u32 rank = 0;
+                for (u32 j = 0; j < g; j++) rank += (gs[j] > v || (gs[j] == v && j < gi)) ? 1u : 0u;
+                keep[gi] = rank < topk_group ? 1u : 0u;
+            }
+            __syncthreads();
+            for (u32 i = tid; i < e; i += blockDim.x)
+                if (!keep[i / per]) c[i] = MOE_NEG_INF;
+            __syncthreads();
+        }
+        for (u32 i = tid; i < e; i += blockDim.x) {
+            const float v = c[i];
+            u32 rank = 0;
+            for (u32 j = 0; j < e; j++) rank += (c[j] > v || (c[j] == v && j < i)) ? 1u : 0u;
+            if (rank < k) sel[rank] = i;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0.f;
+            for (u32 j = 0; j < k; j++) sum += s[sel[j]];
+            for (u32 j = 0; j < k; j++) {
+                float wv = s[sel[j]];
+                if (norm) wv /= sum + 1e-20f;
+                ids[(u64)t * k + j] = sel[j];
+                weights[(u64)t * k + j] = wv * scale;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counting sort of the P = N·k pairs by expert, and the tile map. One block of 1024 threads;
+// dynamic smem 3·E words. Pairs with an id >= E get pos = 0xffffffff (ignored downstream).
+extern "C" __global__ void moe_sort(const u32* __restrict__ ids, u32 p, u32 e, u32 bt,
+                                    u32* __restrict__ offsets, u32* __restrict__ pos,
+                                    u32* __restrict__ sorted, u32* __restrict__ tiles,
+                                    u32* __restrict__ ntiles) {
+    extern __shared__ u32 su[];
+    u32* cnt = su;
+    u32* off = su + e;
+    u32* toff = su + 2 * e;
+    grid_dep_wait();
+    const u32 tid = threadIdx.x;
+    for (u32 i = tid; i < e; i += blockDim.x) cnt[i] = 0;
+    __syncthreads();
+    for (u32 i = tid; i < p; i += blockDim.x) {
+        const u32 x = ids[i];
+        pos[i] = x < e ? atomicAdd(&cnt[x], 1u) : 0xffffffffu;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        u32 a = 0, tt = 0;
+        for (u32 i = 0; i < e; i++) {
+            off[i] = a;
+            toff[i] = tt;
+            offsets[i] = a;
+            a += cnt[i];
+            tt += (cnt[i] + bt - 1) / bt;
+        }
+        offsets[e] = a;
+        *ntiles = tt;
+    }
+    __syncthreads();
+    for (u32 i = tid; i < p; i += blockDim.x) {
+        const u32 x = ids[i];
+        if (x < e) {
+            const u32 sp = off[x] + pos[i];
+            pos[i] = sp;
+            sorted[sp] = i;
+        }
+    }
+    for (u32 i = tid; i < e; i += blockDim.x) {
+        const u32 nt = (cnt[i] + bt - 1) / bt;
+        for (u32 t = 0; t < nt; t++) {
+            tiles[2 * (toff[i] + t)] = i;
+            tiles[2 * (toff[i] + t) + 1] = t * bt;
+        }
+    }
+}
+
+// Which rows a tile covers. `gather_k` > 0: A row of sorted position sp is token sorted[sp] / k
+// (gate_up reads x); 0: A row is sp itself (down reads h).
+struct MoeTile {
+    u32 expert, first, rows;  // first sorted position, rows in the tile
+};
+__device__ __forceinline__ bool moe_tile(const u32* offsets, const u32* tiles, const u32* ntiles,
+                                         u32 bt, MoeTile& t) {
+    const u32 ti = blockIdx.y;
+    if (ti >= *ntiles) return false;
+    t.expert = tiles[2 * ti];
+    const u32 r0 = tiles[2 * ti + 1];
+    const u32 o0 = offsets[t.expert], o1 = offsets[t.expert + 1];
+    t.first = o0 + r0;
+    t.rows = min(bt, o1 - o0 - r0);
+    return true;
+}
+__device__ __forceinline__ u32 moe_src_row(const u32* sorted, u32 gather_k, u32 sp) {
+    return gather_k ? sorted[sp] / gather_k : sp;
+}
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
+
+// ---------------------------------------------------------------------------------------------
+// Grouped GEMV (decode: at most MT rows per tile). A block of 256 threads owns RPW outputs of
+// one tile; GU: weight rows o (gate) and F + o (up) per output, else row o. Every weight byte of
+// the chosen experts is streamed once per tile with 16-byte loads; K % 8 == 0.
+// grid = (ceil(nout / RPW), max tiles).
+__device__ __forceinline__ uint4 moe_ld_stream16(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+template <typename T> __device__ __forceinline__ void moe_wload(Vec8<T>& v, const T* p) {
+    v.r = moe_ld_stream16(p);
+}
+template <> __device__ __forceinline__ void moe_wload<float>(Vec8<float>& v, const float* p) {
+    const uint4 a = moe_ld_stream16(p), b = moe_ld_stream16(p + 4);
+    v.a = make_float4(__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w));
+    v.b = make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w));
+}
+
+template <typename T, bool GU, int MT, int RPW>
+__device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* __restrict__ w,
+                                              T* __restrict__ out, const u32* __restrict__ offsets,
+                                              const u32* __restrict__ sorted,
+                                              const u32* __restrict__ tiles,
+                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
+                                              u32 nout, u32 kdim, u32 wrows) {
+    constexpr int NW = GU ? 2 * RPW : RPW;
+    __shared__ float red[8][NW * MT];
+    grid_dep_wait();
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)MT), tl)) return;
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 o0 = blockIdx.x * RPW;
+    const T* wexp = w + (u64)tl.expert * wrows * kdim;
+    const T* wr[NW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const u32 o = min(o0 + r, nout - 1);
+        wr[r] = wexp + (u64)o * kdim;
+        if (GU) wr[RPW + r] = wexp + (u64)(nout + o) * kdim;
+    }
+    const T* xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+        xr[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + min((u32)i, tl.rows - 1)) * kdim;
+    float acc[NW][MT];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
+    constexpr u32 STEP = 256 * 8;
+    for (u32 kb = tid * 8; kb < kdim; kb += 2 * STEP) {
+        const bool two = kb + STEP < kdim;
+        Vec8<T> wv[2][NW];
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            moe_wload<T>(wv[0][r], wr[r] + kb);
+            if (two) moe_wload<T>(wv[1][r], wr[r] + kb + STEP);
+            else wv[1][r].zero();
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (u == 1 && !two) break;
+            float xf[MT][8];
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                Vec8<T> v;
+                v.load(xr[i] + kb + u * STEP);
+                v.to_float(xf[i]);
+            }
+#pragma unroll
+            for (int r = 0; r < NW; r++) {
+                float wf[8];
+                wv[u][r].to_float(wf);
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int q = 0; q < 8; q++) acc[r][i] = fmaf(wf[q], xf[i][q], acc[r][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const float sv = warp_sum(acc[r][i]);
+            if (lane == 0) red[warp][r * MT + i] = sv;
+        }
+    __syncthreads();
+    if (tid < RPW * MT) {
+        const u32 r = tid / MT, i = tid % MT;
+        float g = 0.f, u = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < 8; wi++) {
+            g += red[wi][r * MT + i];
+            if (GU) u += red[wi][(RPW + r) * MT + i];
+        }
+        if (o0 + r < nout && i < tl.rows)
+            out[(u64)(tl.first + i) * nout + o0 + r] = from_f<T>(GU ? silu_f(g) * u : g);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped tensor-core GEMM (bf16/f16, K % 8 == 0): tile 64 rows × 128 weight rows × 32 k,
+// 3-stage cp.async pipeline, 8 warps as 2 (rows) × 4 (weight rows), mma.sync m16n8k16, f32
+// accumulation. GU: the 128 weight rows are gate rows n0 .. n0 + 64 and the matching up rows,
+// each warp holds 16 gate and the same 16 up columns, and the epilogue writes silu(g)·u for 64
+// outputs; else 128 outputs. grid = (ceil(nout / (GU ? 64 : 128)), max tiles).
+#define MOE_BM 64
+#define MOE_BN 128
+#define MOE_BK 32
+#define MOE_LD (MOE_BK + 8)
+#define MOE_STAGES 3
+template <typename T, bool GU>
+__device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* __restrict__ w,
+                                             T* __restrict__ out, const u32* __restrict__ offsets,
+                                             const u32* __restrict__ sorted,
+                                             const u32* __restrict__ tiles,
+                                             const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
+                                             u32 nout, u32 kdim, u32 wrows) {
+    __shared__ __align__(16) T sa[MOE_STAGES][MOE_BM * MOE_LD];
+    __shared__ __align__(16) T sb[MOE_STAGES][MOE_BN * MOE_LD];
+    grid_dep_wait();
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)MOE_BM), tl)) return;
+    const u32 tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    const u32 wm = wp & 1, wn = wp >> 1;
+    const u32 g = lane >> 2, t4 = lane & 3;
+    const u32 n0 = blockIdx.x * (GU ? MOE_BN / 2 : MOE_BN);
+    const T* wexp = w + (u64)tl.expert * wrows * kdim;
+
+    // This thread's copy jobs: one A chunk (row tid / 4, chunk tid % 4), two B chunks.
+    const u32 ar = tid >> 2, ac = (tid & 3) * 8;
+    const bool a_ok = ar < tl.rows;
+    const T* asrc = a + (u64)moe_src_row(sorted, gather_k, tl.first + (a_ok ? ar : 0)) * kdim + ac;
+    const T* bsrc[2];
+    bool b_ok[2];
+    u32 brow[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const u32 br = (tid >> 2) + 128 * 0 + i * 64;
+        brow[i] = br;
+        u32 wrow;
+        if (GU) {
+            const u32 o = n0 + (br & 63);
+            b_ok[i] = o < nout;
+            wrow = br < 64 ? o : nout + o;
+        } else {
+            wrow = n0 + br;
+            b_ok[i] = wrow < nout;
+        }
+        bsrc[i] = wexp + (u64)(b_ok[i] ? wrow : 0) * kdim + ac;
+    }
+    auto load = [&](u32 kt, u32 st) {
+        const u32 k0 = kt * MOE_BK;
+        const bool kin = k0 + ac < kdim;
+        cp_async16(smem_addr(&sa[st][ar * MOE_LD + ac]), asrc + k0, (a_ok && kin) ? 16u : 0u);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            cp_async16(smem_addr(&sb[st][brow[i] * MOE_LD + ac]), bsrc[i] + k0,
+                       (b_ok[i] && kin) ? 16u : 0u);
+    };
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    // Smem row of the first of each pair of this warp's n-tiles.
+    u32 pb[2];
+    if (GU) {
+        pb[0] = wn * 16;
+        pb[1] = 64 + wn * 16;
+    } else {
+        pb[0] = wn * 32;
+        pb[1] = wn * 32 + 16;
+    }
+    const u32 nk = (kdim + MOE_BK - 1) / MOE_BK;
+#pragma unroll
+    for (u32 s = 0; s < MOE_STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < nk; kt++) {
+        cp_async_wait<MOE_STAGES - 2>();
+        __syncthreads();
+        const u32 st = kt % MOE_STAGES;
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_BK; kk += 16) {
+            u32 af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm_x4(smem_addr(&sa[st][(wm * 32 + mt * 16 + (lane & 15)) * MOE_LD + kk + (lane >> 4) * 8]),
+                        af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4(smem_addr(&sb[st][(pb[jj] + (lane & 7) + (lane >> 4) * 8) * MOE_LD + kk + ((lane >> 3) & 1) * 8]),
+                        b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    Mma<T>::run(acc[mt][2 * jj], af[mt], b0, b1);
+                    Mma<T>::run(acc[mt][2 * jj + 1], af[mt], b2, b3);
+                }
+            }
+        }
+        if (kt + MOE_STAGES - 1 < nk) load(kt + MOE_STAGES - 1, (kt + MOE_STAGES - 1) % MOE_STAGES);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+    // Epilogue. acc[mt][j]: rows wm·32 + mt·16 + g (+8), columns (n-tile j) t4·2 + {0, 1}.
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const u32 row = wm * 32 + mt * 16 + g + 8 * (e >> 1);
+            if (row >= tl.rows) continue;
+            T* orow = out + (u64)(tl.first + row) * nout;
+            if (GU) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const u32 col = n0 + wn * 16 + j * 8 + t4 * 2 + (e & 1);
+                    if (col < nout) orow[col] = from_f<T>(silu_f(acc[mt][j][e]) * acc[mt][j + 2][e]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 col = n0 + wn * 32 + j * 8 + t4 * 2 + (e & 1);
+                    if (col < nout) orow[col] = from_f<T>(acc[mt][j][e]);
+                }
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped FMA GEMM for any dtype and K (f32 and shapes the other kernels do not take): tile
+// 32 rows × 32 outputs × 16 k, 256 threads each computing 2 × 2 outputs (and the matching up
+// outputs for GU). grid = (ceil(nout / 32), max tiles).
+template <typename T, bool GU>
+__device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* __restrict__ w,
+                                             T* __restrict__ out, const u32* __restrict__ offsets,
+                                             const u32* __restrict__ sorted,
+                                             const u32* __restrict__ tiles,
+                                             const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
+                                             u32 nout, u32 kdim, u32 wrows) {
+    __shared__ float sa[32][17];
+    __shared__ float sw[64][17];
+    grid_dep_wait();
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, min(bt, 32u), tl)) return;
+    const u32 tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const u32 n0 = blockIdx.x * 32;
+    const T* wexp = w + (u64)tl.expert * wrows * kdim;
+    float acc[2][2][2] = {};  // [gate/up][row][out]
+    for (u32 k0 = 0; k0 < kdim; k0 += 16) {
+        __syncthreads();
+        for (u32 e = tid; e < 32 * 16; e += 256) {
+            const u32 r = e / 16, c = e % 16, kk = k0 + c;
+            float v = 0.f;
+            if (r < tl.rows && kk < kdim)
+                v = to_f(a[(u64)moe_src_row(sorted, gather_k, tl.first + r) * kdim + kk]);
+            sa[r][c] = v;
+        }
+        for (u32 e = tid; e < (GU ? 64 : 32) * 16; e += 256) {
+            const u32 r = e / 16, c = e % 16, kk = k0 + c;
+            const u32 o = n0 + (r & 31);
+            float v = 0.f;
+            if (o < nout && kk < kdim) v = to_f(wexp[(u64)(r < 32 ? o : nout + o) * kdim + kk]);
+            sw[r][c] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 16; c++) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const float av = sa[ty * 2 + i][c];
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    acc[0][i][j] = fmaf(av, sw[tx * 2 + j][c], acc[0][i][j]);
+                    if (GU) acc[1][i][j] = fmaf(av, sw[32 + tx * 2 + j][c], acc[1][i][j]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const u32 row = ty * 2 + i, col = n0 + tx * 2 + j;
+            if (row < tl.rows && col < nout)
+                out[(u64)(tl.first + row) * nout + col] =
+                    from_f<T>(GU ? silu_f(acc[0][i][j]) * acc[1][i][j] : acc[0][i][j]);
+        }
+}
+
+// y[n, d] = Σ_j weights[n, j] · y2[pos[n·k + j], d] (f32, j in order). grid.x = N (grid-stride).
+template <typename T>
+__device__ __forceinline__ void moe_combine_impl(const T* __restrict__ y2, const u32* __restrict__ pos,
+                                                 const float* __restrict__ weights, T* __restrict__ y,
+                                                 u32 n, u32 k, u32 d) {
+    grid_dep_wait();
+    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
+        for (u32 c = threadIdx.x; c < d; c += blockDim.x) {
+            float acc = 0.f;
+            for (u32 j = 0; j < k; j++) {
+                const u32 sp = pos[(u64)t * k + j];
+                if (sp == 0xffffffffu) continue;
+                acc = fmaf(weights[(u64)t * k + j], to_f(y2[(u64)sp * d + c]), acc);
+            }
+            y[(u64)t * d + c] = from_f<T>(acc);
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __restrict__ y, u64 n) {
+    grid_dep_wait();
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        y[i] = to_f(x[i]);
+}
+
+#define MOE_ARGS(T)                                                                            \
+    const T *a, const T *w, T *out, const u32 *offsets, const u32 *sorted, const u32 *tiles,  \
+        const u32 *ntiles, u32 bt, u32 gather_k, u32 nout, u32 kdim, u32 wrows
+#define MOE_PASS a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows
+#define MOE_GEMV(S, T, MT)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_gu_m##MT(MOE_ARGS(T)) {     \
+        moe_gemv_impl<T, true, MT, 2>(MOE_PASS);                                              \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_dn_m##MT(MOE_ARGS(T)) {     \
+        moe_gemv_impl<T, false, MT, 4>(MOE_PASS);                                             \
+    }
+#define MOE_ALL(S, T)                                                                         \
+    MOE_GEMV(S, T, 1) MOE_GEMV(S, T, 2) MOE_GEMV(S, T, 4) MOE_GEMV(S, T, 8)                   \
+    extern "C" __global__ void __launch_bounds__(256) moe_fma_##S##_gu(MOE_ARGS(T)) {            \
+        moe_fma_impl<T, true>(MOE_PASS);                                                      \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) moe_fma_##S##_dn(MOE_ARGS(T)) {            \
+        moe_fma_impl<T, false>(MOE_PASS);                                                     \
+    }                                                                                         \
+    extern "C" __global__ void moe_combine_##S(const T* y2, const u32* pos, const float* wts,  \
+                                               T* y, u32 n, u32 k, u32 d) {                   \
+        moe_combine_impl<T>(y2, pos, wts, y, n, k, d);                                        \
+    }                                                                                         \
+    extern "C" __global__ void moe_cast_f32_##S(const T* x, float* y, u64 n) {                \
+        moe_cast_impl<T>(x, y, n);                                                            \
+    }
+DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
+
+#define MOE_MMA(S, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_gu(MOE_ARGS(T)) {            \
+        moe_mma_impl<T, true>(MOE_PASS);                                                      \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_dn(MOE_ARGS(T)) {            \
+        moe_mma_impl<T, false>(MOE_PASS);                                                     \
+    }
+#if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
+MOE_MMA(bf16, bf16)
+#endif
+#if defined(DAYONE_ONLY_F16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_BF16))
+MOE_MMA(f16, f16)
+#endif

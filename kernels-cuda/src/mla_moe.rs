@@ -1,0 +1,596 @@
+//! DeepSeek-V3 ops (MLA + MoE): `head_linear` (cuBLAS strided-batched GEMM), `write_cache`,
+//! `paged_latent_attention` (tensor-core split-K kernel, FMA fallback), `moe_route` (gate GEMV
+//! or GEMM in f32 + one block per token for the group-limited top-k) and `moe_experts`
+//! (device-side counting sort by expert, then one grouped GEMM/GEMV launch per projection and a
+//! deterministic weighted combine). Kernels: `kernels/mla.cu`, `kernels/moe.cu`.
+
+use crate::device::drv;
+use crate::launch::{self, MoeKernel};
+use crate::{check_dtype, dtype_suffix, to_i32, to_u32, CudaBackend, CudaTensor};
+use anyhow::{anyhow, bail, Result};
+use cudarc::cublas;
+use cudarc::driver::result as dr;
+use dayone_backend::{DType, DeviceStepMeta, MoeRouting, TensorInfo};
+use std::ffi::c_void;
+
+fn rank3(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, usize, usize)> {
+    match t.shape[..] {
+        [a, b, c] => Ok((a, b, c)),
+        _ => bail!("{op}: {what} must be {expect}, got {:?}", t.shape),
+    }
+}
+
+fn rank2(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, usize)> {
+    match t.shape[..] {
+        [a, b] => Ok((a, b)),
+        _ => bail!("{op}: {what} must be {expect}, got {:?}", t.shape),
+    }
+}
+
+impl CudaBackend {
+    fn memset0(&self, t: &CudaTensor) -> Result<()> {
+        if t.num_bytes() > 0 {
+            // SAFETY: the buffer holds `num_bytes` bytes.
+            unsafe {
+                dr::memset_d8_async(t.device_ptr(), 0, t.num_bytes(), self.stream.cu_stream())
+            }
+            .map_err(drv("memset"))?;
+        }
+        Ok(())
+    }
+
+    /// `y[n, h] = w[h] · x[n, h]`: `x` `[N, H, K]`, `w` `[H, O, K]` → `[N, H, O]`; one cuBLAS
+    /// `GemmStridedBatchedEx` over the heads (f32 compute). Column-major view per head h:
+    /// `y_hᵀ [O, N] = op(A) · B` with A = the row-major `[O, K]` weight read as `[K, O]`
+    /// (op = transpose, lda K, stride O·K), B = the head's `[N, K]` rows of x read as `[K, N]`
+    /// (ldb H·K, stride K), C ldc H·O, stride O.
+    pub(crate) fn head_linear_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "head_linear";
+        dtype_suffix(OP, x.dtype)?;
+        let (n, h, k) = rank3(OP, "x", x, "[N, H, K]")?;
+        let (wh, o, wk) = rank3(OP, "w", w, "[H, O, K]")?;
+        if wh != h || wk != k {
+            bail!("{OP}: w must have shape [{h}, O, {k}], got {:?}", w.shape);
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        self.bind()?;
+        let out = self.alloc(vec![n, h, o], x.dtype)?;
+        if n == 0 || h == 0 || o == 0 {
+            return Ok(out);
+        }
+        if k == 0 {
+            self.memset0(&out)?;
+            return Ok(out);
+        }
+        use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        let dt = match x.dtype {
+            DType::F32 => cudaDataType::CUDA_R_32F,
+            DType::BF16 => cudaDataType::CUDA_R_16BF,
+            _ => cudaDataType::CUDA_R_16F,
+        };
+        let (oi, ni, ki, hi) = (
+            to_i32(OP, "O", o)?,
+            to_i32(OP, "N", n)?,
+            to_i32(OP, "K", k)?,
+            to_i32(OP, "H", h)?,
+        );
+        let ldb = to_i32(OP, "H·K", h * k)?;
+        let ldc = to_i32(OP, "H·O", h * o)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: device pointers of live buffers; every (head, row) access stays inside x, w
+        // and out by the shapes checked above.
+        unsafe {
+            cublas::result::gemm_strided_batched_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                oi,
+                ni,
+                ki,
+                (&alpha) as *const f32 as *const c_void,
+                w.device_ptr() as *const c_void,
+                dt,
+                ki,
+                (o * k) as i64,
+                x.device_ptr() as *const c_void,
+                dt,
+                ldb,
+                k as i64,
+                (&beta) as *const f32 as *const c_void,
+                out.device_ptr() as *mut c_void,
+                dt,
+                ldc,
+                o as i64,
+                hi,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| anyhow!("{OP}: cuBLAS GemmStridedBatchedEx failed: {e:?}"))?;
+        Ok(out)
+    }
+
+    /// `cache[slot_mapping[n], col .. col + w] = x[n]`: `x` `[N, w]`, `cache` `[blocks, bs, W]`.
+    pub(crate) fn write_cache_impl(
+        &self,
+        x: &CudaTensor,
+        cache: &CudaTensor,
+        col: usize,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<()> {
+        const OP: &str = "write_cache";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (n, w) = rank2(OP, "x", x, "[N, w]")?;
+        let (blocks, bs, width) = rank3(OP, "cache", cache, "[blocks, bs, W]")?;
+        check_dtype(OP, "cache", cache, x.dtype)?;
+        if col + w > width {
+            bail!(
+                "{OP}: columns {col}..{} exceed the cache width {width}",
+                col + w
+            );
+        }
+        let slots = &meta.host.slot_mapping;
+        if slots.len() != n || meta.slot_mapping.numel() < n {
+            bail!(
+                "{OP}: slot_mapping must have N = {n} entries, has {}",
+                slots.len()
+            );
+        }
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= blocks * bs) {
+            bail!("{OP}: slot {s} outside the cache ({blocks}×{bs})");
+        }
+        if n == 0 || w == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let f = self.func("mla", sfx, &format!("write_cache_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(n, 65535), 1, 1),
+            (128, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                cache.device_ptr(),
+                meta.slot_mapping.device_ptr(),
+                n as u32,
+                to_u32(OP, "w", w)?,
+                to_u32(OP, "W", width)?,
+                col as u32,
+                to_u32(OP, "blocks·bs", blocks * bs)?
+            ],
+        )
+    }
+
+    /// MLA absorbed attention over the latent cache (see the trait doc).
+    pub(crate) fn latent_attention_impl(
+        &self,
+        q_lat: &CudaTensor,
+        q_rope: &CudaTensor,
+        cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "paged_latent_attention";
+        let sfx = dtype_suffix(OP, q_lat.dtype)?;
+        let (n, h, l) = rank3(OP, "q_lat", q_lat, "[N, H, L]")?;
+        let (rn, rh, r) = rank3(OP, "q_rope", q_rope, "[N, H, R]")?;
+        let (nblocks, bs, wdt) = rank3(OP, "cache", cache, "[blocks, bs, L + R]")?;
+        if rn != n || rh != h || wdt != l + r {
+            bail!(
+                "{OP}: q_rope must be [{n}, {h}, R] and cache [blocks, bs, {l} + R], got {:?} and {:?}",
+                q_rope.shape,
+                cache.shape
+            );
+        }
+        check_dtype(OP, "q_rope", q_rope, q_lat.dtype)?;
+        check_dtype(OP, "cache", cache, q_lat.dtype)?;
+        let hm = &meta.host;
+        let s = hm.num_seqs();
+        if hm.positions.len() != n || hm.token_seq.len() != n {
+            bail!(
+                "{OP}: meta has {} positions and {} token_seq entries, q has N = {n} tokens",
+                hm.positions.len(),
+                hm.token_seq.len()
+            );
+        }
+        if hm.query_start.len() != s + 1 || hm.block_tables.len() != s * hm.max_blocks {
+            bail!(
+                "{OP}: meta needs query_start [S+1] = [{}] and block_tables [S, max_blocks] = [{s}, {}], got {} and {}",
+                s + 1,
+                hm.max_blocks,
+                hm.query_start.len(),
+                hm.block_tables.len()
+            );
+        }
+        if hm.token_seq.iter().any(|&x| x as usize >= s) {
+            bail!("{OP}: token_seq refers to a sequence index >= S = {s}");
+        }
+        self.bind()?;
+        let out = self.alloc(vec![n, h, l], q_lat.dtype)?;
+        if n == 0 || h == 0 || l == 0 {
+            return Ok(out);
+        }
+        let kv_cap = hm.max_blocks * bs;
+        if kv_cap == 0 || nblocks == 0 {
+            self.memset0(&out)?;
+            return Ok(out);
+        }
+        let scale_log2 = scale * std::f32::consts::LOG2_E;
+        let (hu, lu, ru) = (
+            to_u32(OP, "H", h)?,
+            to_u32(OP, "L", l)?,
+            to_u32(OP, "R", r)?,
+        );
+        let (bsu, mbu, nbu) = (
+            to_u32(OP, "block_size", bs)?,
+            to_u32(OP, "max_blocks", hm.max_blocks)?,
+            to_u32(OP, "blocks", nblocks)?,
+        );
+        let smem = launch::mla_smem_bytes(l, r);
+        let mma = launch::mla_dv(l, r).filter(|_| {
+            q_lat.dtype != DType::F32
+                && self.mma_attention
+                && self.info.arch >= 80
+                && smem <= self.kernels.max_smem_optin as usize
+        });
+        if let Some(dv) = mma {
+            if s > 65535 {
+                bail!("{OP}: at most 65535 sequences per step, got {s}");
+            }
+            let max_q = hm
+                .query_start
+                .windows(2)
+                .map(|w| w[1].saturating_sub(w[0]) as usize)
+                .max()
+                .unwrap_or(0);
+            let max_kv = (hm.positions.iter().copied().max().unwrap_or(0) as usize + 1).min(kv_cap);
+            let row_tiles = (max_q * h).div_ceil(launch::MLA_ROWS as usize).max(1);
+            let plan = if max_q <= 1 {
+                launch::plan_decode(
+                    s * row_tiles,
+                    max_kv,
+                    4 * self.info.sms as usize,
+                    launch::MLA_BK,
+                    2 * launch::MLA_BK,
+                )
+            } else {
+                launch::DecodePlan {
+                    nsplit: 1,
+                    chunk: to_u32(OP, "max_blocks·bs", kv_cap)?,
+                }
+            };
+            let (part_o, part_ml) = if plan.nsplit > 1 {
+                let rows = n * h * plan.nsplit as usize;
+                (
+                    Some(self.scratch_f32(rows * l)?),
+                    Some(self.scratch_f32(rows * 2)?),
+                )
+            } else {
+                (None, None)
+            };
+            let po = part_o.as_ref().map_or(0, |t| t.device_ptr());
+            let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
+            let f = self.func("mla", sfx, &format!("mla_attn_mma_{sfx}_d{dv}"))?;
+            self.launch(
+                OP,
+                &f,
+                (to_u32(OP, "row tiles", row_tiles)?, plan.nsplit, s as u32),
+                (256, 1, 1),
+                smem as u32,
+                kparams![
+                    q_lat.device_ptr(),
+                    q_rope.device_ptr(),
+                    cache.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.block_tables.device_ptr(),
+                    out.device_ptr(),
+                    po,
+                    pml,
+                    hu,
+                    lu,
+                    ru,
+                    bsu,
+                    mbu,
+                    nbu,
+                    plan.chunk,
+                    plan.nsplit,
+                    scale_log2
+                ],
+            )?;
+            if plan.nsplit > 1 {
+                let f = self.func("attention_paged", sfx, &format!("attn_combine_{sfx}"))?;
+                self.launch(
+                    OP,
+                    &f,
+                    (to_u32(OP, "N·H", n * h)?, 1, 1),
+                    (lu.clamp(32, 256).div_ceil(32) * 32, 1, 1),
+                    0,
+                    kparams![po, pml, out.device_ptr(), lu, plan.nsplit],
+                )?;
+            }
+            return Ok(out);
+        }
+        if l > 1024 {
+            bail!("{OP}: latent width L = {l} is above the supported 1024");
+        }
+        let smem = (l + r) * 4;
+        if smem > 48 * 1024 {
+            bail!("{OP}: L + R = {} is above the supported 12288", l + r);
+        }
+        let f = self.func("mla", sfx, &format!("mla_attn_simple_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(n * h, 65535), 1, 1),
+            (128, 1, 1),
+            smem as u32,
+            kparams![
+                q_lat.device_ptr(),
+                q_rope.device_ptr(),
+                cache.device_ptr(),
+                meta.token_seq.device_ptr(),
+                meta.positions.device_ptr(),
+                meta.block_tables.device_ptr(),
+                out.device_ptr(),
+                n as u32,
+                hu,
+                lu,
+                ru,
+                bsu,
+                mbu,
+                nbu,
+                scale_log2
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// DeepSeek-V3 routing: logits `x · gate_wᵀ` in f32 through `linear` (GEMV for ≤ 8 tokens,
+    /// cuBLAS SGEMM otherwise; bf16/f16 `x` is widened to f32 first), then `moe_topk`.
+    pub(crate) fn moe_route_impl(
+        &self,
+        x: &CudaTensor,
+        gate_w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        routing: &MoeRouting,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "moe_route";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (n, d) = rank2(OP, "x", x, "[N, D]")?;
+        let (e, gd) = rank2(OP, "gate_w", gate_w, "[E, D]")?;
+        if gd != d || gate_w.dtype != DType::F32 {
+            bail!(
+                "{OP}: gate_w must be f32 [E, {d}], got {} {:?}",
+                gate_w.dtype,
+                gate_w.shape
+            );
+        }
+        let k = routing.top_k;
+        let g = routing.n_group.max(1);
+        if k == 0 || k > e {
+            bail!("{OP}: top_k {k} must be in 1..={e}");
+        }
+        if !e.is_multiple_of(g) || routing.topk_group == 0 || routing.topk_group > g {
+            bail!(
+                "{OP}: {e} experts, {g} groups, topk_group {}",
+                routing.topk_group
+            );
+        }
+        if let Some(b) = bias {
+            if b.shape != [e] || b.dtype != DType::F32 {
+                bail!(
+                    "{OP}: bias must be f32 [{e}], got {} {:?}",
+                    b.dtype,
+                    b.shape
+                );
+            }
+        }
+        let smem = (2 * e + 2 * g + k) * 4;
+        if smem > 48 * 1024 {
+            bail!("{OP}: {e} experts are above the supported 6000");
+        }
+        self.bind()?;
+        let ids = self.alloc(vec![n, k], DType::U32)?;
+        let weights = self.alloc(vec![n, k], DType::F32)?;
+        if n == 0 {
+            return Ok((ids, weights));
+        }
+        let xf = if x.dtype == DType::F32 {
+            x.clone()
+        } else {
+            let xf = self.alloc(vec![n, d], DType::F32)?;
+            let f = self.func("moe", sfx, &format!("moe_cast_f32_{sfx}"))?;
+            let cnt = n * d;
+            self.launch(
+                OP,
+                &f,
+                (
+                    launch::elementwise_grid(cnt, 4, 256, 16 * self.info.sms),
+                    1,
+                    1,
+                ),
+                (256, 1, 1),
+                0,
+                kparams![x.device_ptr(), xf.device_ptr(), cnt as u64],
+            )?;
+            xf
+        };
+        let logits = self.linear_impl(&xf, gate_w, None, true)?;
+        let f = self.func("moe", sfx, "moe_topk")?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(n, 65535), 1, 1),
+            (256, 1, 1),
+            smem as u32,
+            kparams![
+                logits.device_ptr(),
+                bias.map_or(0u64, |b| b.device_ptr()),
+                ids.device_ptr(),
+                weights.device_ptr(),
+                to_u32(OP, "N", n)?,
+                e as u32,
+                k as u32,
+                g as u32,
+                routing.topk_group as u32,
+                u32::from(routing.norm_topk_prob),
+                routing.routed_scaling_factor
+            ],
+        )?;
+        Ok((ids, weights))
+    }
+
+    /// Routed SwiGLU experts: sort pairs by expert on the device, grouped gate_up (+ silu·up),
+    /// grouped down, weighted combine (see `kernels/moe.cu`).
+    pub(crate) fn moe_experts_impl(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &CudaTensor,
+        down: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "moe_experts";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (n, d) = rank2(OP, "x", x, "[N, D]")?;
+        let (e, f2, gd) = rank3(OP, "gate_up", gate_up, "[E, 2F, D]")?;
+        if gd != d || !f2.is_multiple_of(2) {
+            bail!(
+                "{OP}: gate_up must be [E, 2F, {d}], got {:?}",
+                gate_up.shape
+            );
+        }
+        let f = f2 / 2;
+        if down.shape != [e, d, f] {
+            bail!("{OP}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
+        }
+        check_dtype(OP, "gate_up", gate_up, x.dtype)?;
+        check_dtype(OP, "down", down, x.dtype)?;
+        if ids.dtype != DType::U32
+            || ids.shape.len() != 2
+            || ids.shape[0] != n
+            || weights.shape != ids.shape
+            || weights.dtype != DType::F32
+        {
+            bail!(
+                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
+                ids.dtype,
+                ids.shape,
+                weights.dtype,
+                weights.shape
+            );
+        }
+        let k = ids.shape[1];
+        self.bind()?;
+        let out = self.alloc(vec![n, d], x.dtype)?;
+        if n == 0 || d == 0 {
+            return Ok(out);
+        }
+        if k == 0 || e == 0 || f == 0 {
+            self.memset0(&out)?;
+            return Ok(out);
+        }
+        if 3 * e * 4 > 48 * 1024 {
+            bail!("{OP}: {e} experts are above the supported 4096");
+        }
+        let p = n * k;
+        let gemv_max = std::env::var("DAYONE_MOE_GEMV_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(launch::MOE_GEMV_MAX_TOKENS);
+        let plan = launch::moe_plan(n, k, e, d, f, x.dtype != DType::F32, gemv_max);
+        let maxt = to_u32(OP, "tiles", plan.max_tiles)?;
+        if maxt > 65535 {
+            bail!("{OP}: {p} (token, expert) pairs need {maxt} tiles, above 65535");
+        }
+        let offsets = self.alloc(vec![e + 1], DType::U32)?;
+        let pos = self.alloc(vec![p], DType::U32)?;
+        let sorted = self.alloc(vec![p], DType::U32)?;
+        let tiles = self.alloc(vec![2 * plan.max_tiles], DType::U32)?;
+        let ntiles = self.alloc(vec![1], DType::U32)?;
+        let h = self.alloc(vec![p, f], x.dtype)?;
+        let y2 = self.alloc(vec![p, d], x.dtype)?;
+        let pu = to_u32(OP, "N·k", p)?;
+        let sort = self.func("moe", sfx, "moe_sort")?;
+        self.launch(
+            OP,
+            &sort,
+            (1, 1, 1),
+            (1024, 1, 1),
+            (3 * e * 4) as u32,
+            kparams![
+                ids.device_ptr(),
+                pu,
+                e as u32,
+                plan.bt,
+                offsets.device_ptr(),
+                pos.device_ptr(),
+                sorted.device_ptr(),
+                tiles.device_ptr(),
+                ntiles.device_ptr()
+            ],
+        )?;
+        // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert)
+        let projections = [
+            (plan.gate_up, x, gate_up, &h, k as u32, f, d, 2 * f, "gu"),
+            (plan.down, &h, down, &y2, 0u32, d, f, d, "dn"),
+        ];
+        for (kernel, a, w, o, gather, nout, kdim, wrows, tag) in projections {
+            let (name, cols) = match kernel {
+                MoeKernel::Gemv(mt) => (
+                    format!("moe_gemv_{sfx}_{tag}_m{mt}"),
+                    if tag == "gu" { 2 } else { 4 },
+                ),
+                MoeKernel::Mma => (
+                    format!("moe_mma_{sfx}_{tag}"),
+                    if tag == "gu" { 64 } else { 128 },
+                ),
+                MoeKernel::Fma => (format!("moe_fma_{sfx}_{tag}"), 32),
+            };
+            let fun = self.func("moe", sfx, &name)?;
+            self.launch(
+                OP,
+                &fun,
+                (to_u32(OP, "grid.x", nout.div_ceil(cols))?, maxt, 1),
+                (256, 1, 1),
+                0,
+                kparams![
+                    a.device_ptr(),
+                    w.device_ptr(),
+                    o.device_ptr(),
+                    offsets.device_ptr(),
+                    sorted.device_ptr(),
+                    tiles.device_ptr(),
+                    ntiles.device_ptr(),
+                    plan.bt,
+                    gather,
+                    to_u32(OP, "output width", nout)?,
+                    to_u32(OP, "reduction width", kdim)?,
+                    to_u32(OP, "weight rows", wrows)?
+                ],
+            )?;
+        }
+        let comb = self.func("moe", sfx, &format!("moe_combine_{sfx}"))?;
+        self.launch(
+            OP,
+            &comb,
+            (launch::row_grid(n, 65535), 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                y2.device_ptr(),
+                pos.device_ptr(),
+                weights.device_ptr(),
+                out.device_ptr(),
+                n as u32,
+                k as u32,
+                to_u32(OP, "D", d)?
+            ],
+        )?;
+        Ok(out)
+    }
+}
