@@ -163,6 +163,7 @@ pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
         name,
         EngineConfig {
             dtype,
+            kv_cache_tokens: Some(2048),
             ..Default::default()
         },
     )?;

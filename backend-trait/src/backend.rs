@@ -214,6 +214,68 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )
     }
 
+    /// Causal depthwise convolution with SiLU over each sequence's tokens, carrying history in a
+    /// per-sequence state (KDA's short convolution; Kimi-Linear, HF `causal_conv1d_fn`/`_update`):
+    /// `y[t, c] = silu(Σ_{j<W} w[c, j] · u[t − (W−1) + j, c])`, where `u` is the sequence's input
+    /// stream: `state[slot, c, ..]` (the last `W−1` inputs before this step, oldest first; zeros
+    /// when the sequence starts at position 0 in this step) followed by this step's rows.
+    /// Afterwards the state holds the last `W−1` inputs. `x` `[N, C]`, `w` `[C, W]` f32,
+    /// `state` `[slots, C, W−1]` f32 (updated in place) → `[N, C]` in `x`'s dtype.
+    fn short_conv(
+        &self,
+        _x: &Self::Tensor,
+        _w: &Self::Tensor,
+        _state: &Self::Tensor,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "short_conv is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Kimi Delta Attention over each sequence's tokens in order (Kimi Linear report §2; fla
+    /// `naive_recurrent_kda`), all in f32, with the recurrent state `S` `[K, V]` per head kept in
+    /// `state[slot]` (zero when the sequence starts at position 0 in this step):
+    /// gate `g = −exp(a_log[h]) · softplus(a + dt_bias)` (or, with `lower_bound = Some(lb)`,
+    /// `g = lb · σ(exp(a_log[h]) · (a + dt_bias))`), `β = σ(b)`;
+    /// `q ← q/√(Σq² + 1e−6) · K^−½`, `k ← k/√(Σk² + 1e−6)`;
+    /// per token: `S ← diag(exp(g)) S`; `S ← S + k ⊗ β(v − Sᵀk)`; `o = Sᵀq`.
+    /// `q`, `k`, `a` `[N, H, K]`, `v` `[N, H, V]`, `b` `[N, H]`, `a_log` `[H]` f32, `dt_bias`
+    /// `[H, K]` f32, `state` `[slots, H, K, V]` f32 (updated in place) → `o` `[N, H, V]` in `q`'s
+    /// dtype. Backends may evaluate a prefill chunk in the chunked form (equal in exact arithmetic).
+    #[allow(clippy::too_many_arguments)]
+    fn kda(
+        &self,
+        _q: &Self::Tensor,
+        _k: &Self::Tensor,
+        _v: &Self::Tensor,
+        _a: &Self::Tensor,
+        _b: &Self::Tensor,
+        _a_log: &Self::Tensor,
+        _dt_bias: &Self::Tensor,
+        _lower_bound: Option<f32>,
+        _state: &Self::Tensor,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!("kda is not implemented on the {} backend", self.name())
+    }
+
+    /// Sigmoid-gated RMSNorm (HF `KimiLinearRMSNormGated`), in f32:
+    /// `y = w ⊙ x / √(mean(x²) + eps) ⊙ σ(gate)`. `x`, `gate` `[R, D]`, `w` `[D]` → `[R, D]`.
+    fn gated_rms_norm(
+        &self,
+        _x: &Self::Tensor,
+        _gate: &Self::Tensor,
+        _w: &Self::Tensor,
+        _eps: f32,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "gated_rms_norm is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
     /// Routed SwiGLU experts: `y[n] = Σ_j weights[n, j] · down[e] · (silu(g) ⊙ u)` with
     /// `e = ids[n, j]` and `[g | u] = gate_up[e] · x[n]`.
     /// `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32, `gate_up` `[E, 2F, D]` (gate rows
@@ -247,6 +309,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
             seq_lens: u(&meta.seq_lens)?,
             query_start: u(&meta.query_start)?,
             logit_rows: u(&meta.logit_rows)?,
+            state_slots: u(&meta.state_slots)?,
             host: meta,
         })
     }

@@ -20,6 +20,10 @@ pub struct StepMeta {
     pub query_start: Vec<u32>,
     /// `[M]` token rows whose logits are wanted (usually the last token of each sequence).
     pub logit_rows: Vec<u32>,
+    /// `[S]` recurrent-state slot of each sequence (layers with per-sequence state, e.g. KDA);
+    /// empty when the model keeps none. A sequence whose first token in the step is at
+    /// position 0 starts from a zero state, whatever the slot holds.
+    pub state_slots: Vec<u32>,
     /// Columns of `block_tables`.
     pub max_blocks: usize,
     /// Tokens per cache block.
@@ -57,6 +61,8 @@ pub struct DeviceStepMeta<T> {
     pub query_start: T,
     /// See [`StepMeta::logit_rows`].
     pub logit_rows: T,
+    /// See [`StepMeta::state_slots`].
+    pub state_slots: T,
     /// The host-side values.
     pub host: StepMeta,
 }

@@ -252,6 +252,66 @@ impl Backend for CpuBackend {
             &down.host(),
         )?))
     }
+
+    fn short_conv(
+        &self,
+        x: &CpuTensor,
+        w: &CpuTensor,
+        state: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+    ) -> Result<CpuTensor> {
+        let mut st = state.host();
+        let y = reference::short_conv(&x.host(), &w.host(), &mut st, &meta.host)?;
+        st.shape = state.data.read().expect("lock").shape.clone();
+        *state.data.write().expect("lock") = st;
+        Ok(CpuTensor::new(y))
+    }
+
+    fn kda(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        a_log: &CpuTensor,
+        dt_bias: &CpuTensor,
+        lower_bound: Option<f32>,
+        state: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+    ) -> Result<CpuTensor> {
+        let mut st = state.host();
+        let o = reference::kda(
+            &q.host(),
+            &k.host(),
+            &v.host(),
+            &a.host(),
+            &b.host(),
+            &a_log.host(),
+            &dt_bias.host(),
+            lower_bound,
+            &mut st,
+            &meta.host,
+        )?;
+        st.shape = state.data.read().expect("lock").shape.clone();
+        *state.data.write().expect("lock") = st;
+        Ok(CpuTensor::new(o))
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CpuTensor,
+        gate: &CpuTensor,
+        w: &CpuTensor,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::gated_rms_norm(
+            &x.host(),
+            &gate.host(),
+            &w.host(),
+            eps,
+        )?))
+    }
 }
 
 #[cfg(test)]

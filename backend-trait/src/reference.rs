@@ -700,3 +700,226 @@ pub fn moe_experts(
     }
     HostTensor::from_f32_as(vec![n, d], &y, dt)
 }
+
+/// For each sequence of the step, its token rows and whether it starts at position 0.
+fn seq_rows(meta: &StepMeta) -> Vec<(std::ops::Range<usize>, bool)> {
+    (0..meta.seq_lens.len())
+        .map(|s| {
+            let r = meta.query_start[s] as usize..meta.query_start[s + 1] as usize;
+            let fresh = r.is_empty() || meta.positions[r.start] == 0;
+            (r, fresh)
+        })
+        .collect()
+}
+
+/// Causal depthwise convolution + SiLU with per-sequence history (see
+/// [`crate::Backend::short_conv`]; HF `causal_conv1d_fn` / `causal_conv1d_update`).
+///
+/// `x` `[N, C]`, `w` `[C, W]`, `state` `[slots, C, W−1]` f32 (updated) → `[N, C]` in `x`'s dtype.
+pub fn short_conv(
+    x: &HostTensor,
+    w: &HostTensor,
+    state: &mut HostTensor,
+    meta: &StepMeta,
+) -> Result<HostTensor> {
+    rank("short_conv", "x", x, 2, "[N, C]")?;
+    rank("short_conv", "w", w, 2, "[C, W]")?;
+    rank("short_conv", "state", state, 3, "[slots, C, W-1]")?;
+    let dt = float_dtype("short_conv", "x", x)?;
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let width = w.shape[1];
+    ensure!(
+        w.shape[0] == c && width >= 1,
+        "short_conv: w must be [{c}, W], got {:?}",
+        w.shape
+    );
+    ensure!(
+        state.shape[1..] == [c, width - 1],
+        "short_conv: state must be [slots, {c}, {}], got {:?}",
+        width - 1,
+        state.shape
+    );
+    ensure!(
+        meta.state_slots.len() == meta.seq_lens.len(),
+        "short_conv: state_slots must have one entry per sequence"
+    );
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let mut sv = state.to_f32();
+    let h = width - 1;
+    let mut y = vec![0f32; n * c];
+    for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
+        let slot = meta.state_slots[s] as usize;
+        ensure!(
+            slot < state.shape[0],
+            "short_conv: state slot {slot} out of range"
+        );
+        for ch in 0..c {
+            let base = (slot * c + ch) * h;
+            let mut stream: Vec<f32> = if fresh {
+                vec![0.0; h]
+            } else {
+                sv[base..base + h].to_vec()
+            };
+            stream.extend(rows.clone().map(|t| xv[t * c + ch]));
+            for (i, t) in rows.clone().enumerate() {
+                let acc: f64 = (0..width)
+                    .map(|j| wv[ch * width + j] as f64 * stream[i + j] as f64)
+                    .sum();
+                y[t * c + ch] = (acc / (1.0 + (-acc).exp())) as f32;
+            }
+            let tail = &stream[stream.len() - h..];
+            sv[base..base + h].copy_from_slice(tail);
+        }
+    }
+    *state = HostTensor::from_f32(state.shape.clone(), &sv)?;
+    HostTensor::from_f32_as(vec![n, c], &y, dt)
+}
+
+/// Kimi Delta Attention, token-recurrent (see [`crate::Backend::kda`]; fla `naive_recurrent_kda`,
+/// HF `recurrent_kimi_delta_attention` with `use_qk_l2norm_in_kernel`).
+///
+/// `q`, `k`, `a` `[N, H, K]`, `v` `[N, H, V]`, `b` `[N, H]`, `a_log` `[H]`, `dt_bias` `[H, K]`,
+/// `state` `[slots, H, K, V]` f32 (updated) → `[N, H, V]` in `q`'s dtype.
+#[allow(clippy::too_many_arguments)]
+pub fn kda(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    a: &HostTensor,
+    b: &HostTensor,
+    a_log: &HostTensor,
+    dt_bias: &HostTensor,
+    lower_bound: Option<f32>,
+    state: &mut HostTensor,
+    meta: &StepMeta,
+) -> Result<HostTensor> {
+    rank("kda", "q", q, 3, "[N, H, K]")?;
+    rank("kda", "v", v, 3, "[N, H, V]")?;
+    rank("kda", "state", state, 4, "[slots, H, K, V]")?;
+    let dt = float_dtype("kda", "q", q)?;
+    let (n, h, kd) = (q.shape[0], q.shape[1], q.shape[2]);
+    let vd = v.shape[2];
+    ensure!(
+        k.shape == q.shape && a.shape == q.shape,
+        "kda: k and a must be [{n}, {h}, {kd}] like q"
+    );
+    ensure!(
+        v.shape[..2] == [n, h] && b.shape == [n, h],
+        "kda: v must be [{n}, {h}, V] and b [{n}, {h}]"
+    );
+    ensure!(
+        a_log.shape.iter().product::<usize>() == h
+            && dt_bias.shape.iter().product::<usize>() == h * kd,
+        "kda: a_log must have {h} and dt_bias {} values",
+        h * kd
+    );
+    ensure!(
+        state.shape[1..] == [h, kd, vd],
+        "kda: state must be [slots, {h}, {kd}, {vd}], got {:?}",
+        state.shape
+    );
+    ensure!(
+        meta.state_slots.len() == meta.seq_lens.len(),
+        "kda: state_slots must have one entry per sequence"
+    );
+    let (qv, kv, vv, av, bv, alog, dtb) = (
+        q.to_f32(),
+        k.to_f32(),
+        v.to_f32(),
+        a.to_f32(),
+        b.to_f32(),
+        a_log.to_f32(),
+        dt_bias.to_f32(),
+    );
+    let mut sv = state.to_f32();
+    let mut o = vec![0f32; n * h * vd];
+    let scale = 1.0 / (kd as f64).sqrt();
+    for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
+        let slot = meta.state_slots[s] as usize;
+        ensure!(slot < state.shape[0], "kda: state slot {slot} out of range");
+        for hh in 0..h {
+            let base = (slot * h + hh) * kd * vd;
+            let mut st: Vec<f64> = if fresh {
+                vec![0.0; kd * vd]
+            } else {
+                sv[base..base + kd * vd].iter().map(|&x| x as f64).collect()
+            };
+            for t in rows.clone() {
+                let row = (t * h + hh) * kd;
+                let l2 = |x: &[f32]| -> Vec<f64> {
+                    let norm = (x.iter().map(|&e| e as f64 * e as f64).sum::<f64>() + 1e-6).sqrt();
+                    x.iter().map(|&e| e as f64 / norm).collect()
+                };
+                let qn: Vec<f64> = l2(&qv[row..row + kd])
+                    .into_iter()
+                    .map(|e| e * scale)
+                    .collect();
+                let kn = l2(&kv[row..row + kd]);
+                let decay: Vec<f64> = (0..kd)
+                    .map(|d| {
+                        let x = av[row + d] as f64 + dtb[hh * kd + d] as f64;
+                        let rate = (alog[hh] as f64).exp();
+                        let g = match lower_bound {
+                            Some(lb) => lb as f64 / (1.0 + (-(rate * x)).exp()),
+                            None => -rate * if x > 20.0 { x } else { x.exp().ln_1p() },
+                        };
+                        g.exp()
+                    })
+                    .collect();
+                let beta = 1.0 / (1.0 + (-(bv[t * h + hh] as f64)).exp());
+                for d in 0..kd {
+                    for e in 0..vd {
+                        st[d * vd + e] *= decay[d];
+                    }
+                }
+                let vrow = (t * h + hh) * vd;
+                for e in 0..vd {
+                    let kv_mem: f64 = (0..kd).map(|d| st[d * vd + e] * kn[d]).sum();
+                    let delta = (vv[vrow + e] as f64 - kv_mem) * beta;
+                    for d in 0..kd {
+                        st[d * vd + e] += kn[d] * delta;
+                    }
+                }
+                for e in 0..vd {
+                    o[vrow + e] = (0..kd).map(|d| st[d * vd + e] * qn[d]).sum::<f64>() as f32;
+                }
+            }
+            for (dst, src) in sv[base..base + kd * vd].iter_mut().zip(&st) {
+                *dst = *src as f32;
+            }
+        }
+    }
+    *state = HostTensor::from_f32(state.shape.clone(), &sv)?;
+    HostTensor::from_f32_as(vec![n, h, vd], &o, dt)
+}
+
+/// Sigmoid-gated RMSNorm (HF `KimiLinearRMSNormGated`): `y = w ⊙ x/√(mean(x²)+eps) ⊙ σ(gate)`.
+///
+/// `x`, `gate` `[R, D]`, `w` `[D]` → `[R, D]` in `x`'s dtype.
+pub fn gated_rms_norm(
+    x: &HostTensor,
+    gate: &HostTensor,
+    w: &HostTensor,
+    eps: f32,
+) -> Result<HostTensor> {
+    rank("gated_rms_norm", "x", x, 2, "[R, D]")?;
+    let dt = float_dtype("gated_rms_norm", "x", x)?;
+    let (r, d) = (x.shape[0], x.shape[1]);
+    ensure!(
+        gate.shape == x.shape && w.shape == [d],
+        "gated_rms_norm: gate must be [{r}, {d}] and w [{d}]"
+    );
+    let (xv, gv, wv) = (x.to_f32(), gate.to_f32(), w.to_f32());
+    let mut y = vec![0f32; r * d];
+    for i in 0..r {
+        let row = &xv[i * d..(i + 1) * d];
+        let inv = 1.0
+            / (row.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64 + eps as f64)
+                .sqrt();
+        for j in 0..d {
+            let g = 1.0 / (1.0 + (-(gv[i * d + j] as f64)).exp());
+            y[i * d + j] = (row[j] as f64 * inv * wv[j] as f64 * g) as f32;
+        }
+    }
+    HostTensor::from_f32_as(vec![r, d], &y, dt)
+}

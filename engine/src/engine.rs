@@ -14,8 +14,8 @@ use dayone_backend::{Backend, DType, HostTensor, StepMeta};
 pub struct EngineConfig {
     /// Requested float dtype for weights and activations (the backend may compute bf16 in f32).
     pub dtype: DType,
-    /// Tokens the KV cache holds over all sequences; `None`: the model's context window
-    /// (at least 4096 tokens).
+    /// Tokens the KV cache holds over all sequences; `None`: the model's context window,
+    /// clamped to 4096..=65536 tokens (million-token configs do not reserve their whole window).
     pub kv_cache_tokens: Option<usize>,
     /// Scheduling limits.
     pub scheduler: SchedulerConfig,
@@ -81,9 +81,16 @@ impl<B: Backend> Engine<B> {
         let bs = cfg.scheduler.block_size;
         let tokens = cfg
             .kv_cache_tokens
-            .unwrap_or(config.max_context().max(4096));
+            .unwrap_or(config.max_context().clamp(4096, 65536));
         let num_blocks = tokens.div_ceil(bs);
-        let cache = KvCache::new(&backend, &model.cache_spec(), num_blocks, bs, act)?;
+        let cache = KvCache::new(
+            &backend,
+            &model.cache_spec(),
+            num_blocks,
+            bs,
+            act,
+            cfg.scheduler.max_num_seqs,
+        )?;
         let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks)?;
         Ok(Self {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
@@ -259,6 +266,7 @@ impl<B: Backend> Engine<B> {
             m.block_tables.extend(row);
             let len = (c.start + c.len) as u32;
             m.seq_lens.push(len);
+            m.state_slots.push(seq.slot.unwrap_or(0));
             m.max_seq_len = m.max_seq_len.max(len as usize);
             m.query_start.push(m.positions.len() as u32);
             if c.wants_logits {

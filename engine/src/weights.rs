@@ -37,6 +37,23 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         self.backend
     }
 
+    /// The first of `names` the checkpoint has (checkpoints of one family name tensors
+    /// differently: published files vs transformers' `save_pretrained`); errors listing all.
+    pub fn first_of(&self, names: &[String]) -> Result<String> {
+        match names.iter().find(|n| self.has(n)) {
+            Some(n) => Ok(n.clone()),
+            None => bail!(
+                "{}: none of the tensors {names:?} is present",
+                self.src.origin()
+            ),
+        }
+    }
+
+    /// The stored shape of a tensor, `None` when absent.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.src.shape(name)
+    }
+
     /// Whether the checkpoint has a tensor of this name.
     pub fn has(&self, name: &str) -> bool {
         self.src.shape(name).is_some()

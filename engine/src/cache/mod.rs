@@ -27,6 +27,22 @@ pub enum LayerCacheSpec {
         /// Values per token.
         width: usize,
     },
+    /// Fixed-size state per sequence, in state slots (KDA): `convs` short-convolution histories
+    /// `[slots, conv_channels, conv_taps]` f32 and a recurrent state `[slots, heads, k_dim, v_dim]` f32.
+    Recurrent {
+        /// Short convolutions (q, k, v).
+        convs: usize,
+        /// Channels of each convolution.
+        conv_channels: usize,
+        /// Inputs of history kept (kernel width − 1).
+        conv_taps: usize,
+        /// Heads of the recurrent state.
+        heads: usize,
+        /// Key width.
+        k_dim: usize,
+        /// Value width.
+        v_dim: usize,
+    },
 }
 
 /// Per-layer cache specs of a model.
@@ -62,6 +78,25 @@ impl CacheSpec {
                     v_dim,
                 } => kv_heads * (k_dim + v_dim),
                 LayerCacheSpec::PagedLatent { width } => width,
+                LayerCacheSpec::Recurrent { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// f32 values each sequence keeps in state slots over all layers.
+    pub fn state_elements_per_seq(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match *l {
+                LayerCacheSpec::Recurrent {
+                    convs,
+                    conv_channels,
+                    conv_taps,
+                    heads,
+                    k_dim,
+                    v_dim,
+                } => convs * conv_channels * conv_taps + heads * k_dim * v_dim,
+                _ => 0,
             })
             .sum()
     }
@@ -73,6 +108,13 @@ pub enum LayerCache<B: Backend> {
     Kv(B::Tensor, B::Tensor),
     /// One latent row per token.
     Latent(B::Tensor),
+    /// Per-sequence state: convolution histories and the recurrent state.
+    Recurrent {
+        /// `[slots, channels, taps]` f32 per convolution.
+        conv: Vec<B::Tensor>,
+        /// `[slots, heads, k_dim, v_dim]` f32.
+        state: B::Tensor,
+    },
 }
 
 /// The device side of the paged cache: each layer's tensors, indexed by block.
@@ -85,13 +127,15 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Allocates zeroed caches for `spec` with `num_blocks` blocks of `block_size` tokens in `dtype`.
+    /// Allocates zeroed caches for `spec` with `num_blocks` blocks of `block_size` tokens in
+    /// `dtype`, and `num_slots` state slots (f32) for recurrent layers.
     pub fn new(
         b: &B,
         spec: &CacheSpec,
         num_blocks: usize,
         block_size: usize,
         dtype: DType,
+        num_slots: usize,
     ) -> Result<Self> {
         if num_blocks == 0 || block_size == 0 {
             bail!("the KV cache needs at least one block of at least one token");
@@ -111,6 +155,19 @@ impl<B: Backend> KvCache<B> {
                 LayerCacheSpec::PagedLatent { width } => Ok(LayerCache::Latent(
                     b.zeros(&[num_blocks, block_size, width], dtype)?,
                 )),
+                LayerCacheSpec::Recurrent {
+                    convs,
+                    conv_channels,
+                    conv_taps,
+                    heads,
+                    k_dim,
+                    v_dim,
+                } => Ok(LayerCache::Recurrent {
+                    conv: (0..convs)
+                        .map(|_| b.zeros(&[num_slots, conv_channels, conv_taps], DType::F32))
+                        .collect::<Result<_>>()?,
+                    state: b.zeros(&[num_slots, heads, k_dim, v_dim], DType::F32)?,
+                }),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
@@ -125,6 +182,15 @@ impl<B: Backend> KvCache<B> {
         match self.layers.get(i) {
             Some(LayerCache::Kv(k, v)) => Ok((k, v)),
             _ => bail!("layer {i} has no key/value cache"),
+        }
+    }
+
+    /// The convolution histories and recurrent state of layer `i`; errors if that layer keeps
+    /// another kind of cache.
+    pub fn recurrent(&self, i: usize) -> Result<(&[B::Tensor], &B::Tensor)> {
+        match self.layers.get(i) {
+            Some(LayerCache::Recurrent { conv, state }) => Ok((conv, state)),
+            _ => bail!("layer {i} has no recurrent state"),
         }
     }
 

@@ -1,17 +1,19 @@
 //! Model configs: serde structs mirroring each architecture's `config.json` field names.
 
 mod deepseek_v3;
+mod kimi_linear;
 mod llama;
 pub(crate) mod rope;
 
 pub use deepseek_v3::DeepseekV3Config;
+pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
 pub use llama::LlamaConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
 
 use anyhow::{bail, Context, Result};
 
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3", "deepseek_v3"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3", "deepseek_v3", "kimi_linear"];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
 #[derive(Clone, Debug)]
@@ -22,6 +24,8 @@ pub enum ModelConfig {
     Qwen3(LlamaConfig),
     /// `model_type: "deepseek_v3"` (DeepSeek-V3/R1, Kimi-K2): MLA + sigmoid-routed MoE.
     DeepseekV3(DeepseekV3Config),
+    /// `model_type: "kimi_linear"`: KDA linear attention beside NoPE MLA, MoE.
+    KimiLinear(KimiLinearConfig),
 }
 
 impl ModelConfig {
@@ -63,6 +67,19 @@ impl ModelConfig {
                     .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
                 ModelConfig::DeepseekV3(cfg)
             }
+            "kimi_linear" => {
+                let cfg: KimiLinearConfig = serde_path_to_error::deserialize(value.clone())
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "{origin}: invalid `{model_type}` config: field `{}`: {}",
+                            e.path(),
+                            e.inner()
+                        )
+                    })?;
+                cfg.validate()
+                    .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
+                ModelConfig::KimiLinear(cfg)
+            }
             other => bail!(
                 "{origin}: unsupported model_type '{other}' (supported: {})",
                 SUPPORTED_MODEL_TYPES.join(", ")
@@ -75,6 +92,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.max_position_embeddings,
             ModelConfig::DeepseekV3(c) => c.max_position_embeddings,
+            ModelConfig::KimiLinear(c) => c.max_position_embeddings,
         }
     }
 
@@ -83,6 +101,7 @@ impl ModelConfig {
         match self {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.vocab_size,
             ModelConfig::DeepseekV3(c) => c.vocab_size,
+            ModelConfig::KimiLinear(c) => c.vocab_size,
         }
     }
 }

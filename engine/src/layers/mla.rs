@@ -83,7 +83,8 @@ fn rows_of(
 
 impl<B: Backend> Mla<B> {
     /// Loads `{prefix}.{q_a_proj,q_a_layernorm,q_b_proj | q_proj, kv_a_proj_with_mqa,
-    /// kv_a_layernorm, kv_b_proj, o_proj}`.
+    /// kv_a_layernorm, kv_b_proj, o_proj}`. `eps` is the latent norms' epsilon (transformers
+    /// builds them with its default 1e-6, not `rms_norm_eps`).
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
@@ -151,11 +152,12 @@ impl<B: Backend> Mla<B> {
     }
 
     /// `x` `[N, D]` → `[N, D]`; writes `[c_kv | k_pe]` of this step into `cache` `[blocks, bs, L+R]`.
+    /// `rope: None` is Kimi-Linear's NoPE MLA (the `k_pe` part stays unrotated).
     pub fn forward(
         &self,
         b: &B,
         x: &B::Tensor,
-        rope: &Rope<B>,
+        rope: Option<&Rope<B>>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &B::Tensor,
     ) -> Result<B::Tensor> {
@@ -167,10 +169,17 @@ impl<B: Backend> Mla<B> {
         };
         let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;
         let q_pe = b.reshape(&self.q_pe.forward(b, &cq)?, &[n, s.heads, s.rope_dim])?;
-        let q_pe = rope.forward(b, &q_pe, &meta.positions)?;
+        let q_pe = match rope {
+            Some(r) => r.forward(b, &q_pe, &meta.positions)?,
+            None => q_pe,
+        };
         let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
         let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, s.rope_dim])?;
-        let k_pe = b.reshape(&rope.forward(b, &k_pe, &meta.positions)?, &[n, s.rope_dim])?;
+        let k_pe = match rope {
+            Some(r) => r.forward(b, &k_pe, &meta.positions)?,
+            None => k_pe,
+        };
+        let k_pe = b.reshape(&k_pe, &[n, s.rope_dim])?;
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;

@@ -1,6 +1,7 @@
 //! Layers, one file per layer type, each written against the [`dayone_backend::Backend`] trait.
 
 mod attention;
+mod kda;
 mod linear;
 mod mla;
 mod mlp;
@@ -9,6 +10,7 @@ mod norm;
 mod rope;
 
 pub use attention::{Attention, AttentionShape};
+pub use kda::{Kda, KdaShape};
 pub use linear::Linear;
 pub use mla::{Mla, MlaShape};
 pub use mlp::Mlp;

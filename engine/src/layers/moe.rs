@@ -74,14 +74,18 @@ impl<B: Backend> Moe<B> {
             let mut dn = Vec::with_capacity(e);
             for i in 0..e {
                 let p = format!("{prefix}.experts.{i}");
-                let g = w.host(&format!("{p}.gate_proj.weight"), &[f, d])?;
-                let u = w.host(&format!("{p}.up_proj.weight"), &[f, d])?;
+                // DeepSeek names `{gate,up,down}_proj`; Kimi names `w1` (gate), `w3` (up), `w2` (down).
+                let name = |a: &str, b: &str| {
+                    w.first_of(&[format!("{p}.{a}.weight"), format!("{p}.{b}.weight")])
+                };
+                let g = w.host(&name("gate_proj", "w1")?, &[f, d])?;
+                let u = w.host(&name("up_proj", "w3")?, &[f, d])?;
                 gu.push(HostTensor::new(
                     vec![2 * f, d],
                     g.dtype,
                     [g.data, u.data].concat(),
                 )?);
-                dn.push(w.host(&format!("{p}.down_proj.weight"), &[d, f])?);
+                dn.push(w.host(&name("down_proj", "w2")?, &[d, f])?);
             }
             (w.upload(stack(&gu)?)?, w.upload(stack(&dn)?)?)
         };

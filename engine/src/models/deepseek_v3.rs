@@ -110,7 +110,7 @@ impl<B: Backend> DeepseekV3<B> {
                         c.hidden_size,
                         eps,
                     )?,
-                    self_attn: Mla::load(w, &format!("{p}.self_attn"), mla, eps, scale)?,
+                    self_attn: Mla::load(w, &format!("{p}.self_attn"), mla, 1e-6, scale)?,
                     post_attention_layernorm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm"),
@@ -180,7 +180,7 @@ impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
             let x = layer.input_layernorm.forward(b, &h)?;
             let a = layer
                 .self_attn
-                .forward(b, &x, &self.rope, meta, cache.latent(i)?)?;
+                .forward(b, &x, Some(&self.rope), meta, cache.latent(i)?)?;
             h = b.add(&h, &a)?;
             let x = layer.post_attention_layernorm.forward(b, &h)?;
             let m = match &layer.mlp {

@@ -2,10 +2,12 @@
 //! writing its cache; it knows the [`Backend`] trait and nothing about which backend runs it.
 
 mod deepseek_v3;
+mod kimi_linear;
 mod llama;
 mod qwen3;
 
 pub use deepseek_v3::DeepseekV3;
+pub use kimi_linear::KimiLinear;
 pub use llama::Llama;
 
 use crate::cache::{CacheSpec, KvCache};
@@ -51,5 +53,6 @@ pub fn load_model<B: Backend>(
         ModelConfig::Llama(c) => Box::new(llama::Llama::load(&w, c)?),
         ModelConfig::Qwen3(c) => Box::new(qwen3::load(&w, c)?),
         ModelConfig::DeepseekV3(c) => Box::new(deepseek_v3::DeepseekV3::load(&w, c)?),
+        ModelConfig::KimiLinear(c) => Box::new(kimi_linear::KimiLinear::load(&w, c)?),
     })
 }

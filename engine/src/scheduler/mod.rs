@@ -59,11 +59,14 @@ pub struct Scheduler {
     pub running: Vec<Sequence>,
     /// Physical cache blocks.
     pub allocator: BlockAllocator,
+    /// Free state slots (one per running sequence at most).
+    free_slots: Vec<u32>,
 }
 
 impl Scheduler {
     /// A scheduler over `num_blocks` cache blocks.
     pub fn new(config: SchedulerConfig, num_blocks: usize) -> Result<Self> {
+        let max_num_seqs = config.max_num_seqs;
         if config.max_batched_tokens == 0
             || config.max_prefill_chunk == 0
             || config.max_num_seqs == 0
@@ -75,6 +78,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             allocator: BlockAllocator::new(num_blocks),
+            free_slots: (0..max_num_seqs as u32).rev().collect(),
         })
     }
 
@@ -98,6 +102,9 @@ impl Scheduler {
         self.allocator.release(&seq.blocks)?;
         seq.blocks.clear();
         seq.num_computed = 0;
+        if let Some(slot) = seq.slot.take() {
+            self.free_slots.push(slot);
+        }
         self.waiting.push_front(seq);
         Ok(())
     }
@@ -145,6 +152,8 @@ impl Scheduler {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
+            // `running.len() < max_num_seqs` guarantees a free slot.
+            seq.slot = self.free_slots.pop();
             seq.blocks
                 .extend(self.allocator.allocate(need).expect("checked free blocks"));
             out.push(ScheduledChunk {
@@ -165,8 +174,11 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].finished.is_some() {
-                let seq = self.running.remove(i);
+                let mut seq = self.running.remove(i);
                 self.allocator.release(&seq.blocks)?;
+                if let Some(slot) = seq.slot.take() {
+                    self.free_slots.push(slot);
+                }
                 done.push(seq);
             } else {
                 i += 1;

@@ -25,6 +25,8 @@ pub struct Sequence {
     pub num_computed: usize,
     /// Physical cache blocks, in position order.
     pub blocks: Vec<u32>,
+    /// State slot (per-sequence recurrent state) while running.
+    pub slot: Option<u32>,
     /// Sampling settings.
     pub params: SamplingParams,
     /// This sequence's sampler.
@@ -43,6 +45,7 @@ impl Sequence {
             tokens: prompt,
             num_computed: 0,
             blocks: Vec::new(),
+            slot: None,
             params,
             sampler,
             finished: None,

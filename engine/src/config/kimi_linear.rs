@@ -1,0 +1,205 @@
+//! `config.json` of `kimi_linear` checkpoints (Kimi-Linear-48B-A3B; transformers
+//! `KimiLinearConfig`). Published configs and transformers 5 name some fields differently; both
+//! spellings are accepted.
+
+use anyhow::{bail, Result};
+use serde::Deserialize;
+
+/// `linear_attn_config`: which layers are KDA and the KDA widths. Layer lists are **1-based**.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LinearAttnConfig {
+    /// 1-based indices of the full-attention (MLA) layers.
+    #[serde(default)]
+    pub full_attn_layers: Vec<usize>,
+    /// 1-based indices of the KDA layers.
+    #[serde(default)]
+    pub kda_layers: Vec<usize>,
+    /// KDA heads `H`.
+    #[serde(default)]
+    pub num_heads: Option<usize>,
+    /// KDA head width (`K = V`).
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Short-convolution width (4).
+    #[serde(default)]
+    pub short_conv_kernel_size: Option<usize>,
+    /// Lower bound of the forget gate (newer family members): `g = lb · σ(…)`.
+    #[serde(default)]
+    pub gate_lower_bound: Option<f64>,
+}
+
+/// Fields of a Kimi-Linear `config.json`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct KimiLinearConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Residual width `D`.
+    pub hidden_size: usize,
+    /// Width of the dense MLP layers.
+    pub intermediate_size: usize,
+    /// Width of each routed expert.
+    pub moe_intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// MLA heads.
+    pub num_attention_heads: usize,
+    /// Routed experts (`num_experts` in published configs).
+    #[serde(alias = "num_experts")]
+    pub num_local_experts: usize,
+    /// Experts per token (`num_experts_per_token`).
+    #[serde(alias = "num_experts_per_token")]
+    pub num_experts_per_tok: usize,
+    /// Shared experts (`num_shared_experts`).
+    #[serde(default, alias = "num_shared_experts")]
+    pub n_shared_experts: Option<usize>,
+    /// Expert groups (`num_expert_group`).
+    #[serde(default = "one", alias = "num_expert_group")]
+    pub n_group: usize,
+    /// Groups kept per token.
+    #[serde(default = "one")]
+    pub topk_group: usize,
+    /// Renormalise the chosen weights (`moe_renormalize`).
+    #[serde(default = "yes", alias = "moe_renormalize")]
+    pub norm_topk_prob: bool,
+    /// Multiplier on routed weights.
+    #[serde(default = "one_f")]
+    pub routed_scaling_factor: f64,
+    /// Router activation (`moe_router_activation_func`); only `sigmoid`.
+    #[serde(default = "sigmoid", alias = "moe_router_activation_func")]
+    pub scoring_func: String,
+    /// Leading dense layers.
+    #[serde(default = "one")]
+    pub first_k_dense_replace: usize,
+    /// KV latent width.
+    pub kv_lora_rank: usize,
+    /// Query latent width; `None` for a plain `q_proj`.
+    #[serde(default)]
+    pub q_lora_rank: Option<usize>,
+    /// Width of the (unrotated) shared key part.
+    pub qk_rope_head_dim: usize,
+    /// Per-head non-shared key width.
+    pub qk_nope_head_dim: usize,
+    /// Value width.
+    pub v_head_dim: usize,
+    /// MLA without RoPE (Kimi-Linear: true; RoPE is not supported here).
+    #[serde(default = "yes")]
+    pub mla_use_nope: bool,
+    /// RMSNorm epsilon (also the KDA output norm's).
+    #[serde(default = "eps")]
+    pub rms_norm_eps: f64,
+    /// Context window.
+    #[serde(default = "max_pos", alias = "model_max_length")]
+    pub max_position_embeddings: usize,
+    /// Tied LM head.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Which layers are KDA.
+    #[serde(default)]
+    pub linear_attn_config: LinearAttnConfig,
+    /// transformers 5's per-layer kinds (`full_attention` / `linear_attention`), 0-based.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// transformers 5's per-layer FFN kinds (`dense` / `sparse`), 0-based.
+    #[serde(default)]
+    pub mlp_layer_types: Option<Vec<String>>,
+    /// MLP activation; only `silu`.
+    #[serde(default = "silu")]
+    pub hidden_act: String,
+}
+
+fn one() -> usize {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn sigmoid() -> String {
+    "sigmoid".into()
+}
+fn silu() -> String {
+    "silu".into()
+}
+fn eps() -> f64 {
+    1e-5
+}
+fn max_pos() -> usize {
+    1 << 20
+}
+
+impl KimiLinearConfig {
+    /// Whether layer `i` (0-based) is a KDA layer: `layer_types` when present, else the 1-based
+    /// `linear_attn_config.kda_layers`.
+    pub fn is_kda_layer(&self, i: usize) -> bool {
+        match &self.layer_types {
+            Some(t) => t.get(i).is_some_and(|x| x == "linear_attention"),
+            None => self.linear_attn_config.kda_layers.contains(&(i + 1)),
+        }
+    }
+
+    /// Whether layer `i` uses the MoE block.
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        match &self.mlp_layer_types {
+            Some(t) => t.get(i).is_some_and(|x| x == "sparse"),
+            None => i >= self.first_k_dense_replace,
+        }
+    }
+
+    /// KDA heads.
+    pub fn kda_heads(&self) -> usize {
+        self.linear_attn_config
+            .num_heads
+            .unwrap_or(self.num_attention_heads)
+    }
+
+    /// KDA head width.
+    pub fn kda_head_dim(&self) -> usize {
+        self.linear_attn_config.head_dim.unwrap_or(128)
+    }
+
+    /// Short-convolution width.
+    pub fn conv_width(&self) -> usize {
+        self.linear_attn_config.short_conv_kernel_size.unwrap_or(4)
+    }
+
+    /// Checks the invariants the model code relies on; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.scoring_func != "sigmoid" {
+            bail!(
+                "moe_router_activation_func '{}' is not supported (expected 'sigmoid')",
+                self.scoring_func
+            );
+        }
+        if self.hidden_act != "silu" {
+            bail!(
+                "hidden_act '{}' is not supported (expected 'silu')",
+                self.hidden_act
+            );
+        }
+        if !self.mla_use_nope {
+            bail!("mla_use_nope = false (MLA with RoPE) is not supported for kimi_linear");
+        }
+        let lists = &self.linear_attn_config;
+        for &l in lists.kda_layers.iter().chain(&lists.full_attn_layers) {
+            if l == 0 || l > self.num_hidden_layers {
+                bail!(
+                    "linear_attn_config layer {l} is outside 1..={} (the lists are 1-based)",
+                    self.num_hidden_layers
+                );
+            }
+        }
+        if self.n_group == 0 || !self.num_local_experts.is_multiple_of(self.n_group) {
+            bail!(
+                "num_experts ({}) must be a multiple of num_expert_group ({})",
+                self.num_local_experts,
+                self.n_group
+            );
+        }
+        if self.conv_width() < 1 {
+            bail!("linear_attn_config.short_conv_kernel_size must be at least 1");
+        }
+        Ok(())
+    }
+}

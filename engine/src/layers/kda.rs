@@ -1,0 +1,196 @@
+//! Kimi Delta Attention (Kimi Linear report, arXiv:2510.26692 §2; HF `KimiLinearDeltaAttention`,
+//! fla `naive_recurrent_kda`): a gated delta-rule linear attention with per-channel forget gates
+//! and a fixed-size state per sequence.
+//!
+//! ```text
+//! q, k, v = silu(shortconv(W_q x)), silu(shortconv(W_k x)), silu(shortconv(W_v x))   per head [K]
+//! g = −exp(A_log)·softplus(W_fb W_fa x + dt_bias)      β = σ(W_b x)
+//! S ← diag(exp g) S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀ q̂      (q̂, k̂ L2-normalised, q̂ · K^−½)
+//! y = W_o · (RMSNorm(o) ⊙ w ⊙ σ(W_gb W_ga x))
+//! ```
+
+use super::Linear;
+use crate::weights::WeightLoader;
+use anyhow::{bail, Result};
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
+
+/// Widths of a KDA layer.
+#[derive(Clone, Copy, Debug)]
+pub struct KdaShape {
+    /// Residual width `D`.
+    pub hidden: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Head width `K = V`.
+    pub head_dim: usize,
+    /// Short-convolution width `W`.
+    pub conv_width: usize,
+}
+
+/// One KDA layer's weights.
+pub struct Kda<B: Backend> {
+    /// Widths.
+    pub shape: KdaShape,
+    /// `[H·K, D]` each.
+    pub q_proj: Linear<B>,
+    /// Key projection.
+    pub k_proj: Linear<B>,
+    /// Value projection.
+    pub v_proj: Linear<B>,
+    /// Short-convolution taps for q, k, v: `[H·K, W]` f32 each.
+    pub conv: [B::Tensor; 3],
+    /// Forget-gate low-rank pair: `[K, D]` then `[H·K, K]`.
+    pub f_a: Linear<B>,
+    /// Second half of the forget-gate pair.
+    pub f_b: Linear<B>,
+    /// `A_log` `[H]` f32.
+    pub a_log: B::Tensor,
+    /// `dt_bias` `[H, K]` f32.
+    pub dt_bias: B::Tensor,
+    /// `[H, D]`: β logits.
+    pub b_proj: Linear<B>,
+    /// Output-gate low-rank pair.
+    pub g_a: Linear<B>,
+    /// Second half of the output-gate pair.
+    pub g_b: Linear<B>,
+    /// Output norm weight `[K]` (shared by the heads).
+    pub o_norm: B::Tensor,
+    /// Output norm epsilon.
+    pub eps: f32,
+    /// `[D, H·K]`.
+    pub o_proj: Linear<B>,
+    /// Forget-gate lower bound (newer family members).
+    pub lower_bound: Option<f32>,
+}
+
+impl<B: Backend> Kda<B> {
+    /// Loads `{prefix}.*` in either the published layout (`q_conv1d`, `f_a_proj`, `A_log` …) or
+    /// transformers 5's (`conv1d` stacking q, k, v; `forget_gate.*`).
+    pub fn load(
+        w: &WeightLoader<B>,
+        prefix: &str,
+        s: KdaShape,
+        eps: f64,
+        lower_bound: Option<f64>,
+    ) -> Result<Self> {
+        let (h, k, d, width) = (s.heads, s.head_dim, s.hidden, s.conv_width);
+        let p = h * k;
+        let name = |a: &str| format!("{prefix}.{a}");
+        let either = |a: &str| w.first_of(&[name(a), name(&format!("forget_gate.{a}"))]);
+        let conv = if w.has(&name("conv1d.weight")) {
+            let all = w.host_f32(&name("conv1d.weight"), &[3 * p, 1, width])?;
+            let part = |i: usize| -> Result<B::Tensor> {
+                let bytes = p * width * 4;
+                w.backend().upload(&HostTensor::new(
+                    vec![p, width],
+                    all.dtype,
+                    all.data[i * bytes..(i + 1) * bytes].to_vec(),
+                )?)
+            };
+            [part(0)?, part(1)?, part(2)?]
+        } else {
+            let one = |c: &str| -> Result<B::Tensor> {
+                let t = w.host_f32(&name(&format!("{c}_conv1d.weight")), &[p, 1, width])?;
+                w.backend()
+                    .upload(&HostTensor::new(vec![p, width], t.dtype, t.data)?)
+            };
+            [one("q")?, one("k")?, one("v")?]
+        };
+        let a_log_name = either("A_log")?;
+        let a_log = w.host_f32(&a_log_name, &w_shape(w, &a_log_name)?)?;
+        if a_log.numel() != h {
+            bail!(
+                "{a_log_name}: expected {h} values (one per head), got shape {:?}",
+                a_log.shape
+            );
+        }
+        let dt_name = either("dt_bias")?;
+        let dt_bias = w.host_f32(&dt_name, &[p])?;
+        Ok(Self {
+            shape: s,
+            q_proj: Linear::load(w, &name("q_proj"), p, d, false)?,
+            k_proj: Linear::load(w, &name("k_proj"), p, d, false)?,
+            v_proj: Linear::load(w, &name("v_proj"), p, d, false)?,
+            conv,
+            f_a: Linear::load(
+                w,
+                either("f_a_proj.weight")?.trim_end_matches(".weight"),
+                k,
+                d,
+                false,
+            )?,
+            f_b: Linear::load(
+                w,
+                either("f_b_proj.weight")?.trim_end_matches(".weight"),
+                p,
+                k,
+                false,
+            )?,
+            a_log: w
+                .backend()
+                .upload(&HostTensor::new(vec![h], a_log.dtype, a_log.data)?)?,
+            dt_bias: w.backend().upload(&HostTensor::new(
+                vec![h, k],
+                dt_bias.dtype,
+                dt_bias.data,
+            )?)?,
+            b_proj: Linear::load(w, &name("b_proj"), h, d, false)?,
+            g_a: Linear::load(w, &name("g_a_proj"), k, d, false)?,
+            g_b: Linear::load(w, &name("g_b_proj"), p, k, false)?,
+            o_norm: w.get(&name("o_norm.weight"), &[k])?,
+            eps: eps as f32,
+            o_proj: Linear::load(w, &name("o_proj"), d, p, false)?,
+            lower_bound: lower_bound.map(|x| x as f32),
+        })
+    }
+
+    /// `x` `[N, D]` → `[N, D]`; reads and updates the sequences' conv histories and states.
+    pub fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        conv_state: &[B::Tensor],
+        state: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        let s = self.shape;
+        let n = meta.host.num_tokens();
+        let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
+        let conv = |proj: &Linear<B>, i: usize| -> Result<B::Tensor> {
+            heads(&b.short_conv(&proj.forward(b, x)?, &self.conv[i], &conv_state[i], meta)?)
+        };
+        let q = conv(&self.q_proj, 0)?;
+        let k = conv(&self.k_proj, 1)?;
+        let v = conv(&self.v_proj, 2)?;
+        let a = heads(&self.f_b.forward(b, &self.f_a.forward(b, x)?)?)?;
+        let beta = self.b_proj.forward(b, x)?;
+        let o = b.kda(
+            &q,
+            &k,
+            &v,
+            &a,
+            &beta,
+            &self.a_log,
+            &self.dt_bias,
+            self.lower_bound,
+            state,
+            meta,
+        )?;
+        let gate = self.g_b.forward(b, &self.g_a.forward(b, x)?)?;
+        let rows = [n * s.heads, s.head_dim];
+        let o = b.gated_rms_norm(
+            &b.reshape(&o, &rows)?,
+            &b.reshape(&gate, &rows)?,
+            &self.o_norm,
+            self.eps,
+        )?;
+        self.o_proj
+            .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
+    }
+}
+
+/// The stored shape of a tensor (for parameters whose layout varies, such as `A_log`).
+fn w_shape<B: Backend>(w: &WeightLoader<B>, name: &str) -> Result<Vec<usize>> {
+    w.shape(name)
+        .ok_or_else(|| anyhow::anyhow!("tensor `{name}` is missing"))
+}
