@@ -1,5 +1,8 @@
-//! Scheduler parity: batching and chunked prefill must not change a sequence's tokens, and every
-//! KV block returns to the free list when all sequences finish.
+//! Scheduler parity: batching, chunked prefill (chunks at odd split points, chunks shorter than the
+//! KDA convolution width) and preemption must not change a sequence's tokens, and every KV block
+//! returns to the free list when all sequences finish. Run on a plain-attention model, on the MLA
+//! latent cache, and on the KDA hybrid whose per-sequence state slots must never leak between
+//! batched sequences (cf. vllm#41292, tpu-inference#3412).
 
 use anyhow::{ensure, Result};
 use dayone_backend::{Backend, DType};
@@ -7,7 +10,6 @@ use dayone_engine::scheduler::SchedulerConfig;
 use dayone_engine::EngineConfig;
 use dayone_tests::{engine, greedy, on_every_backend, reference};
 
-const MODEL: &str = "llama_tiny";
 const NEW_TOKENS: usize = 12;
 
 fn config(chunk: usize, block_size: usize) -> EngineConfig {
@@ -24,8 +26,13 @@ fn config(chunk: usize, block_size: usize) -> EngineConfig {
 }
 
 /// Greedy continuations of all reference prompts, submitted together.
-fn run_batched<B: Backend>(b: B, cfg: EngineConfig, prompts: &[Vec<u32>]) -> Result<Vec<Vec<u32>>> {
-    let mut e = engine(b, MODEL, cfg)?;
+fn run_batched<B: Backend>(
+    b: B,
+    model: &str,
+    cfg: EngineConfig,
+    prompts: &[Vec<u32>],
+) -> Result<Vec<Vec<u32>>> {
+    let mut e = engine(b, model, cfg)?;
     let total = e.total_blocks();
     for p in prompts {
         e.add_request(p.clone(), greedy(NEW_TOKENS))?;
@@ -39,8 +46,8 @@ fn run_batched<B: Backend>(b: B, cfg: EngineConfig, prompts: &[Vec<u32>]) -> Res
     Ok(out.into_iter().map(|(_, g)| g).collect())
 }
 
-fn prompts() -> Result<Vec<Vec<u32>>> {
-    let mut p: Vec<Vec<u32>> = reference(MODEL)?
+fn prompts(model: &str) -> Result<Vec<Vec<u32>>> {
+    let mut p: Vec<Vec<u32>> = reference(model)?
         .cases
         .into_iter()
         .map(|c| c.prompt_ids)
@@ -50,11 +57,11 @@ fn prompts() -> Result<Vec<Vec<u32>>> {
     Ok(p)
 }
 
-fn batched_equals_alone<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
-    let prompts = prompts()?;
-    let together = run_batched(mk(), config(2048, 16), &prompts)?;
+fn batched_equals_alone<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+    let prompts = prompts(model)?;
+    let together = run_batched(mk(), model, config(2048, 16), &prompts)?;
     for (i, p) in prompts.iter().enumerate() {
-        let alone = run_batched(mk(), config(2048, 16), std::slice::from_ref(p))?;
+        let alone = run_batched(mk(), model, config(2048, 16), std::slice::from_ref(p))?;
         ensure!(
             alone[0] == together[i],
             "prompt {i}: alone {:?} != batched {:?}",
@@ -65,11 +72,11 @@ fn batched_equals_alone<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     Ok(())
 }
 
-fn chunked_equals_one_shot<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
-    let prompts = prompts()?;
-    let one_shot = run_batched(mk(), config(4096, 16), &prompts)?;
+fn chunked_equals_one_shot<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+    let prompts = prompts(model)?;
+    let one_shot = run_batched(mk(), model, config(4096, 16), &prompts)?;
     for (chunk, bs) in [(1, 16), (3, 16), (7, 4), (16, 16), (33, 8)] {
-        let chunked = run_batched(mk(), config(chunk, bs), &prompts)?;
+        let chunked = run_batched(mk(), model, config(chunk, bs), &prompts)?;
         ensure!(
             chunked == one_shot,
             "token budget {chunk}, block size {bs}: {chunked:?} != one-shot {one_shot:?}"
@@ -78,13 +85,13 @@ fn chunked_equals_one_shot<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
     Ok(())
 }
 
-fn preemption_keeps_tokens<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
-    let prompts = prompts()?;
-    let roomy = run_batched(mk(), config(2048, 4), &prompts)?;
+fn preemption_keeps_tokens<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+    let prompts = prompts(model)?;
+    let roomy = run_batched(mk(), model, config(2048, 4), &prompts)?;
     // 36 blocks of 4 tokens cannot hold every sequence at once: some are preempted and recomputed.
     let mut tight = config(2048, 4);
     tight.kv_cache_tokens = Some(144);
-    let squeezed = run_batched(mk(), tight, &prompts)?;
+    let squeezed = run_batched(mk(), model, tight, &prompts)?;
     ensure!(
         squeezed == roomy,
         "with preemption {squeezed:?} != without {roomy:?}"
@@ -93,7 +100,12 @@ fn preemption_keeps_tokens<B: Backend>(mk: impl Fn() -> B) -> Result<()> {
 }
 
 on_every_backend! {
-    batched => batched_equals_alone;
-    chunked => chunked_equals_one_shot;
-    preempted => preemption_keeps_tokens;
+    batched => |mk: fn() -> _| batched_equals_alone(mk, "llama_tiny");
+    chunked => |mk: fn() -> _| chunked_equals_one_shot(mk, "llama_tiny");
+    preempted => |mk: fn() -> _| preemption_keeps_tokens(mk, "llama_tiny");
+    mla_batched => |mk: fn() -> _| batched_equals_alone(mk, "deepseek_v3_tiny");
+    mla_chunked => |mk: fn() -> _| chunked_equals_one_shot(mk, "deepseek_v3_tiny");
+    kda_batched => |mk: fn() -> _| batched_equals_alone(mk, "kimi_linear_tiny");
+    kda_chunked => |mk: fn() -> _| chunked_equals_one_shot(mk, "kimi_linear_tiny");
+    kda_preempted => |mk: fn() -> _| preemption_keeps_tokens(mk, "kimi_linear_tiny");
 }
