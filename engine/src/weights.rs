@@ -99,7 +99,13 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
 
     /// Uploads a host tensor assembled by the caller, converted to the storage dtype.
     pub fn upload(&self, host: HostTensor) -> Result<B::Tensor> {
-        let t = self.backend.upload(&convert(host, self.dtype)?)?;
+        let host = convert(host, self.dtype)?;
+        self.upload_exact(host)
+    }
+
+    /// Uploads a host tensor as it is (its dtype kept) and advances the progress count.
+    fn upload_exact(&self, host: HostTensor) -> Result<B::Tensor> {
+        let t = self.backend.upload(&host)?;
         self.loaded.set(self.loaded.get() + 1);
         if let Some(p) = self.progress {
             p(self.loaded.get(), self.src.names().len());
@@ -126,27 +132,8 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     }
 
     fn get_as(&self, name: &str, shape: &[usize], dtype: DType) -> Result<B::Tensor> {
-        let origin = self.src.origin();
-        let Some(found) = self.src.shape(name) else {
-            bail!("{origin}: tensor `{name}` is missing (expected shape {shape:?})");
-        };
-        if found != shape {
-            bail!("{origin}: tensor `{name}` has shape {found:?}, expected {shape:?}");
-        }
-        let host = self.src.load(name)?;
-        if !host.dtype.is_float() {
-            bail!(
-                "{origin}: tensor `{name}` has dtype {}, expected a float type",
-                host.dtype
-            );
-        }
-        let host = convert(host, dtype)?;
-        let t = self.backend.upload(&host)?;
-        self.loaded.set(self.loaded.get() + 1);
-        if let Some(p) = self.progress {
-            p(self.loaded.get(), self.src.names().len());
-        }
-        Ok(t)
+        let host = self.host_as(name, shape, dtype)?;
+        self.upload_exact(host)
     }
 }
 

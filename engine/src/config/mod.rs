@@ -12,6 +12,24 @@ pub use rope::{rope_inv_freq, RopeParameters};
 
 use anyhow::{bail, Context, Result};
 
+/// Deserialises `value` as `T` (errors name the field path) and validates it.
+fn parse_as<T: serde::de::DeserializeOwned>(
+    value: &serde_json::Value,
+    origin: &str,
+    model_type: &str,
+    validate: impl Fn(&T) -> Result<()>,
+) -> Result<T> {
+    let cfg: T = serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        anyhow::anyhow!(
+            "{origin}: invalid `{model_type}` config: field `{}`: {}",
+            e.path(),
+            e.inner()
+        )
+    })?;
+    validate(&cfg).with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
+    Ok(cfg)
+}
+
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3", "deepseek_v3", "kimi_linear"];
 
@@ -38,48 +56,22 @@ impl ModelConfig {
             .get("model_type")
             .and_then(|v| v.as_str())
             .with_context(|| format!("{origin}: field `model_type` is missing (expected one of {SUPPORTED_MODEL_TYPES:?})"))?;
-        let parse = || -> Result<LlamaConfig> {
-            let cfg: LlamaConfig =
-                serde_path_to_error::deserialize(value.clone()).map_err(|e| {
-                    anyhow::anyhow!(
-                        "{origin}: invalid `{model_type}` config: field `{}`: {}",
-                        e.path(),
-                        e.inner()
-                    )
-                })?;
-            cfg.validate()
-                .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
-            Ok(cfg)
-        };
+        let llama = || parse_as(value, origin, model_type, LlamaConfig::validate);
         Ok(match model_type {
-            "llama" | "mistral" => ModelConfig::Llama(parse()?),
-            "qwen3" => ModelConfig::Qwen3(parse()?),
-            "deepseek_v3" | "kimi_k2" => {
-                let cfg: DeepseekV3Config = serde_path_to_error::deserialize(value.clone())
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "{origin}: invalid `{model_type}` config: field `{}`: {}",
-                            e.path(),
-                            e.inner()
-                        )
-                    })?;
-                cfg.validate()
-                    .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
-                ModelConfig::DeepseekV3(cfg)
-            }
-            "kimi_linear" => {
-                let cfg: KimiLinearConfig = serde_path_to_error::deserialize(value.clone())
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "{origin}: invalid `{model_type}` config: field `{}`: {}",
-                            e.path(),
-                            e.inner()
-                        )
-                    })?;
-                cfg.validate()
-                    .with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
-                ModelConfig::KimiLinear(cfg)
-            }
+            "llama" | "mistral" => ModelConfig::Llama(llama()?),
+            "qwen3" => ModelConfig::Qwen3(llama()?),
+            "deepseek_v3" | "kimi_k2" => ModelConfig::DeepseekV3(parse_as(
+                value,
+                origin,
+                model_type,
+                DeepseekV3Config::validate,
+            )?),
+            "kimi_linear" => ModelConfig::KimiLinear(parse_as(
+                value,
+                origin,
+                model_type,
+                KimiLinearConfig::validate,
+            )?),
             other => bail!(
                 "{origin}: unsupported model_type '{other}' (supported: {})",
                 SUPPORTED_MODEL_TYPES.join(", ")

@@ -11,8 +11,8 @@
 
 use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::config::{rope_inv_freq, DeepseekV3Config};
-use crate::layers::{Linear, Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope};
-use crate::models::CausalLm;
+use crate::layers::{Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope};
+use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, MoeRouting, RopeStyle};
@@ -39,14 +39,10 @@ pub struct DecoderLayer<B: Backend> {
 
 /// A DeepSeek-V3-family model.
 pub struct DeepseekV3<B: Backend> {
-    /// `[V, D]`.
-    pub embed_tokens: B::Tensor,
+    /// Embedding, final norm, LM head.
+    pub head: TokenHead<B>,
     /// Decoder layers.
     pub layers: Vec<DecoderLayer<B>>,
-    /// Final norm.
-    pub norm: RmsNorm<B>,
-    /// `[V, D]`; `None` when tied.
-    pub lm_head: Option<Linear<B>>,
     /// Rotary tables over the `qk_rope_head_dim` dims.
     pub rope: Rope<B>,
     /// `kv_lora_rank + qk_rope_head_dim`: latent cache width.
@@ -130,22 +126,10 @@ impl<B: Backend> DeepseekV3<B> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = if !c.tie_word_embeddings || w.has("lm_head.weight") {
-            Some(Linear::load(
-                w,
-                "lm_head",
-                c.vocab_size,
-                c.hidden_size,
-                false,
-            )?)
-        } else {
-            None
-        };
+        let head = TokenHead::load(w, c.vocab_size, c.hidden_size, eps, c.tie_word_embeddings)?;
         Ok(Self {
-            embed_tokens: w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?,
+            head,
             layers,
-            norm: RmsNorm::load(w, "model.norm", c.hidden_size, eps)?,
-            lm_head,
             rope,
             cache_width: c.kv_lora_rank + c.qk_rope_head_dim,
         })
@@ -172,7 +156,7 @@ impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
         cache: &KvCache<B>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
-        let mut h = b.embedding(&self.embed_tokens, ids)?;
+        let mut h = self.head.embed(b, ids)?;
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
         }
@@ -188,18 +172,9 @@ impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
                 Ffn::Moe(moe) => moe.forward(b, &x)?,
             };
             h = b.add(&h, &m)?;
-            if let Some(t) = trace.as_deref_mut() {
-                t.push(if i + 1 < self.layers.len() {
-                    h.clone()
-                } else {
-                    self.norm.forward(b, &h)?
-                });
-            }
+            self.head
+                .trace(b, trace.as_deref_mut(), &h, i, self.layers.len())?;
         }
-        let last = self.norm.forward(b, &b.embedding(&h, &meta.logit_rows)?)?;
-        match &self.lm_head {
-            Some(head) => head.forward(b, &last),
-            None => b.linear(&last, &self.embed_tokens, None),
-        }
+        self.head.logits(b, &h, meta)
     }
 }

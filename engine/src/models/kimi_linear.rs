@@ -13,8 +13,8 @@
 
 use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::config::KimiLinearConfig;
-use crate::layers::{Kda, KdaShape, Linear, Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm};
-use crate::models::CausalLm;
+use crate::layers::{Kda, KdaShape, Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm};
+use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, MoeRouting};
@@ -49,14 +49,10 @@ pub struct DecoderLayer<B: Backend> {
 
 /// A Kimi-Linear model.
 pub struct KimiLinear<B: Backend> {
-    /// `[V, D]`.
-    pub embed_tokens: B::Tensor,
+    /// Embedding, final norm, LM head.
+    pub head: TokenHead<B>,
     /// Decoder layers.
     pub layers: Vec<DecoderLayer<B>>,
-    /// Final norm.
-    pub norm: RmsNorm<B>,
-    /// `[V, D]`; `None` when tied.
-    pub lm_head: Option<Linear<B>>,
     /// Per-layer cache specs.
     pub spec: CacheSpec,
 }
@@ -154,24 +150,8 @@ impl<B: Backend> KimiLinear<B> {
                 ffn,
             });
         }
-        let lm_head = if !c.tie_word_embeddings || w.has("lm_head.weight") {
-            Some(Linear::load(
-                w,
-                "lm_head",
-                c.vocab_size,
-                c.hidden_size,
-                false,
-            )?)
-        } else {
-            None
-        };
-        Ok(Self {
-            embed_tokens: w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?,
-            layers,
-            norm: RmsNorm::load(w, "model.norm", c.hidden_size, eps)?,
-            lm_head,
-            spec,
-        })
+        let head = TokenHead::load(w, c.vocab_size, c.hidden_size, eps, c.tie_word_embeddings)?;
+        Ok(Self { head, layers, spec })
     }
 }
 
@@ -188,7 +168,7 @@ impl<B: Backend> CausalLm<B> for KimiLinear<B> {
         cache: &KvCache<B>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
-        let mut h = b.embedding(&self.embed_tokens, ids)?;
+        let mut h = self.head.embed(b, ids)?;
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
         }
@@ -208,18 +188,9 @@ impl<B: Backend> CausalLm<B> for KimiLinear<B> {
                 Ffn::Moe(moe) => moe.forward(b, &x)?,
             };
             h = b.add(&h, &m)?;
-            if let Some(t) = trace.as_deref_mut() {
-                t.push(if i + 1 < self.layers.len() {
-                    h.clone()
-                } else {
-                    self.norm.forward(b, &h)?
-                });
-            }
+            self.head
+                .trace(b, trace.as_deref_mut(), &h, i, self.layers.len())?;
         }
-        let last = self.norm.forward(b, &b.embedding(&h, &meta.logit_rows)?)?;
-        match &self.lm_head {
-            Some(head) => head.forward(b, &last),
-            None => b.linear(&last, &self.embed_tokens, None),
-        }
+        self.head.logits(b, &h, meta)
     }
 }

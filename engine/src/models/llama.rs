@@ -9,8 +9,8 @@
 
 use crate::cache::{CacheSpec, KvCache};
 use crate::config::{rope_inv_freq, LlamaConfig};
-use crate::layers::{Attention, AttentionShape, Linear, Mlp, RmsNorm, Rope};
-use crate::models::CausalLm;
+use crate::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
+use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, RopeStyle};
@@ -29,14 +29,10 @@ pub struct DecoderLayer<B: Backend> {
 
 /// A Llama-family model (also Qwen3, which adds per-head q/k norms).
 pub struct Llama<B: Backend> {
-    /// `[V, D]`.
-    pub embed_tokens: B::Tensor,
+    /// Embedding, final norm, LM head.
+    pub head: TokenHead<B>,
     /// The decoder layers.
     pub layers: Vec<DecoderLayer<B>>,
-    /// Final norm.
-    pub norm: RmsNorm<B>,
-    /// `[V, D]`; `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Linear<B>>,
     /// Shared rotary tables.
     pub rope: Rope<B>,
     /// Widths, for the cache spec.
@@ -65,7 +61,6 @@ impl<B: Backend> Llama<B> {
             c.max_position_embeddings,
         )?;
         let rope = Rope::new(b, &inv_freq, RopeStyle::HalfSplit, 1.0)?;
-        let embed_tokens = w.get("model.embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         let layers = (0..c.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -93,24 +88,16 @@ impl<B: Backend> Llama<B> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::load(w, "model.norm", c.hidden_size, c.rms_norm_eps)?;
-        // Some tied checkpoints still ship `lm_head.weight`; use it when present.
-        let lm_head = if !c.tie_word_embeddings || w.has("lm_head.weight") {
-            Some(Linear::load(
-                w,
-                "lm_head",
-                c.vocab_size,
-                c.hidden_size,
-                false,
-            )?)
-        } else {
-            None
-        };
+        let head = TokenHead::load(
+            w,
+            c.vocab_size,
+            c.hidden_size,
+            c.rms_norm_eps,
+            c.tie_word_embeddings,
+        )?;
         Ok(Self {
-            embed_tokens,
+            head,
             layers,
-            norm,
-            lm_head,
             rope,
             shape,
         })
@@ -135,38 +122,23 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         cache: &KvCache<B>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
-        let mut h = b.embedding(&self.embed_tokens, ids)?;
+        let mut h = self.head.embed(b, ids)?;
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let a = layer.self_attn.forward(
-                b,
-                &layer.input_layernorm.forward(b, &h)?,
-                &self.rope,
-                meta,
-                cache.kv(i)?,
-            )?;
+            let x = layer.input_layernorm.forward(b, &h)?;
+            let a = layer
+                .self_attn
+                .forward(b, &x, &self.rope, meta, cache.kv(i)?)?;
             h = b.add(&h, &a)?;
             let m = layer
                 .mlp
                 .forward(b, &layer.post_attention_layernorm.forward(b, &h)?)?;
             h = b.add(&h, &m)?;
-            // HF's `hidden_states`: the embedding, each layer's output but the last, then the
-            // final norm of the last layer's output.
-            if let Some(t) = trace.as_deref_mut() {
-                t.push(if i + 1 < self.layers.len() {
-                    h.clone()
-                } else {
-                    self.norm.forward(b, &h)?
-                });
-            }
+            self.head
+                .trace(b, trace.as_deref_mut(), &h, i, self.layers.len())?;
         }
-        let last = b.embedding(&h, &meta.logit_rows)?;
-        let last = self.norm.forward(b, &last)?;
-        match &self.lm_head {
-            Some(head) => head.forward(b, &last),
-            None => b.linear(&last, &self.embed_tokens, None),
-        }
+        self.head.logits(b, &h, meta)
     }
 }

@@ -5,10 +5,12 @@ mod deepseek_v3;
 mod kimi_linear;
 mod llama;
 mod qwen3;
+mod token_head;
 
 pub use deepseek_v3::DeepseekV3;
 pub use kimi_linear::KimiLinear;
 pub use llama::Llama;
+pub use token_head::TokenHead;
 
 use crate::cache::{CacheSpec, KvCache};
 use crate::config::ModelConfig;
