@@ -117,7 +117,7 @@ fn run<B: Backend>(b: &B, t: &B::Tensor) -> Result<HostTensor> {
 }
 
 /// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one
-/// (the MLA and MoE ops through [`check_mla_moe`]).
+/// (the MLA and MoE ops through [`check_mla_moe`], the KDA-layer ops through [`check_kda_ops`]).
 pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     let mut dts = vec![b.activation_dtype(DType::F32)];
     let low = b.activation_dtype(DType::BF16);
@@ -138,6 +138,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_argmax(b, dt)?;
     }
     check_mla_moe(b)?;
+    check_kda_ops(b)?;
     Ok(())
 }
 
@@ -970,6 +971,168 @@ pub fn check_moe_experts<B: Backend>(b: &B, dt: DType) -> Result<()> {
         compare(
             "moe_experts",
             &format!("{dt} x [{n}, {d}] E {e} F {f} k {k}"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs the Kimi-Linear KDA-layer checks ([`check_short_conv`], [`check_kda`],
+/// [`check_gated_rms_norm`]) for the backend's f32 activation dtype and, if different, its bf16
+/// one.
+pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
+    let mut dts = vec![b.activation_dtype(DType::F32)];
+    let low = b.activation_dtype(DType::BF16);
+    if low != dts[0] {
+        dts.push(low);
+    }
+    for dt in dts {
+        check_short_conv(b, dt)?;
+        check_kda(b, dt)?;
+        check_gated_rms_norm(b, dt)?;
+    }
+    Ok(())
+}
+
+/// Per-sequence `(tokens before this step, tokens in it)` of a state-slot scenario.
+type Seqs = &'static [(usize, usize)];
+
+/// Step metadata for the state-slot ops: per sequence `(tokens before this step, tokens in it)`,
+/// each sequence in its own slot of `slots`, the slot ids scattered (shuffled). A sequence with
+/// 0 tokens before the step starts fresh (position 0); the others continue from their slot's
+/// state. Paged-cache fields are filled consistently but unused by these ops.
+pub fn state_meta(rng: &mut Rng, seqs: &[(usize, usize)], slots: usize) -> StepMeta {
+    let mut ids: Vec<u32> = (0..slots as u32).collect();
+    rng.shuffle(&mut ids);
+    let mut m = StepMeta {
+        block_size: 1 << 20,
+        max_blocks: 1,
+        ..Default::default()
+    };
+    m.query_start.push(0);
+    for (s, &(ctx, new)) in seqs.iter().enumerate() {
+        for p in ctx..ctx + new {
+            m.positions.push(p as u32);
+            m.token_seq.push(s as u32);
+            m.slot_mapping.push(p as u32);
+        }
+        m.block_tables.push(0);
+        m.seq_lens.push((ctx + new) as u32);
+        m.query_start.push(m.positions.len() as u32);
+        m.logit_rows
+            .push(m.positions.len().saturating_sub(1) as u32);
+        m.state_slots.push(ids[s]);
+        m.max_seq_len = m.max_seq_len.max(ctx + new);
+    }
+    m
+}
+
+/// `short_conv`: widths 4 (Kimi), 3 and 2; in one step fresh and continuing sequences, chunks of
+/// 1, 2 and 3 tokens (shorter than the width) continuing from history, a continuation from
+/// position 1 (partial history), a 150-token prefill; scattered slots pre-filled with random
+/// history that fresh sequences must ignore and untouched slots must keep. Outputs and the
+/// updated state are compared (the state exactly: it only holds copies of inputs).
+pub fn check_short_conv<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(40);
+    // (C, W, slots, seqs (ctx, new))
+    let cases: &[(usize, usize, usize, Seqs)] = &[
+        (
+            32,
+            4,
+            9,
+            &[(0, 5), (7, 1), (3, 2), (10, 3), (0, 1), (1, 2), (20, 150)],
+        ),
+        (40, 3, 4, &[(2, 1), (0, 70), (5, 2)]),
+        (24, 2, 3, &[(0, 2), (9, 1), (4, 6)]),
+        (96, 4, 2, &[(33, 1)]),
+    ];
+    for &(c, w, slots, seqs) in cases {
+        let meta = state_meta(&mut rng, seqs, slots);
+        let n = meta.num_tokens();
+        let x = rand_tensor(&mut rng, &[n, c], dt, 2.0)?;
+        let wt = rand_tensor(&mut rng, &[c, w], DType::F32, 0.8)?;
+        let mut st = rand_tensor(&mut rng, &[slots, c, w - 1], DType::F32, 2.0)?;
+        let sd = b.upload(&st)?;
+        let dmeta = b.upload_meta(meta.clone())?;
+        let got = b.short_conv(&b.upload(&x)?, &b.upload(&wt)?, &sd, &dmeta)?;
+        let want = reference::short_conv(&x, &wt, &mut st, &meta)?;
+        let case = format!("{dt} C {c} W {w} slots {slots} seqs (ctx,new) {seqs:?}");
+        compare("short_conv", &case, &run(b, &got)?, &want, tolerance(dt))?;
+        compare("short_conv (state)", &case, &run(b, &sd)?, &st, 0.0)?;
+    }
+    Ok(())
+}
+
+/// `kda`: both gates (softplus, and the lower-bounded one with `lb = −5`); in one step fresh and
+/// continuing sequences (nonzero state) of 1–7 tokens next to 65-, 70- and 150-token prefills
+/// (more than two chunks of 64, fresh and continuing); scattered slots pre-filled with random
+/// state that fresh sequences must ignore and untouched slots must keep; head widths 16 (tiny
+/// Kimi), 32×24, 64 and 128 (Kimi-Linear-48B). Outputs and the updated state are compared.
+pub fn check_kda<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(41);
+    // (H, K, V, slots, seqs (ctx, new))
+    let cases: &[(usize, usize, usize, usize, Seqs)] = &[
+        (2, 16, 16, 7, &[(0, 5), (9, 1), (4, 3), (0, 1), (30, 2)]),
+        (3, 32, 24, 5, &[(0, 150), (12, 7), (5, 1)]),
+        (2, 64, 64, 3, &[(40, 150), (0, 70)]),
+        (1, 128, 128, 4, &[(3, 1), (0, 65), (17, 2)]),
+    ];
+    for &(h, k, v, slots, seqs) in cases {
+        for lb in [None, Some(-5.0f32)] {
+            let meta = state_meta(&mut rng, seqs, slots);
+            let n = meta.num_tokens();
+            let q = rand_tensor(&mut rng, &[n, h, k], dt, 1.0)?;
+            let kk = rand_tensor(&mut rng, &[n, h, k], dt, 1.0)?;
+            let vv = rand_tensor(&mut rng, &[n, h, v], dt, 1.0)?;
+            let a = rand_tensor(&mut rng, &[n, h, k], dt, 1.0)?;
+            let beta = rand_tensor(&mut rng, &[n, h], dt, 3.0)?;
+            // A_log = ln(rate), rate in (0.3, 3); dt_bias around −1.
+            let a_log: Vec<f32> = (0..h).map(|_| (1.65 + 1.35 * rng.uniform()).ln()).collect();
+            let a_log = HostTensor::from_f32(vec![h], &a_log)?;
+            let dtb: Vec<f32> = rng.vec(h * k, 1.0).iter().map(|x| x - 1.0).collect();
+            let dtb = HostTensor::from_f32(vec![h, k], &dtb)?;
+            let mut st = rand_tensor(&mut rng, &[slots, h, k, v], DType::F32, 0.5)?;
+            let sd = b.upload(&st)?;
+            let dmeta = b.upload_meta(meta.clone())?;
+            let got = b.kda(
+                &b.upload(&q)?,
+                &b.upload(&kk)?,
+                &b.upload(&vv)?,
+                &b.upload(&a)?,
+                &b.upload(&beta)?,
+                &b.upload(&a_log)?,
+                &b.upload(&dtb)?,
+                lb,
+                &sd,
+                &dmeta,
+            )?;
+            let want = reference::kda(&q, &kk, &vv, &a, &beta, &a_log, &dtb, lb, &mut st, &meta)?;
+            let case = format!(
+                "{dt} H {h} K {k} V {v} lower_bound {lb:?} slots {slots} seqs (ctx,new) {seqs:?}"
+            );
+            compare("kda", &case, &run(b, &got)?, &want, tolerance(dt))?;
+            compare("kda (state)", &case, &run(b, &sd)?, &st, tolerance(dt))?;
+        }
+    }
+    Ok(())
+}
+
+/// `gated_rms_norm`: the per-head shapes KDA uses (`[N·H, V]` with V 16 and 128), a wide row and
+/// an odd width; gates large enough to saturate the sigmoid.
+pub fn check_gated_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(42);
+    for &(r, d) in &[(1usize, 16usize), (10, 16), (6, 128), (3, 1000), (7, 33)] {
+        let x = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
+        let gate = rand_tensor(&mut rng, &[r, d], dt, 12.0)?;
+        let w = rand_tensor(&mut rng, &[d], dt, 1.5)?;
+        let eps = 1e-5;
+        let want = reference::gated_rms_norm(&x, &gate, &w, eps)?;
+        let got = b.gated_rms_norm(&b.upload(&x)?, &b.upload(&gate)?, &b.upload(&w)?, eps)?;
+        compare(
+            "gated_rms_norm",
+            &format!("{dt} [{r}, {d}]"),
             &run(b, &got)?,
             &want,
             tolerance(dt),

@@ -42,6 +42,12 @@ const MLA: &str = include_str!("../shaders/mla_attention.wgsl");
 const MOE_ROUTE: &str = include_str!("../shaders/moe_route.wgsl");
 const MOE_ACT: &str = include_str!("../shaders/moe_act.wgsl");
 const MOE_DOWN: &str = include_str!("../shaders/moe_down.wgsl");
+const SHORT_CONV: &str = include_str!("../shaders/short_conv.wgsl");
+const GATED_NORM: &str = include_str!("../shaders/gated_norm.wgsl");
+const KDA_PREP: &str = include_str!("../shaders/kda_prep.wgsl");
+const KDA_RECURRENT: &str = include_str!("../shaders/kda_recurrent.wgsl");
+const KDA_CHUNK_PREP: &str = include_str!("../shaders/kda_chunk_prep.wgsl");
+const KDA_CHUNK_STATE: &str = include_str!("../shaders/kda_chunk_state.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -186,6 +192,56 @@ spec!(
     "moe_down.wgsl",
     "moe_down_wg",
     [R, R, R, R, W]
+);
+
+spec!(
+    SHORT_CONV_K,
+    SHORT_CONV,
+    "short_conv.wgsl",
+    "short_conv",
+    [R, R, W, R, R, W]
+);
+spec!(
+    SHORT_CONV_STATE,
+    SHORT_CONV,
+    "short_conv.wgsl",
+    "short_conv_state",
+    [R, R, W, R, R, W]
+);
+spec!(
+    GATED_RMS_NORM,
+    GATED_NORM,
+    "gated_norm.wgsl",
+    "gated_rms_norm",
+    [R, R, R, W]
+);
+spec!(
+    KDA_PREP_K,
+    KDA_PREP,
+    "kda_prep.wgsl",
+    "kda_prep",
+    [R, R, R, R, R, W, W, W]
+);
+spec!(
+    KDA_RECURRENT_K,
+    KDA_RECURRENT,
+    "kda_recurrent.wgsl",
+    "kda_recurrent",
+    [R, R, R, R, R, W, R, W]
+);
+spec!(
+    KDA_CHUNK_PREP_K,
+    KDA_CHUNK_PREP,
+    "kda_chunk_prep.wgsl",
+    "kda_chunk_prep",
+    [R, R, R, R, R, R, W]
+);
+spec!(
+    KDA_CHUNK_STATE_K,
+    KDA_CHUNK_STATE,
+    "kda_chunk_state.wgsl",
+    "kda_chunk_state",
+    [R, R, W, W]
 );
 
 /// A compiled kernel.
