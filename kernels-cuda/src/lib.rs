@@ -15,6 +15,8 @@
 //!   `paged_latent_attention` (tensor-core split-K kernel sharing each latent row across 64
 //!   head rows), `moe_route`, `moe_experts` (device-side sort by expert, one grouped GEMM/GEMV
 //!   launch per projection, deterministic combine).
+//! - Kimi-Linear KDA ops (`kda`): `short_conv`, `gated_rms_norm`, and `kda` with a
+//!   token-recurrent kernel (decode) and a chunked (64) two-kernel form for prefill.
 //!
 //! See `NOTES.md` in this crate for the dispatch rules and measured figures.
 //! - Libraries are loaded dynamically: [`CudaBackend::new`] returns a one-line error (never a
@@ -53,7 +55,10 @@ macro_rules! kparams {
     };
 }
 
+mod kda;
 mod mla_moe;
+
+pub use kda::{kda_plan, KdaPath, KdaPlan, KDA_CHUNK_MIN_TOKENS};
 
 /// What the backend knows about its device.
 #[derive(Clone, Debug)]
@@ -97,6 +102,8 @@ pub struct CudaBackend {
     pdl: bool,
     /// Tensor-core prefill attention (sm_80+, unless `DAYONE_CUDA_MMA_ATTN=0`).
     mma_attention: bool,
+    /// KDA path choice ([`KdaPath`] as u8; `DAYONE_KDA_PATH` or [`CudaBackend::set_kda_path`]).
+    kda_path: std::sync::atomic::AtomicU8,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -193,7 +200,9 @@ impl CudaBackend {
         let pdl = arch >= 90 && std::env::var("DAYONE_CUDA_PDL").map_or(true, |v| v != "0");
         let mma_attention =
             arch >= 80 && std::env::var("DAYONE_CUDA_MMA_ATTN").map_or(true, |v| v != "0");
+        let kda_path = std::sync::atomic::AtomicU8::new(KdaPath::from_env() as u8);
         Ok(CudaBackend {
+            kda_path,
             mma_attention,
             pdl,
             staging,
@@ -388,6 +397,7 @@ impl CudaBackend {
         if name.starts_with("attn_tiled")
             || name.starts_with("attn_mma")
             || name.starts_with("mla_attn_mma")
+            || name.starts_with("kda_chunk")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
@@ -881,6 +891,42 @@ impl Backend for CudaBackend {
         down: &CudaTensor,
     ) -> Result<CudaTensor> {
         self.moe_experts_impl(x, ids, weights, gate_up, down)
+    }
+
+    fn short_conv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        state: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.short_conv_impl(x, w, state, meta)
+    }
+
+    fn kda(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+        lower_bound: Option<f32>,
+        state: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.kda_impl(q, k, v, a, b, a_log, dt_bias, lower_bound, state, meta)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.gated_rms_norm_impl(x, gate, w, eps)
     }
 
     /// All eight fields in one pinned host→device copy (when they fit a staging slot); each

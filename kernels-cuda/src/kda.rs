@@ -1,0 +1,507 @@
+//! Kimi-Linear KDA layer ops (`kernels/kda.cu`): `short_conv` (depthwise causal conv + SiLU with
+//! per-sequence history), `gated_rms_norm`, and `kda` (Kimi Delta Attention; Kimi Linear report
+//! §2, fla `chunk_kda` / `naive_recurrent_kda`, dayone docs/architectures.md §1.2).
+//!
+//! `kda` picks a path per sequence by its token count in the step ([`kda_plan`]):
+//! - token-recurrent (`kda_recurrent_*`): one block per (sequence, head, 32 value columns), the
+//!   `[K, 32]` f32 state slice in registers, tokens in order — decode and short chunks;
+//! - chunked (chunk 64; `kda_chunk_prep_*` then `kda_chunk_scan_*`): every chunk's intra-chunk
+//!   algebra in parallel (Γ, A_kk, A_qk, W = T(K ⊙ e^Γ), U = T V with T = (I + L)⁻¹ diag(β) by
+//!   forward substitution) into an f32 scratch record per (chunk, head), then one sequential pass
+//!   per (sequence, head, 32 value columns) over the chunks — prefill of ≥
+//!   [`KDA_CHUNK_MIN_TOKENS`] tokens when K, V ≤ 128 and K ∈ 4ℤ.
+//!
+//! `DAYONE_KDA_PATH=recurrent|chunked|auto` (or [`CudaBackend::set_kda_path`]) forces a path
+//! for every sequence the chunked kernels can take (tests compare both on the same inputs).
+
+use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
+use anyhow::{bail, Result};
+use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, StepMeta};
+use std::sync::atomic::Ordering;
+
+/// Tokens per chunk of the chunked KDA kernels.
+pub const KDA_CHUNK: usize = 64;
+/// A sequence with at least this many tokens in the step takes the chunked path (auto mode).
+pub const KDA_CHUNK_MIN_TOKENS: usize = 16;
+
+/// Which KDA path to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KdaPath {
+    /// By token count: ≥ [`KDA_CHUNK_MIN_TOKENS`] → chunked, else recurrent.
+    Auto = 0,
+    /// Every sequence token-recurrent.
+    Recurrent = 1,
+    /// Every sequence chunked (where the head sizes allow it).
+    Chunked = 2,
+}
+
+impl KdaPath {
+    /// `DAYONE_KDA_PATH` (`recurrent`, `chunked`, anything else → auto).
+    pub fn from_env() -> Self {
+        Self::parse(std::env::var("DAYONE_KDA_PATH").ok().as_deref())
+    }
+
+    /// Parses a `DAYONE_KDA_PATH` value.
+    pub fn parse(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            Some("recurrent") => KdaPath::Recurrent,
+            Some("chunked") => KdaPath::Chunked,
+            _ => KdaPath::Auto,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => KdaPath::Recurrent,
+            2 => KdaPath::Chunked,
+            _ => KdaPath::Auto,
+        }
+    }
+}
+
+/// Launch descriptors of one `kda` call (all u32, uploaded as one tensor).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KdaPlan {
+    /// Recurrent sequences: `(first row, tokens, slot, fresh)` each.
+    pub recurrent: Vec<u32>,
+    /// Chunked sequences: `(first row, tokens, slot, fresh, first chunk)` each.
+    pub chunked: Vec<u32>,
+    /// Chunks of the chunked sequences: `(first row, tokens ≤ 64)` each.
+    pub chunks: Vec<u32>,
+}
+
+/// Splits the step's sequences between the two paths. `chunk_ok`: the head sizes allow the
+/// chunked kernels. A sequence is fresh (zero state) when it has no tokens or its first token is
+/// at position 0 (as `reference::kda`); empty sequences go to the recurrent kernel, which then
+/// just zeroes their state.
+pub fn kda_plan(meta: &StepMeta, path: KdaPath, chunk_ok: bool) -> KdaPlan {
+    let mut p = KdaPlan::default();
+    for s in 0..meta.query_start.len().saturating_sub(1) {
+        let (start, end) = (meta.query_start[s], meta.query_start[s + 1]);
+        let len = end - start;
+        let fresh = len == 0 || meta.positions[start as usize] == 0;
+        let slot = meta.state_slots[s];
+        let chunked = len > 0
+            && chunk_ok
+            && match path {
+                KdaPath::Recurrent => false,
+                KdaPath::Chunked => true,
+                KdaPath::Auto => len as usize >= KDA_CHUNK_MIN_TOKENS,
+            };
+        if chunked {
+            let first = (p.chunks.len() / 2) as u32;
+            p.chunked
+                .extend_from_slice(&[start, len, slot, fresh as u32, first]);
+            let mut r = start;
+            while r < end {
+                let n = (end - r).min(KDA_CHUNK as u32);
+                p.chunks.extend_from_slice(&[r, n]);
+                r += n;
+            }
+        } else {
+            p.recurrent
+                .extend_from_slice(&[start, len, slot, fresh as u32]);
+        }
+    }
+    p
+}
+
+/// f32 words of one (chunk, head) record of the chunked kernels:
+/// W, Qg, Kd `[64, K]`, U `[64, V]`, A_qk `[64, 64]`, e^Γ_last `[K]`.
+pub fn kda_record_words(k: usize, v: usize) -> usize {
+    KDA_CHUNK * (3 * k + v + 64) + k
+}
+
+/// Dynamic shared memory of `kda_chunk_prep_*` and `kda_chunk_scan_*`, bytes.
+pub fn kda_chunk_smem(k: usize, v: usize) -> (usize, usize) {
+    let sp = k.max(v) + 1;
+    let prep = (3 * KDA_CHUNK * sp + 2 * KDA_CHUNK * 65 + KDA_CHUNK) * 4;
+    let scan = (k * 33 + 3 * KDA_CHUNK * k + KDA_CHUNK * 64 + KDA_CHUNK * 33 + k) * 4;
+    (prep, scan)
+}
+
+fn shape_is(t: &CudaTensor, n: usize) -> bool {
+    t.shape.iter().product::<usize>() == n
+}
+
+/// Checks the meta fields the KDA ops read and returns the number of sequences.
+fn check_meta(op: &str, meta: &StepMeta, n: usize, slots: usize) -> Result<usize> {
+    let s = meta.query_start.len().saturating_sub(1);
+    if meta.query_start.len() != s + 1 || meta.state_slots.len() != s {
+        bail!(
+            "{op}: meta needs query_start [S + 1] and state_slots [S], got {} and {}",
+            meta.query_start.len(),
+            meta.state_slots.len()
+        );
+    }
+    if meta.positions.len() != n || meta.token_seq.len() != n {
+        bail!(
+            "{op}: meta has {} positions and {} token_seq entries for N = {n} tokens",
+            meta.positions.len(),
+            meta.token_seq.len()
+        );
+    }
+    if meta.query_start.first().copied().unwrap_or(0) != 0
+        || meta.query_start.last().copied().unwrap_or(0) as usize != n
+        || meta.query_start.windows(2).any(|w| w[1] < w[0])
+    {
+        bail!("{op}: query_start must rise from 0 to N = {n}");
+    }
+    if let Some(&sl) = meta.state_slots.iter().find(|&&x| x as usize >= slots) {
+        bail!("{op}: state slot {sl} out of range ({slots} slots)");
+    }
+    Ok(s)
+}
+
+impl CudaBackend {
+    /// Forces the KDA path for later `kda` calls (tests, benchmarks).
+    pub fn set_kda_path(&self, path: KdaPath) {
+        self.kda_path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// See [`Backend::short_conv`]: `x` `[N, C]`, `w` `[C, W]` f32 (W ≤ 9), `state`
+    /// `[slots, C, W−1]` f32. Two launches: outputs (reading the old history), then the history.
+    pub(crate) fn short_conv_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        state: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "short_conv";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (n, c) = match x.shape[..] {
+            [n, c] => (n, c),
+            _ => bail!("{OP}: x must be [N, C], got {:?}", x.shape),
+        };
+        let width = match w.shape[..] {
+            [wc, wd] if wc == c && (1..=9).contains(&wd) => wd,
+            _ => bail!("{OP}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape),
+        };
+        check_dtype(OP, "w", w, DType::F32)?;
+        check_dtype(OP, "state", state, DType::F32)?;
+        let slots = match state.shape[..] {
+            [s, sc, sh] if sc == c && sh == width - 1 => s,
+            _ => bail!(
+                "{OP}: state must be [slots, {c}, {}], got {:?}",
+                width - 1,
+                state.shape
+            ),
+        };
+        let nseq = check_meta(OP, &meta.host, n, slots)?;
+        self.bind()?;
+        let y = self.alloc(vec![n, c], x.dtype)?;
+        if c == 0 || nseq == 0 {
+            return Ok(y);
+        }
+        let (cu, wu) = (to_u32(OP, "C", c)?, width as u32);
+        if n > 0 {
+            let f = self.func("kda", sfx, &format!("short_conv_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (launch::elementwise_grid(n * c, 1, 256, 65535), 1, 1),
+                (256, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    w.device_ptr(),
+                    state.device_ptr(),
+                    y.device_ptr(),
+                    meta.token_seq.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.state_slots.device_ptr(),
+                    to_u32(OP, "N", n)?,
+                    cu,
+                    wu
+                ],
+            )?;
+        }
+        if width > 1 {
+            let f = self.func("kda", sfx, &format!("short_conv_state_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (launch::elementwise_grid(nseq * c, 1, 256, 65535), 1, 1),
+                (256, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    state.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.state_slots.device_ptr(),
+                    nseq as u32,
+                    cu,
+                    wu
+                ],
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// See [`Backend::gated_rms_norm`]: `x`, `gate` `[R, D]`, `w` `[D]` in x's dtype or f32.
+    pub(crate) fn gated_rms_norm_impl(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "gated_rms_norm";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (r, d) = rows_last(OP, "x [R, D]", x)?;
+        if gate.shape != x.shape || w.shape != [d] {
+            bail!(
+                "{OP}: gate must be {:?} like x and w [{d}], got {:?} and {:?}",
+                x.shape,
+                gate.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "gate", gate, x.dtype)?;
+        if w.dtype != x.dtype && w.dtype != DType::F32 {
+            bail!("{OP}: w must be {} or f32, got {}", x.dtype, w.dtype);
+        }
+        self.bind()?;
+        let out = self.alloc(x.shape.clone(), x.dtype)?;
+        if r == 0 || d == 0 {
+            return Ok(out);
+        }
+        let f = self.func("kda", sfx, &format!("gated_rms_norm_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(r, 65535), 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                gate.device_ptr(),
+                w.device_ptr(),
+                (w.dtype == DType::F32) as u32,
+                out.device_ptr(),
+                to_u32(OP, "R", r)?,
+                to_u32(OP, "D", d)?,
+                eps
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// See [`Backend::kda`] and the module doc for the two paths.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn kda_impl(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        a_log: &CudaTensor,
+        dt_bias: &CudaTensor,
+        lower_bound: Option<f32>,
+        state: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "kda";
+        let sfx = dtype_suffix(OP, q.dtype)?;
+        let (n, h, kd) = match q.shape[..] {
+            [n, h, kd] => (n, h, kd),
+            _ => bail!("{OP}: q must be [N, H, K], got {:?}", q.shape),
+        };
+        let vd = match v.shape[..] {
+            [vn, vh, vd] if vn == n && vh == h => vd,
+            _ => bail!("{OP}: v must be [{n}, {h}, V], got {:?}", v.shape),
+        };
+        if k.shape != q.shape || a.shape != q.shape || b.shape != [n, h] {
+            bail!(
+                "{OP}: k and a must be [{n}, {h}, {kd}] like q and b [{n}, {h}], got {:?}, {:?}, {:?}",
+                k.shape,
+                a.shape,
+                b.shape
+            );
+        }
+        for (what, t) in [("k", k), ("v", v), ("a", a), ("b", b)] {
+            check_dtype(OP, what, t, q.dtype)?;
+        }
+        check_dtype(OP, "a_log", a_log, DType::F32)?;
+        check_dtype(OP, "dt_bias", dt_bias, DType::F32)?;
+        check_dtype(OP, "state", state, DType::F32)?;
+        if !shape_is(a_log, h) || !shape_is(dt_bias, h * kd) {
+            bail!("{OP}: a_log must have {h} and dt_bias {} values", h * kd);
+        }
+        if kd == 0 || kd > 256 {
+            bail!("{OP}: head size K = {kd} must be in 1..=256");
+        }
+        let slots = match state.shape[..] {
+            [s, sh, sk, sv] if sh == h && sk == kd && sv == vd => s,
+            _ => bail!(
+                "{OP}: state must be [slots, {h}, {kd}, {vd}], got {:?}",
+                state.shape
+            ),
+        };
+        check_meta(OP, &meta.host, n, slots)?;
+        self.bind()?;
+        let out = self.alloc(vec![n, h, vd], q.dtype)?;
+        if h == 0 || vd == 0 || meta.host.state_slots.is_empty() {
+            return Ok(out);
+        }
+        let (prep_smem, scan_smem) = kda_chunk_smem(kd, vd);
+        let optin = self.kernels.max_smem_optin as usize;
+        let chunk_ok = kd <= 128 && vd <= 128 && kd % 4 == 0 && prep_smem.max(scan_smem) <= optin;
+        let path = KdaPath::from_u8(self.kda_path.load(Ordering::Relaxed));
+        let plan = kda_plan(&meta.host, path, chunk_ok);
+        let mut words = plan.recurrent.clone();
+        words.extend_from_slice(&plan.chunked);
+        words.extend_from_slice(&plan.chunks);
+        let desc = self.upload(&HostTensor::from_u32(vec![words.len()], &words)?)?;
+        let desc_at = |i: usize| desc.device_ptr() + (i * 4) as u64;
+        let (hu, ku, vu) = (h as u32, kd as u32, vd as u32);
+        let (lb, use_lb) = (lower_bound.unwrap_or(0.0), lower_bound.is_some() as u32);
+        let scale = 1.0 / (kd as f32).sqrt();
+        let vblocks = vd.div_ceil(32) as u32;
+        let nrec = plan.recurrent.len() / 4;
+        if nrec > 0 {
+            let name = if kd <= 128 {
+                format!("kda_recurrent_k128_{sfx}")
+            } else {
+                format!("kda_recurrent_k256_{sfx}")
+            };
+            let f = self.func("kda", sfx, &name)?;
+            self.launch(
+                OP,
+                &f,
+                (vblocks, hu, to_u32(OP, "sequences", nrec)?),
+                (128, 1, 1),
+                0,
+                kparams![
+                    q.device_ptr(),
+                    k.device_ptr(),
+                    v.device_ptr(),
+                    a.device_ptr(),
+                    b.device_ptr(),
+                    a_log.device_ptr(),
+                    dt_bias.device_ptr(),
+                    state.device_ptr(),
+                    out.device_ptr(),
+                    desc_at(0),
+                    hu,
+                    ku,
+                    vu,
+                    lb,
+                    use_lb,
+                    scale
+                ],
+            )?;
+        }
+        let nchunked = plan.chunked.len() / 5;
+        if nchunked > 0 {
+            let nchunks = plan.chunks.len() / 2;
+            let rec = self.alloc(vec![nchunks * h * kda_record_words(kd, vd)], DType::F32)?;
+            let f = self.func("kda", sfx, &format!("kda_chunk_prep_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (to_u32(OP, "chunks", nchunks)?, hu, 1),
+                (256, 1, 1),
+                prep_smem as u32,
+                kparams![
+                    q.device_ptr(),
+                    k.device_ptr(),
+                    v.device_ptr(),
+                    a.device_ptr(),
+                    b.device_ptr(),
+                    a_log.device_ptr(),
+                    dt_bias.device_ptr(),
+                    rec.device_ptr(),
+                    desc_at(plan.recurrent.len() + plan.chunked.len()),
+                    hu,
+                    ku,
+                    vu,
+                    lb,
+                    use_lb,
+                    scale
+                ],
+            )?;
+            let f = self.func("kda", sfx, &format!("kda_chunk_scan_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (vblocks, hu, nchunked as u32),
+                (256, 1, 1),
+                scan_smem as u32,
+                kparams![
+                    rec.device_ptr(),
+                    state.device_ptr(),
+                    out.device_ptr(),
+                    desc_at(plan.recurrent.len()),
+                    hu,
+                    ku,
+                    vu
+                ],
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(seqs: &[(u32, u32)], slots: &[u32]) -> StepMeta {
+        // (start position, tokens) per sequence
+        let mut m = StepMeta {
+            query_start: vec![0],
+            state_slots: slots.to_vec(),
+            ..Default::default()
+        };
+        for (s, &(p0, len)) in seqs.iter().enumerate() {
+            for i in 0..len {
+                m.positions.push(p0 + i);
+                m.token_seq.push(s as u32);
+            }
+            let last = *m.query_start.last().unwrap();
+            m.query_start.push(last + len);
+        }
+        m
+    }
+
+    #[test]
+    fn plan_splits_by_length_and_chunks() {
+        let m = meta(
+            &[(5, 1), (0, 150), (3, 0), (10, 15), (0, 16)],
+            &[7, 2, 4, 0, 9],
+        );
+        let p = kda_plan(&m, KdaPath::Auto, true);
+        assert_eq!(p.recurrent, vec![0, 1, 7, 0, 151, 0, 4, 1, 151, 15, 0, 0]);
+        assert_eq!(p.chunked, vec![1, 150, 2, 1, 0, 166, 16, 9, 1, 3]);
+        assert_eq!(p.chunks, vec![1, 64, 65, 64, 129, 22, 166, 16]);
+    }
+
+    #[test]
+    fn plan_forced_paths() {
+        let m = meta(&[(5, 1), (0, 3), (0, 0)], &[0, 1, 2]);
+        let p = kda_plan(&m, KdaPath::Chunked, true);
+        assert_eq!(p.chunked, vec![0, 1, 0, 0, 0, 1, 3, 1, 1, 1]);
+        assert_eq!(p.chunks, vec![0, 1, 1, 3]);
+        assert_eq!(p.recurrent, vec![4, 0, 2, 1]);
+        let p = kda_plan(&m, KdaPath::Chunked, false);
+        assert!(p.chunked.is_empty() && p.recurrent.len() == 12);
+        let p = kda_plan(&m, KdaPath::Recurrent, true);
+        assert!(p.chunked.is_empty() && p.chunks.is_empty());
+        assert_eq!(KdaPath::parse(Some("chunked")), KdaPath::Chunked);
+        assert_eq!(KdaPath::parse(Some("recurrent")), KdaPath::Recurrent);
+        assert_eq!(KdaPath::parse(None), KdaPath::Auto);
+    }
+
+    #[test]
+    fn chunk_sizes_fit_hopper() {
+        assert_eq!(kda_record_words(128, 128), 64 * 576 + 128);
+        let (p, s) = kda_chunk_smem(128, 128);
+        assert!(p <= 227 * 1024 && s <= 227 * 1024, "{p} {s}");
+    }
+}
