@@ -42,6 +42,17 @@ if [[ " $steps " == *" deepseek "* ]]; then
   tail -3 "$OUT/bench_ds_err.log"
 fi
 
+if [[ " $steps " == *" kimi "* ]]; then
+  python3 benches/gpu/write_sparse_safetensors.py benches/gpu/kimi48b_layout.json /tmp/kimi48b | tee "$OUT/kimi_ckpt.txt"
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$OUT/kimi_mem.csv" &
+  smi=$!
+  .bin/dayone bench --backend cuda --model /tmp/kimi48b --batch 1,16,64,1,1,1 \
+    --prompt-len 512,512,512,8192,32768,131072 --gen-len 32 --max-batched-tokens 8192 --json \
+    2>"$OUT/bench_kimi_err.log" | tee "$OUT/dayone_kimi48b.jsonl"
+  kill $smi; tail -3 "$OUT/bench_kimi_err.log"
+  echo "peak GPU memory MiB: $(sort -n "$OUT/kimi_mem.csv" | tail -1)"
+fi
+
 # The SmolLM2 GGUF (98 MB) is larger than one call may carry: one call stages the first part
 # (.smolA/part_aa) in /tmp, the next (while the machine is still warm) brings the second part
 # (.smolB/part_ab) with gzipped binaries in .bin2/.

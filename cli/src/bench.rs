@@ -1,7 +1,8 @@
 //! `dayone bench`: TTFT, TPOT, throughput and decode bandwidth against the memory roofline.
 //!
 //! Bytes that must move per decode step = weights read once (all but the embedding table, which
-//! is only gathered, unless tied to the output head) + every running sequence's KV cache. The
+//! is only gathered, unless tied to the output head; routed experts only as far as a step of that
+//! batch touches them) + every running sequence's KV cache (and recurrent state, read and written). The
 //! roofline is the device's measured copy bandwidth (a 96 MiB gather, read + write).
 
 use crate::backend_choice::BackendKind;
@@ -185,6 +186,7 @@ fn bench<B: Backend>(
         experts: (elems(&is_expert) * act.size()) as f64,
         experts_per_layer: match &engine.config {
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
+            ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
             _ => (0, 0),
         },
     };
@@ -281,9 +283,12 @@ fn run_one<B: Backend>(
     tpot.sort_by(f64::total_cmp);
     let decode_time: f64 = decode_steps.iter().map(|s| s.0).sum();
     let decode_tokens: usize = decode_steps.iter().map(|s| s.1).sum();
+    // Paged cache read, plus each sequence's recurrent state read and written back.
     let kv_bytes: f64 = decode_steps
         .iter()
-        .map(|s| (s.2 * engine.cache_bytes_per_token()) as f64)
+        .map(|s| {
+            (s.2 * engine.cache_bytes_per_token() + 2 * s.1 * engine.state_bytes_per_seq()) as f64
+        })
         .sum();
     let weight_bytes = weights.per_step(batch);
     let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;

@@ -54,6 +54,7 @@ pub struct Engine<B: Backend> {
     eos_ids: Vec<u32>,
     next_id: u64,
     cache_bytes_per_token: usize,
+    state_bytes_per_seq: usize,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
     pub capture_logits: bool,
     /// `(sequence id, logits [V] f32)` of the last step, when `capture_logits` is set.
@@ -94,6 +95,7 @@ impl<B: Backend> Engine<B> {
         let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks)?;
         Ok(Self {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
+            state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
             backend,
             config,
             model,
@@ -109,6 +111,11 @@ impl<B: Backend> Engine<B> {
     /// Bytes the cache keeps per token over all layers.
     pub fn cache_bytes_per_token(&self) -> usize {
         self.cache_bytes_per_token
+    }
+
+    /// Bytes of recurrent state (f32) each running sequence keeps over all layers.
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.state_bytes_per_seq
     }
 
     /// Token ids that stop generation.
