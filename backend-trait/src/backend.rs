@@ -276,6 +276,61 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )
     }
 
+    /// LayerNorm over the last dimension (Ba et al. 2016), in f32:
+    /// `y = (x − mean(x)) / √(var(x) + eps) ⊙ w + b` (biased variance). `x` `[R, D]`, `w`, `b`
+    /// `[D]` → `[R, D]`. The DSA indexer normalises its key with it.
+    fn layer_norm(
+        &self,
+        _x: &Self::Tensor,
+        _w: &Self::Tensor,
+        _b: &Self::Tensor,
+        _eps: f32,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "layer_norm is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// DeepSeek Sparse Attention's lightning indexer with top-k selection (DeepSeek-V3.2 report;
+    /// HF `DeepseekV32Indexer`): for query token `n` (sequence `s`, position `p`) and each of the
+    /// sequence's keys `t ≤ p` in `k_cache` (one row of width `d` per token, found through the
+    /// block table), `I(n, t) = Σ_h w[n, h] · H^−½ · relu(scale · q[n, h] · k_t)`, all in f32;
+    /// returns the positions `t` of the `topk` largest `I(n, t)` (ties: lower position first),
+    /// in descending score order, padded with `u32::MAX` when the sequence has fewer than `topk`
+    /// keys up to `p`. `q` `[N, H, d]`, `w` `[N, H]`, `k_cache` `[blocks, bs, d]` →
+    /// `[N, topk]` u32. Backends may block the scoring so that no `[N × keys]` score matrix is
+    /// materialised at once.
+    fn dsa_topk(
+        &self,
+        _q: &Self::Tensor,
+        _w: &Self::Tensor,
+        _k_cache: &Self::Tensor,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+        _scale: f32,
+        _topk: usize,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!("dsa_topk is not implemented on the {} backend", self.name())
+    }
+
+    /// [`Backend::paged_latent_attention`] restricted to selected keys (sparse MLA): query `n`
+    /// attends only to the positions listed in `selected[n]` (entries `u32::MAX` are skipped;
+    /// every listed position is `≤ positions[n]`). `selected` `[N, topk]` u32.
+    fn sparse_latent_attention(
+        &self,
+        _q_lat: &Self::Tensor,
+        _q_rope: &Self::Tensor,
+        _cache: &Self::Tensor,
+        _meta: &DeviceStepMeta<Self::Tensor>,
+        _scale: f32,
+        _selected: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        anyhow::bail!(
+            "sparse_latent_attention is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
     /// Routed SwiGLU experts: `y[n] = Σ_j weights[n, j] · down[e] · (silu(g) ⊙ u)` with
     /// `e = ids[n, j]` and `[g | u] = gate_up[e] · x[n]`.
     /// `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32, `gate_up` `[E, 2F, D]` (gate rows

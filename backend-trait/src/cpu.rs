@@ -312,6 +312,59 @@ impl Backend for CpuBackend {
             eps,
         )?))
     }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        w: &CpuTensor,
+        b: &CpuTensor,
+        eps: f32,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::layer_norm(
+            &x.host(),
+            &w.host(),
+            &b.host(),
+            eps,
+        )?))
+    }
+
+    fn dsa_topk(
+        &self,
+        q: &CpuTensor,
+        w: &CpuTensor,
+        k_cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+        scale: f32,
+        topk: usize,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::dsa_topk(
+            &q.host(),
+            &w.host(),
+            &k_cache.host(),
+            &meta.host,
+            scale,
+            topk,
+        )?))
+    }
+
+    fn sparse_latent_attention(
+        &self,
+        q_lat: &CpuTensor,
+        q_rope: &CpuTensor,
+        cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+        scale: f32,
+        selected: &CpuTensor,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::sparse_latent_attention(
+            &q_lat.host(),
+            &q_rope.host(),
+            &cache.host(),
+            &meta.host,
+            scale,
+            &selected.host(),
+        )?))
+    }
 }
 
 #[cfg(test)]

@@ -923,3 +923,175 @@ pub fn gated_rms_norm(
     }
     HostTensor::from_f32_as(vec![r, d], &y, dt)
 }
+
+/// LayerNorm (Ba et al. 2016; torch `nn.LayerNorm`): `y = (x − μ)/√(σ² + eps) ⊙ w + b`, biased σ².
+///
+/// `x` `[R, D]`, `w`, `b` `[D]` → `[R, D]` in `x`'s dtype.
+pub fn layer_norm(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f32) -> Result<HostTensor> {
+    rank("layer_norm", "x", x, 2, "[R, D]")?;
+    let dt = float_dtype("layer_norm", "x", x)?;
+    let (r, d) = (x.shape[0], x.shape[1]);
+    ensure!(
+        w.shape == [d] && b.shape == [d],
+        "layer_norm: w and b must be [{d}]"
+    );
+    let (xv, wv, bv) = (x.to_f32(), w.to_f32(), b.to_f32());
+    let mut y = vec![0f32; r * d];
+    for i in 0..r {
+        let row = &xv[i * d..(i + 1) * d];
+        let mean = row.iter().map(|&a| a as f64).sum::<f64>() / d as f64;
+        let var = row.iter().map(|&a| (a as f64 - mean).powi(2)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for j in 0..d {
+            y[i * d + j] = ((row[j] as f64 - mean) * inv * wv[j] as f64 + bv[j] as f64) as f32;
+        }
+    }
+    HostTensor::from_f32_as(vec![r, d], &y, dt)
+}
+
+/// The sequence's cache rows for positions `0..=p` of token `n`: slot of each position.
+fn causal_slots(meta: &StepMeta, n: usize, bs: usize) -> Vec<usize> {
+    let s = meta.token_seq[n] as usize;
+    let p = meta.positions[n] as usize;
+    let table = &meta.block_tables[s * meta.max_blocks..(s + 1) * meta.max_blocks];
+    (0..=p)
+        .map(|j| table[j / bs] as usize * bs + j % bs)
+        .collect()
+}
+
+/// DSA lightning indexer + top-k (see [`crate::Backend::dsa_topk`]; HF `DeepseekV32Indexer`).
+///
+/// `q` `[N, H, d]`, `w` `[N, H]`, `k_cache` `[blocks, bs, d]` → `[N, topk]` u32 positions
+/// (descending score, ties to the lower position, `u32::MAX` padding).
+pub fn dsa_topk(
+    q: &HostTensor,
+    w: &HostTensor,
+    k_cache: &HostTensor,
+    meta: &StepMeta,
+    scale: f32,
+    topk: usize,
+) -> Result<HostTensor> {
+    rank("dsa_topk", "q", q, 3, "[N, H, d]")?;
+    rank("dsa_topk", "k_cache", k_cache, 3, "[blocks, bs, d]")?;
+    let (n, h, d) = (q.shape[0], q.shape[1], q.shape[2]);
+    ensure!(
+        w.shape == [n, h],
+        "dsa_topk: w must be [{n}, {h}], got {:?}",
+        w.shape
+    );
+    ensure!(
+        k_cache.shape[2] == d,
+        "dsa_topk: k_cache must be [blocks, bs, {d}], got {:?}",
+        k_cache.shape
+    );
+    ensure!(topk >= 1, "dsa_topk: topk must be at least 1");
+    let bs = k_cache.shape[1];
+    let (qv, wv, kv) = (q.to_f32(), w.to_f32(), k_cache.to_f32());
+    let hscale = 1.0 / (h as f64).sqrt();
+    let mut out = Vec::with_capacity(n * topk);
+    for t in 0..n {
+        let mut scored: Vec<(f64, u32)> = causal_slots(meta, t, bs)
+            .into_iter()
+            .enumerate()
+            .map(|(pos, slot)| {
+                let k = &kv[slot * d..(slot + 1) * d];
+                let score: f64 = (0..h)
+                    .map(|hh| {
+                        let qr = &qv[(t * h + hh) * d..(t * h + hh + 1) * d];
+                        let dot: f64 = qr.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        wv[t * h + hh] as f64 * hscale * (dot * scale as f64).max(0.0)
+                    })
+                    .sum();
+                (score, pos as u32)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for i in 0..topk {
+            out.push(scored.get(i).map_or(u32::MAX, |x| x.1));
+        }
+    }
+    HostTensor::from_u32(vec![n, topk], &out)
+}
+
+/// Sparse MLA over the latent cache (see [`crate::Backend::sparse_latent_attention`]).
+///
+/// Same shapes as [`paged_latent_attention`], plus `selected` `[N, topk]` u32.
+pub fn sparse_latent_attention(
+    q_lat: &HostTensor,
+    q_rope: &HostTensor,
+    cache: &HostTensor,
+    meta: &StepMeta,
+    scale: f32,
+    selected: &HostTensor,
+) -> Result<HostTensor> {
+    rank("sparse_latent_attention", "q_lat", q_lat, 3, "[N, H, L]")?;
+    rank(
+        "sparse_latent_attention",
+        "cache",
+        cache,
+        3,
+        "[blocks, bs, L + R]",
+    )?;
+    let dt = float_dtype("sparse_latent_attention", "q_lat", q_lat)?;
+    let (n, h, l) = (q_lat.shape[0], q_lat.shape[1], q_lat.shape[2]);
+    let r = q_rope.shape[2];
+    let (bs, width) = (cache.shape[1], cache.shape[2]);
+    ensure!(
+        width == l + r && q_rope.shape[..2] == [n, h],
+        "sparse_latent_attention: shapes {:?} {:?} {:?}",
+        q_lat.shape,
+        q_rope.shape,
+        cache.shape
+    );
+    ensure!(
+        selected.shape.len() == 2 && selected.shape[0] == n,
+        "sparse_latent_attention: selected must be [{n}, topk]"
+    );
+    let k = selected.shape[1];
+    let (qv, rv, cv, sel) = (
+        q_lat.to_f32(),
+        q_rope.to_f32(),
+        cache.to_f32(),
+        selected.to_u32()?,
+    );
+    let mut out = vec![0f32; n * h * l];
+    for t in 0..n {
+        let slots = causal_slots(meta, t, bs);
+        let rows: Vec<&[f32]> = sel[t * k..(t + 1) * k]
+            .iter()
+            .filter(|&&p| p != u32::MAX)
+            .map(|&p| {
+                let slot = slots[p as usize];
+                &cv[slot * width..(slot + 1) * width]
+            })
+            .collect();
+        for hh in 0..h {
+            let ql = &qv[(t * h + hh) * l..(t * h + hh + 1) * l];
+            let qr = &rv[(t * h + hh) * r..(t * h + hh + 1) * r];
+            let scores: Vec<f64> = rows
+                .iter()
+                .map(|c| {
+                    let a: f64 = ql
+                        .iter()
+                        .zip(&c[..l])
+                        .map(|(x, y)| *x as f64 * *y as f64)
+                        .sum();
+                    let b: f64 = qr
+                        .iter()
+                        .zip(&c[l..])
+                        .map(|(x, y)| *x as f64 * *y as f64)
+                        .sum();
+                    (a + b) * scale as f64
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for dd in 0..l {
+                let acc: f64 = rows.iter().zip(&e).map(|(c, p)| c[dd] as f64 * p).sum();
+                out[(t * h + hh) * l + dd] = (acc / z) as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, h, l], &out, dt)
+}
