@@ -27,6 +27,14 @@ pub enum LayerCacheSpec {
         /// Values per token.
         width: usize,
     },
+    /// A latent row plus a DSA indexer key row per token: `[blocks, block_size, width]` and
+    /// `[blocks, block_size, index_width]` (DeepSeek-V3.2).
+    PagedLatentIndexed {
+        /// Latent values per token.
+        width: usize,
+        /// Indexer key values per token.
+        index_width: usize,
+    },
     /// Fixed-size state per sequence, in state slots (KDA): `convs` short-convolution histories
     /// `[slots, conv_channels, conv_taps]` f32 and a recurrent state `[slots, heads, k_dim, v_dim]` f32.
     Recurrent {
@@ -78,6 +86,7 @@ impl CacheSpec {
                     v_dim,
                 } => kv_heads * (k_dim + v_dim),
                 LayerCacheSpec::PagedLatent { width } => width,
+                LayerCacheSpec::PagedLatentIndexed { width, index_width } => width + index_width,
                 LayerCacheSpec::Recurrent { .. } => 0,
             })
             .sum()
@@ -108,6 +117,8 @@ pub enum LayerCache<B: Backend> {
     Kv(B::Tensor, B::Tensor),
     /// One latent row per token.
     Latent(B::Tensor),
+    /// A latent row and an indexer key row per token.
+    LatentIndexed(B::Tensor, B::Tensor),
     /// Per-sequence state: convolution histories and the recurrent state.
     Recurrent {
         /// `[slots, channels, taps]` f32 per convolution.
@@ -155,6 +166,12 @@ impl<B: Backend> KvCache<B> {
                 LayerCacheSpec::PagedLatent { width } => Ok(LayerCache::Latent(
                     b.zeros(&[num_blocks, block_size, width], dtype)?,
                 )),
+                LayerCacheSpec::PagedLatentIndexed { width, index_width } => {
+                    Ok(LayerCache::LatentIndexed(
+                        b.zeros(&[num_blocks, block_size, width], dtype)?,
+                        b.zeros(&[num_blocks, block_size, index_width], dtype)?,
+                    ))
+                }
                 LayerCacheSpec::Recurrent {
                     convs,
                     conv_channels,
@@ -197,8 +214,16 @@ impl<B: Backend> KvCache<B> {
     /// The latent tensor of layer `i`; errors if that layer keeps another kind of cache.
     pub fn latent(&self, i: usize) -> Result<&B::Tensor> {
         match self.layers.get(i) {
-            Some(LayerCache::Latent(c)) => Ok(c),
+            Some(LayerCache::Latent(c)) | Some(LayerCache::LatentIndexed(c, _)) => Ok(c),
             _ => bail!("layer {i} has no latent cache"),
+        }
+    }
+
+    /// The DSA indexer key cache of layer `i`, `None` when the layer has none.
+    pub fn index_keys(&self, i: usize) -> Option<&B::Tensor> {
+        match self.layers.get(i) {
+            Some(LayerCache::LatentIndexed(_, k)) => Some(k),
+            _ => None,
         }
     }
 }

@@ -96,6 +96,15 @@ pub struct DeepseekV3Config {
     /// FP8 block-scale settings, when present.
     #[serde(default)]
     pub quantization_config: Option<serde_json::Value>,
+    /// DeepSeek-V3.2 DSA: lightning-indexer heads.
+    #[serde(default)]
+    pub index_n_heads: Option<usize>,
+    /// DSA: indexer head width (its first `qk_rope_head_dim` dims are rotated, half-split).
+    #[serde(default)]
+    pub index_head_dim: Option<usize>,
+    /// DSA: keys kept per query.
+    #[serde(default)]
+    pub index_topk: Option<usize>,
 }
 
 fn one() -> f64 {
@@ -154,6 +163,26 @@ impl DeepseekV3Config {
             }
         }
         s as f32
+    }
+
+    /// The DSA indexer's (heads, head width, top-k), when the config has one.
+    pub fn indexer(&self) -> Option<(usize, usize, usize)> {
+        Some((self.index_n_heads?, self.index_head_dim?, self.index_topk?))
+    }
+
+    /// `validate` for `deepseek_v32`: the V3 checks plus the indexer fields it needs.
+    pub fn validate_v32(&self) -> Result<()> {
+        self.validate()?;
+        let Some((h, d, k)) = self.indexer() else {
+            bail!("deepseek_v32 needs index_n_heads, index_head_dim and index_topk");
+        };
+        if h == 0 || k == 0 || d < self.qk_rope_head_dim {
+            bail!("index_n_heads ({h}) and index_topk ({k}) must be positive and index_head_dim ({d}) ≥ qk_rope_head_dim");
+        }
+        if self.q_lora_rank.is_none() {
+            bail!("deepseek_v32's indexer reads the query latent: q_lora_rank must be set");
+        }
+        Ok(())
     }
 
     /// Checks the invariants the model code relies on; errors name the field.

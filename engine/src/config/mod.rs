@@ -31,7 +31,13 @@ fn parse_as<T: serde::de::DeserializeOwned>(
 }
 
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["llama", "qwen3", "deepseek_v3", "kimi_linear"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "llama",
+    "qwen3",
+    "deepseek_v3",
+    "deepseek_v32",
+    "kimi_linear",
+];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
 #[derive(Clone, Debug)]
@@ -40,7 +46,8 @@ pub enum ModelConfig {
     Llama(LlamaConfig),
     /// `model_type: "qwen3"`: the Llama skeleton plus per-head q/k RMSNorm and explicit `head_dim`.
     Qwen3(LlamaConfig),
-    /// `model_type: "deepseek_v3"` (DeepSeek-V3/R1, Kimi-K2): MLA + sigmoid-routed MoE.
+    /// `model_type: "deepseek_v3"` (DeepSeek-V3/R1, Kimi-K2): MLA + sigmoid-routed MoE; also
+    /// `deepseek_v32`, whose config adds the DSA indexer fields.
     DeepseekV3(DeepseekV3Config),
     /// `model_type: "kimi_linear"`: KDA linear attention beside NoPE MLA, MoE.
     KimiLinear(KimiLinearConfig),

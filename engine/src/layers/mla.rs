@@ -61,6 +61,8 @@ pub struct Mla<B: Backend> {
     pub o_proj: Linear<B>,
     /// Softmax scale τ.
     pub scale: f32,
+    /// DeepSeek-V3.2's lightning indexer: attend only to its top-k keys (sparse MLA).
+    pub indexer: Option<super::DsaIndexer<B>>,
 }
 
 /// Rows `[start, start + len)` of each of `groups` consecutive blocks of `stride` rows.
@@ -148,11 +150,13 @@ impl<B: Backend> Mla<B> {
             w_uv: w.upload(HostTensor::from_f32(vec![h, dv, l], &uv)?)?,
             o_proj: Linear::load(w, &format!("{prefix}.o_proj"), s.hidden, h * dv, false)?,
             scale,
+            indexer: None,
         })
     }
 
     /// `x` `[N, D]` → `[N, D]`; writes `[c_kv | k_pe]` of this step into `cache` `[blocks, bs, L+R]`.
-    /// `rope: None` is Kimi-Linear's NoPE MLA (the `k_pe` part stays unrotated).
+    /// `rope: None` is Kimi-Linear's NoPE MLA (the `k_pe` part stays unrotated). With an indexer,
+    /// its keys go to `index_cache` `[blocks, bs, d]` and attention is sparse.
     pub fn forward(
         &self,
         b: &B,
@@ -160,6 +164,7 @@ impl<B: Backend> Mla<B> {
         rope: Option<&Rope<B>>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &B::Tensor,
+        index_cache: Option<&B::Tensor>,
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
@@ -183,7 +188,16 @@ impl<B: Backend> Mla<B> {
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
-        let o_lat = b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?;
+        let o_lat = match (&self.indexer, index_cache) {
+            (Some(ix), Some(keys)) => {
+                let selected = ix.select(b, x, &cq, meta, keys)?;
+                b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, &selected)?
+            }
+            (Some(_), None) => {
+                anyhow::bail!("an MLA layer with a DSA indexer needs its indexer key cache")
+            }
+            _ => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
+        };
         let o = b.head_linear(&o_lat, &self.w_uv)?;
         self.o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.v_dim])?)

@@ -1,6 +1,7 @@
 //! Layers, one file per layer type, each written against the [`dayone_backend::Backend`] trait.
 
 mod attention;
+mod dsa_indexer;
 mod kda;
 mod linear;
 mod mla;
@@ -10,6 +11,7 @@ mod norm;
 mod rope;
 
 pub use attention::{Attention, AttentionShape};
+pub use dsa_indexer::DsaIndexer;
 pub use kda::{Kda, KdaShape};
 pub use linear::Linear;
 pub use mla::{Mla, MlaShape};

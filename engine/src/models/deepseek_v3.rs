@@ -11,7 +11,7 @@
 
 use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::config::{rope_inv_freq, DeepseekV3Config};
-use crate::layers::{Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope};
+use crate::layers::{DsaIndexer, Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope};
 use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
 use anyhow::Result;
@@ -47,6 +47,8 @@ pub struct DeepseekV3<B: Backend> {
     pub rope: Rope<B>,
     /// `kv_lora_rank + qk_rope_head_dim`: latent cache width.
     pub cache_width: usize,
+    /// DSA indexer key width (`index_head_dim`), when the model has indexers.
+    pub index_width: Option<usize>,
 }
 
 impl<B: Backend> DeepseekV3<B> {
@@ -60,12 +62,8 @@ impl<B: Backend> DeepseekV3<B> {
         } else {
             RopeStyle::HalfSplit
         };
-        let rope = Rope::new(
-            b,
-            &inv_freq,
-            style,
-            rp.attention_factor(c.max_position_embeddings),
-        )?;
+        let mscale = rp.attention_factor(c.max_position_embeddings);
+        let rope = Rope::new(b, &inv_freq, style, mscale)?;
         if c.num_nextn_predict_layers > 0 {
             tracing::info!(
                 "skipping {} multi-token-prediction layer(s) for plain decoding",
@@ -106,7 +104,23 @@ impl<B: Backend> DeepseekV3<B> {
                         c.hidden_size,
                         eps,
                     )?,
-                    self_attn: Mla::load(w, &format!("{p}.self_attn"), mla, 1e-6, scale)?,
+                    self_attn: {
+                        let mut attn = Mla::load(w, &format!("{p}.self_attn"), mla, 1e-6, scale)?;
+                        // DeepSeek-V3.2: the indexer ropes half-split whatever the MLA's layout.
+                        if let (Some(ix), Some(q_lora)) = (c.indexer(), c.q_lora_rank) {
+                            let rope = Rope::new(b, &inv_freq, RopeStyle::HalfSplit, mscale)?;
+                            let prefix = format!("{p}.self_attn.indexer");
+                            attn.indexer = Some(DsaIndexer::load(
+                                w,
+                                &prefix,
+                                c.hidden_size,
+                                q_lora,
+                                ix,
+                                rope,
+                            )?);
+                        }
+                        attn
+                    },
                     post_attention_layernorm: RmsNorm::load(
                         w,
                         &format!("{p}.post_attention_layernorm"),
@@ -132,19 +146,24 @@ impl<B: Backend> DeepseekV3<B> {
             layers,
             rope,
             cache_width: c.kv_lora_rank + c.qk_rope_head_dim,
+            index_width: c.indexer().map(|ix| ix.1),
         })
     }
 }
 
 impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
     fn cache_spec(&self) -> CacheSpec {
+        let layer = match self.index_width {
+            Some(index_width) => LayerCacheSpec::PagedLatentIndexed {
+                width: self.cache_width,
+                index_width,
+            },
+            None => LayerCacheSpec::PagedLatent {
+                width: self.cache_width,
+            },
+        };
         CacheSpec {
-            layers: vec![
-                LayerCacheSpec::PagedLatent {
-                    width: self.cache_width
-                };
-                self.layers.len()
-            ],
+            layers: vec![layer; self.layers.len()],
         }
     }
 
@@ -162,9 +181,14 @@ impl<B: Backend> CausalLm<B> for DeepseekV3<B> {
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let x = layer.input_layernorm.forward(b, &h)?;
-            let a = layer
-                .self_attn
-                .forward(b, &x, Some(&self.rope), meta, cache.latent(i)?)?;
+            let a = layer.self_attn.forward(
+                b,
+                &x,
+                Some(&self.rope),
+                meta,
+                cache.latent(i)?,
+                cache.index_keys(i),
+            )?;
             h = b.add(&h, &a)?;
             let x = layer.post_attention_layernorm.forward(b, &h)?;
             let m = match &layer.mlp {

@@ -179,7 +179,7 @@ impl<B: Backend> CausalLm<B> for KimiLinear<B> {
                     let (conv, state) = cache.recurrent(i)?;
                     kda.forward(b, &x, meta, conv, state)?
                 }
-                Mixer::Mla(mla) => mla.forward(b, &x, None, meta, cache.latent(i)?)?,
+                Mixer::Mla(mla) => mla.forward(b, &x, None, meta, cache.latent(i)?, None)?,
             };
             h = b.add(&h, &a)?;
             let x = layer.post_attention_layernorm.forward(b, &h)?;
