@@ -1140,3 +1140,404 @@ pub fn check_gated_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
     }
     Ok(())
 }
+
+/// Runs the DeepSeek-V3.2 sparse-attention (DSA) checks ([`check_layer_norm`], [`check_dsa_topk`],
+/// [`check_sparse_latent_attention`]) for the backend's f32 activation dtype and, if different,
+/// its bf16 one. Not part of [`check_all`]: backends opt in.
+pub fn check_dsa_ops<B: Backend>(b: &B) -> Result<()> {
+    let mut dts = vec![b.activation_dtype(DType::F32)];
+    let low = b.activation_dtype(DType::BF16);
+    if low != dts[0] {
+        dts.push(low);
+    }
+    for dt in dts {
+        check_layer_norm(b, dt)?;
+        check_dsa_topk(b, dt)?;
+        check_sparse_latent_attention(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `layer_norm`: the DSA indexer's key width (128), a wide row, odd widths, rows with a large
+/// mean (so that the variance is not `mean(x²)`), and a constant row (variance 0, eps only).
+pub fn check_layer_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(50);
+    for &(r, d, offset) in &[
+        (1usize, 16usize, 0.0f32),
+        (10, 128, 3.0),
+        (6, 128, -20.0),
+        (3, 1000, 1.0),
+        (7, 33, 0.5),
+        (2, 7168, 0.0),
+        (5, 1, 2.0),
+    ] {
+        let xv: Vec<f32> = rng.vec(r * d, 2.0).iter().map(|v| v + offset).collect();
+        let x = HostTensor::from_f32_as(vec![r, d], &xv, dt)?;
+        let w = rand_tensor(&mut rng, &[d], dt, 1.5)?;
+        let bias = rand_tensor(&mut rng, &[d], dt, 0.5)?;
+        let eps = 1e-6;
+        let want = reference::layer_norm(&x, &w, &bias, eps)?;
+        let got = b.layer_norm(&b.upload(&x)?, &b.upload(&w)?, &b.upload(&bias)?, eps)?;
+        compare(
+            "layer_norm",
+            &format!("{dt} [{r}, {d}] mean offset {offset}"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// A `dsa_topk` scenario.
+struct DsaCase {
+    h: usize,
+    d: usize,
+    block_size: usize,
+    seqs: Vec<(usize, usize)>,
+    topk: usize,
+    /// Keys `a_t·u + noise` with distinct geometric `a_t` (clear margins for many keys) instead
+    /// of plain random keys.
+    planted: bool,
+    /// Fraction of keys that are exactly zero (score exactly 0: ties broken by position).
+    zero_frac: f32,
+}
+
+/// Per-key indexer scores of token `t` in f64 from the inputs as the backend sees them, with a
+/// magnitude (Σ of |terms|, the scale of f32 rounding) and whether the key is "clearly zero"
+/// (every head's `scale·q·k` clearly ≤ 0, so that the score is exactly 0 in any precision).
+#[allow(clippy::too_many_arguments)]
+fn dsa_scores(
+    qv: &[f32],
+    wv: &[f32],
+    kv: &[f32],
+    slots: &[usize],
+    t: usize,
+    h: usize,
+    d: usize,
+    scale: f32,
+) -> Vec<(f64, f64, bool)> {
+    let hs = 1.0 / (h as f64).sqrt();
+    slots
+        .iter()
+        .map(|&slot| {
+            let k = &kv[slot * d..(slot + 1) * d];
+            let (mut s, mut mag, mut zero) = (0f64, 0f64, true);
+            for hh in 0..h {
+                let q = &qv[(t * h + hh) * d..(t * h + hh + 1) * d];
+                let dot: f64 = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let l1: f64 = q
+                    .iter()
+                    .zip(k)
+                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                    .sum();
+                let wh = wv[t * h + hh] as f64 * hs * scale as f64;
+                s += wh * dot.max(0.0);
+                mag += wh.abs() * l1;
+                if !(dot < -1e-4 * l1 || l1 == 0.0) {
+                    zero = false;
+                }
+            }
+            (s, mag, zero)
+        })
+        .collect()
+}
+
+/// Whether every decision of token `t`'s top-k (each adjacent pair among the first `k + 1`
+/// scores in order) has a clear margin: `≥ 1e-3` relative to the larger score and `≥ 1e-5`
+/// relative to the rounding scale, or is an exact tie of two clearly-zero keys.
+fn dsa_margin_ok(sc: &[(f64, f64, bool)], topk: usize) -> bool {
+    let mut v: Vec<(f64, f64, bool)> = sc.to_vec();
+    v.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for i in 0..topk.min(v.len().saturating_sub(1)) {
+        let (a, b) = (v[i], v[i + 1]);
+        if a.2 && b.2 {
+            continue;
+        }
+        let gap = a.0 - b.0;
+        if gap < 1e-3 * a.0.abs().max(b.0.abs()) || gap < 1e-5 * a.1.max(b.1) || gap <= 0.0 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Builds `dsa_topk` inputs for `case` (q, w, k_cache) with clear margins for every token (q and
+/// w of a token are resampled until they hold); errors if that fails.
+fn dsa_inputs(
+    rng: &mut Rng,
+    case: &DsaCase,
+    meta: &StepMeta,
+    blocks: usize,
+    dt: DType,
+    scale: f32,
+) -> Result<(HostTensor, HostTensor, HostTensor)> {
+    let (h, d, bs) = (case.h, case.d, case.block_size);
+    let n = meta.num_tokens();
+    let u: Vec<f32> = rng.vec(d, 1.0);
+    // Junk everywhere (unused slots must not be read), then the sequences' keys.
+    let mut kv = rng.vec(blocks * bs * d, 1.0);
+    for s in 0..meta.num_seqs() {
+        let len = meta.seq_lens[s] as usize;
+        let mut order: Vec<usize> = (0..len).collect();
+        rng.shuffle(&mut order);
+        for (p, &rank) in order.iter().enumerate() {
+            let slot = meta.block_tables[s * meta.max_blocks + p / bs] as usize * bs + p % bs;
+            let row = &mut kv[slot * d..(slot + 1) * d];
+            if (rng.below(1 << 20) as f32) < case.zero_frac * (1 << 20) as f32 {
+                row.fill(0.0);
+            } else if case.planted {
+                let a = 1.003f32.powi(rank as i32);
+                for (i, x) in row.iter_mut().enumerate() {
+                    *x = a * u[i] + 1e-3 * rng.uniform();
+                }
+            } else {
+                for x in row.iter_mut() {
+                    *x = rng.uniform();
+                }
+            }
+        }
+    }
+    let k_cache = HostTensor::from_f32_as(vec![blocks, bs, d], &kv, dt)?;
+    let kv = k_cache.to_f32();
+    let mut qv = vec![0f32; n * h * d];
+    let mut wv = vec![0f32; n * h];
+    for t in 0..n {
+        let slots: Vec<usize> = {
+            let s = meta.token_seq[t] as usize;
+            let table = &meta.block_tables[s * meta.max_blocks..(s + 1) * meta.max_blocks];
+            (0..=meta.positions[t] as usize)
+                .map(|j| table[j / bs] as usize * bs + j % bs)
+                .collect()
+        };
+        let mut tries = 0;
+        loop {
+            for hh in 0..h {
+                // Planted: heads aligned with u (c > 0) or against it (relu zero), w mostly > 0.
+                let c = if case.planted {
+                    if hh % 3 == 2 {
+                        -1.0
+                    } else {
+                        0.5 + rng.uniform().abs()
+                    }
+                } else {
+                    0.0
+                };
+                for i in 0..d {
+                    qv[(t * h + hh) * d + i] = c * u[i] + rng.uniform();
+                }
+                wv[t * h + hh] = if case.planted {
+                    0.2 + rng.uniform().abs()
+                } else {
+                    rng.uniform()
+                };
+            }
+            // Round to the dtype the backend sees.
+            let qr = HostTensor::from_f32_as(vec![h * d], &qv[t * h * d..(t + 1) * h * d], dt)?;
+            qv[t * h * d..(t + 1) * h * d].copy_from_slice(&qr.to_f32());
+            let wr = HostTensor::from_f32_as(vec![h], &wv[t * h..(t + 1) * h], dt)?;
+            wv[t * h..(t + 1) * h].copy_from_slice(&wr.to_f32());
+            let sc = dsa_scores(&qv, &wv, &kv, &slots, t, h, d, scale);
+            if dsa_margin_ok(&sc, case.topk) {
+                break;
+            }
+            tries += 1;
+            ensure!(
+                tries < 500,
+                "dsa_topk check: could not build inputs with clear margins (token {t}, H {h} d {d} \
+                 topk {} seqs {:?})",
+                case.topk,
+                case.seqs
+            );
+        }
+    }
+    Ok((
+        HostTensor::from_f32_as(vec![n, h, d], &qv, dt)?,
+        HostTensor::from_f32_as(vec![n, h], &wv, dt)?,
+        k_cache,
+    ))
+}
+
+fn dsa_cases() -> Vec<DsaCase> {
+    let c = |h, d, block_size, seqs: &[(usize, usize)], topk, planted, zero_frac| DsaCase {
+        h,
+        d,
+        block_size,
+        seqs: seqs.to_vec(),
+        topk,
+        planted,
+        zero_frac,
+    };
+    vec![
+        // Decode and chunked prefill; topk below, at and above the causal key count.
+        c(
+            4,
+            32,
+            16,
+            &[(37, 1), (20, 13), (0, 9), (0, 1)],
+            8,
+            false,
+            0.0,
+        ),
+        c(2, 16, 4, &[(0, 17), (9, 2), (3, 1)], 16, false, 0.2),
+        c(1, 8, 16, &[(31, 1), (10, 3)], 32, false, 0.0),
+        c(4, 128, 1, &[(6, 3), (0, 1)], 4, false, 0.1),
+        // Many keys: DeepSeek-V3.2's topk 2048 with more and with fewer causal keys.
+        c(
+            8,
+            64,
+            16,
+            &[(2100, 1), (300, 2), (2040, 12)],
+            2048,
+            true,
+            0.02,
+        ),
+        // Exact ties at 0 (zero keys) inside the top-k; chunk straddling topk.
+        c(16, 128, 16, &[(250, 20), (600, 1)], 256, true, 0.15),
+        c(3, 20, 16, &[(0, 70), (100, 5)], 64, true, 0.3),
+    ]
+}
+
+/// `dsa_topk`: several sequences of different lengths, chunks starting mid-sequence, scattered
+/// blocks with junk in unused slots, block sizes 16, 4 and 1, topk smaller than, equal to and
+/// larger than the number of causal keys (`u32::MAX` padding), DeepSeek-V3.2's topk 2048 over
+/// more than 2048 keys, and exact score ties at 0 (all-zero keys, ties to the lower position).
+/// Inputs are resampled until every decision has a clear margin (see `dsa_margin_ok`), so that
+/// rounding cannot flip a selection; positions must match exactly and in order.
+pub fn check_dsa_topk<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(51);
+    for case in dsa_cases() {
+        let (meta, blocks) = AttnCase {
+            h: case.h,
+            hkv: 1,
+            hd_k: case.d,
+            hd_v: case.d,
+            block_size: case.block_size,
+            seqs: case.seqs.clone(),
+            spare_blocks: 3,
+        }
+        .meta(&mut rng);
+        let scale = 1.0 / (case.d as f32).sqrt();
+        let (q, w, k_cache) = dsa_inputs(&mut rng, &case, &meta, blocks, dt, scale)?;
+        let want = reference::dsa_topk(&q, &w, &k_cache, &meta, scale, case.topk)?;
+        let dmeta = b.upload_meta(meta.clone())?;
+        let got = b.dsa_topk(
+            &b.upload(&q)?,
+            &b.upload(&w)?,
+            &b.upload(&k_cache)?,
+            &dmeta,
+            scale,
+            case.topk,
+        )?;
+        let got = run(b, &got)?;
+        let desc = format!(
+            "{dt} H {} d {} bs {} topk {} seqs (ctx,new) {:?}",
+            case.h, case.d, case.block_size, case.topk, case.seqs
+        );
+        ensure!(
+            got.dtype == DType::U32 && got.shape == want.shape,
+            "dsa_topk [{desc}]: got {} {:?}, want u32 {:?}",
+            got.dtype,
+            got.shape,
+            want.shape
+        );
+        let (g, w) = (got.to_u32()?, want.to_u32()?);
+        for t in 0..meta.num_tokens() {
+            let row = t * case.topk..(t + 1) * case.topk;
+            if g[row.clone()] != w[row.clone()] {
+                let first = row.clone().find(|&i| g[i] != w[i]).unwrap_or(row.start);
+                bail!(
+                    "dsa_topk [{desc}]: token {t} (position {}) differs first at rank {}: got {}, want {}",
+                    meta.positions[t],
+                    first - row.start,
+                    g[first],
+                    w[first]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `sparse_latent_attention`: the latent scenarios of [`latent_cases`] with selections from the
+/// reference `dsa_topk` (decreasing-score order) and random subsets of the causal positions in
+/// random order with `u32::MAX` padding mixed in; plus, with every causal position selected, it
+/// must equal `paged_latent_attention` on the backend.
+pub fn check_sparse_latent_attention<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(52);
+    for case in latent_cases() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (h, l, r, bs) = (case.h, case.l, case.r, case.block_size);
+        let q_lat = rand_tensor(&mut rng, &[n, h, l], dt, 2.0)?;
+        let q_rope = rand_tensor(&mut rng, &[n, h, r], dt, 2.0)?;
+        let cache = rand_tensor(&mut rng, &[blocks, bs, l + r], dt, 1.0)?;
+        let scale = 1.0 / ((l / 4 + r) as f32).sqrt();
+        let dmeta = b.upload_meta(meta.clone())?;
+        let (ql, qr, cd) = (b.upload(&q_lat)?, b.upload(&q_rope)?, b.upload(&cache)?);
+        let max_keys = meta
+            .positions
+            .iter()
+            .map(|&p| p as usize + 1)
+            .max()
+            .unwrap_or(1);
+
+        // 1. The reference indexer's choice over a random indexer (topk 7: padding for short ones).
+        let (hi, di) = (2, 16);
+        let iq = rand_tensor(&mut rng, &[n, hi, di], dt, 1.0)?;
+        let iw = rand_tensor(&mut rng, &[n, hi], dt, 1.0)?;
+        let ik = rand_tensor(&mut rng, &[blocks, bs, di], dt, 1.0)?;
+        let sel_topk = reference::dsa_topk(&iq, &iw, &ik, &meta, 0.25, 7)?;
+
+        // 2. Random subsets in random order with padding anywhere (at least one real entry).
+        let k2 = (max_keys / 2).max(3);
+        let mut sel = vec![u32::MAX; n * k2];
+        for t in 0..n {
+            let p = meta.positions[t] as usize;
+            let mut all: Vec<u32> = (0..=p as u32).collect();
+            rng.shuffle(&mut all);
+            let take = 1 + rng.below(all.len().min(k2));
+            let row = &mut sel[t * k2..(t + 1) * k2];
+            row[..take].copy_from_slice(&all[..take]);
+            rng.shuffle(row);
+        }
+        let sel_rand = HostTensor::from_u32(vec![n, k2], &sel)?;
+
+        // 3. Every causal position (descending order, padded).
+        let mut sel = vec![u32::MAX; n * max_keys];
+        for t in 0..n {
+            for (j, p) in (0..=meta.positions[t]).rev().enumerate() {
+                sel[t * max_keys + j] = p;
+            }
+        }
+        let sel_all = HostTensor::from_u32(vec![n, max_keys], &sel)?;
+
+        for (what, s) in [
+            ("dsa_topk selection", &sel_topk),
+            ("random subsets", &sel_rand),
+            ("all causal positions", &sel_all),
+        ] {
+            let want =
+                reference::sparse_latent_attention(&q_lat, &q_rope, &cache, &meta, scale, s)?;
+            let got = b.sparse_latent_attention(&ql, &qr, &cd, &dmeta, scale, &b.upload(s)?)?;
+            compare(
+                "sparse_latent_attention",
+                &format!("{dt} {} selection: {what}", case.describe()),
+                &run(b, &got)?,
+                &want,
+                tolerance(dt),
+            )?;
+            if what == "all causal positions" {
+                let dense = b.paged_latent_attention(&ql, &qr, &cd, &dmeta, scale)?;
+                compare(
+                    "sparse_latent_attention vs paged_latent_attention",
+                    &format!("{dt} {} all causal positions selected", case.describe()),
+                    &run(b, &got)?,
+                    &run(b, &dense)?,
+                    tolerance(dt),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -378,4 +378,11 @@ mod tests {
     fn cpu_conformance() {
         conformance::check_all(&CpuBackend).unwrap();
     }
+
+    /// The DSA checks (not in `check_all`) on the reference backend: input construction (margin
+    /// resampling) and selection bookkeeping.
+    #[test]
+    fn cpu_dsa_ops() {
+        conformance::check_dsa_ops(&CpuBackend).unwrap();
+    }
 }

@@ -48,6 +48,10 @@ const KDA_PREP: &str = include_str!("../shaders/kda_prep.wgsl");
 const KDA_RECURRENT: &str = include_str!("../shaders/kda_recurrent.wgsl");
 const KDA_CHUNK_PREP: &str = include_str!("../shaders/kda_chunk_prep.wgsl");
 const KDA_CHUNK_STATE: &str = include_str!("../shaders/kda_chunk_state.wgsl");
+const LAYER_NORM: &str = include_str!("../shaders/layer_norm.wgsl");
+const DSA_TOPK: &str = include_str!("../shaders/dsa_topk.wgsl");
+const DSA_SELECT: &str = include_str!("../shaders/dsa_select.wgsl");
+const SPARSE_MLA: &str = include_str!("../shaders/sparse_mla_attention.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -242,6 +246,35 @@ spec!(
     "kda_chunk_state.wgsl",
     "kda_chunk_state",
     [R, R, W, W]
+);
+
+spec!(
+    LAYER_NORM_K,
+    LAYER_NORM,
+    "layer_norm.wgsl",
+    "layer_norm",
+    [R, R, R, W]
+);
+spec!(
+    DSA_SCORE,
+    DSA_TOPK,
+    "dsa_topk.wgsl",
+    "dsa_score",
+    [R, R, R, R, R, R, W]
+);
+spec!(
+    DSA_SELECT_K,
+    DSA_SELECT,
+    "dsa_select.wgsl",
+    "dsa_select",
+    [R, R, W]
+);
+spec!(
+    SPARSE_MLA_ATTN,
+    SPARSE_MLA,
+    "sparse_mla_attention.wgsl",
+    "sparse_mla_attention",
+    [R, R, R, R, R, R, R, W]
 );
 
 /// A compiled kernel.
