@@ -67,6 +67,12 @@ impl ModelConfig {
         Ok(match model_type {
             "llama" | "mistral" => ModelConfig::Llama(llama()?),
             "qwen3" => ModelConfig::Qwen3(llama()?),
+            "deepseek_v32" => ModelConfig::DeepseekV3(parse_as(
+                value,
+                origin,
+                model_type,
+                DeepseekV3Config::validate_v32,
+            )?),
             "deepseek_v3" | "kimi_k2" => ModelConfig::DeepseekV3(parse_as(
                 value,
                 origin,
