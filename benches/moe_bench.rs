@@ -47,8 +47,13 @@ fn parse() -> Result<Args> {
             i += 1;
             continue;
         }
-        let Some(v) = argv.get(i + 1) else { bail!("{key} needs a value") };
-        let num = || v.parse::<usize>().map_err(|_| anyhow::anyhow!("{key}: '{v}' is not a number"));
+        let Some(v) = argv.get(i + 1) else {
+            bail!("{key} needs a value")
+        };
+        let num = || {
+            v.parse::<usize>()
+                .map_err(|_| anyhow::anyhow!("{key}: '{v}' is not a number"))
+        };
         match key {
             "--backend" => a.backend = v.clone(),
             "--tokens" => {
@@ -106,15 +111,33 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let block = |x: &B::Tensor| -> Result<(B::Tensor, B::Tensor)> {
         let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
         let y = b.moe_experts(x, &ids, &w, &gate_up, &down)?;
-        let s = b.linear(&b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?, &sh_down, None)?;
+        let s = b.linear(
+            &b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?,
+            &sh_down,
+            None,
+        )?;
         Ok((b.add(&y, &s)?, ids))
     };
     if !a.json {
-        println!("MoE block on {}: D {d}, {e} experts × F {f}, top-{}, groups {}/{}, {} shared; {act}", b.name(), a.top_k, a.topk_group, a.groups, a.shared);
-        println!("{:>7} {:>10} {:>10} {:>12} {:>9}", "tokens", "ms", "TFLOP/s", "weight GB/s", "experts");
+        println!(
+            "MoE block on {}: D {d}, {e} experts × F {f}, top-{}, groups {}/{}, {} shared; {act}",
+            b.name(),
+            a.top_k,
+            a.topk_group,
+            a.groups,
+            a.shared
+        );
+        println!(
+            "{:>7} {:>10} {:>10} {:>12} {:>9}",
+            "tokens", "ms", "TFLOP/s", "weight GB/s", "experts"
+        );
     }
     for &t in &a.tokens {
-        let x = b.upload(&HostTensor::from_f32_as(vec![t, d], &rng.vec(t * d, 1.0), act)?)?;
+        let x = b.upload(&HostTensor::from_f32_as(
+            vec![t, d],
+            &rng.vec(t * d, 1.0),
+            act,
+        )?)?;
         let (_, ids) = block(&x)?;
         let ids = b.download(&ids)?.to_u32()?;
         let mut used: Vec<u32> = ids.clone();
@@ -140,7 +163,13 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
                 b.name()
             );
         } else {
-            println!("{t:>7} {:>10.3} {:>10.2} {:>12.1} {:>9}", s * 1e3, flops / s / 1e12, bytes / s / 1e9, used.len());
+            println!(
+                "{t:>7} {:>10.3} {:>10.2} {:>12.1} {:>9}",
+                s * 1e3,
+                flops / s / 1e12,
+                bytes / s / 1e9,
+                used.len()
+            );
         }
     }
     Ok(())
