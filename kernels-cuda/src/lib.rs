@@ -2,11 +2,13 @@
 //!
 //! - Kernels: one `.cu` file per family under `kernels/`, compiled with NVRTC at first use for
 //!   the device's architecture and cached on disk ([`nvrtc_cache`]).
-//! - `linear`: a streaming GEMV kernel for decode-sized M (≤ 8), else cuBLAS `GemmEx`
+//! - `linear` (`linear`): a streaming GEMV kernel for decode-sized M (≤ 8), else cuBLAS `GemmEx`
 //!   (bf16/f16 in and out with f32 compute, or f32), bias fused or added by a small kernel.
-//! - `paged_attention`: split-K flash-decoding kernel when every sequence has one query token;
-//!   tensor-core (mma.sync) tiled causal kernel for prefill/mixed steps in bf16/f16; an f32 FMA
-//!   tiled kernel otherwise.
+//! - `paged_attention` (`attention`, with `write_kv`): split-K flash-decoding kernel when every
+//!   sequence has one query token; tensor-core (mma.sync) tiled causal kernel for prefill/mixed
+//!   steps in bf16/f16; an f32 FMA tiled kernel otherwise.
+//! - Element-wise, norm, rotary, embedding and argmax ops live in `basic`; this file keeps the
+//!   backend struct, shared plumbing (modules, launches, allocation) and the `Backend` impl.
 //! - Memory: a caching allocator (freed buffers are reused by size class); all work is queued
 //!   on one stream without host synchronisation, except `download` and `synchronize`; small
 //!   uploads (token ids, step metadata) go through pinned memory so they stay asynchronous.
@@ -34,7 +36,7 @@ pub use launch::{
 };
 
 use anyhow::{anyhow, bail, Result};
-use cudarc::cublas::{self, CudaBlas};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
     Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, StepMeta, TensorInfo,
@@ -55,7 +57,10 @@ macro_rules! kparams {
     };
 }
 
+mod attention;
+mod basic;
 mod kda;
+mod linear;
 mod mla_moe;
 
 pub use kda::{kda_plan, KdaPath, KdaPlan, KDA_CHUNK_MIN_TOKENS};
@@ -606,45 +611,7 @@ impl Backend for CudaBackend {
     }
 
     fn embedding(&self, table: &CudaTensor, ids: &CudaTensor) -> Result<CudaTensor> {
-        const OP: &str = "embedding";
-        if table.shape.len() != 2 || !table.dtype.is_float() {
-            bail!(
-                "{OP}: table must be a float [V, D] tensor, got {:?} {}",
-                table.shape,
-                table.dtype
-            );
-        }
-        if ids.shape.len() != 1 || ids.dtype != DType::U32 {
-            bail!(
-                "{OP}: ids must be a u32 [N] tensor, got {:?} {}",
-                ids.shape,
-                ids.dtype
-            );
-        }
-        let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
-        self.bind()?;
-        let out = self.alloc(vec![n, d], table.dtype)?;
-        if n == 0 || d == 0 {
-            return Ok(out);
-        }
-        let f = self.func("embedding", "", "embedding_rows")?;
-        let row_bytes = (d * table.dtype.size()) as u64;
-        self.launch(
-            OP,
-            &f,
-            (launch::row_grid(n, 65535), 1, 1),
-            (256, 1, 1),
-            0,
-            kparams![
-                table.device_ptr(),
-                ids.device_ptr(),
-                out.device_ptr(),
-                to_u32(OP, "N", n)?,
-                to_u32(OP, "V", v)?,
-                row_bytes
-            ],
-        )?;
-        Ok(out)
+        self.embedding_impl(table, ids)
     }
 
     fn linear(
@@ -657,40 +624,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor> {
-        const OP: &str = "rms_norm";
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        let (r, d) = rows_last(OP, "x [R, D]", x)?;
-        if w.shape != [d] {
-            bail!(
-                "{OP}: w must be [D] = [{d}] (x is {:?}), got {:?}",
-                x.shape,
-                w.shape
-            );
-        }
-        check_dtype(OP, "w", w, x.dtype)?;
-        self.bind()?;
-        let out = self.alloc(x.shape.clone(), x.dtype)?;
-        if r == 0 || d == 0 {
-            return Ok(out);
-        }
-        let f = self.func("norm", sfx, &format!("rms_norm_{sfx}"))?;
-        let threads = if d >= 2048 { 512 } else { 256 };
-        self.launch(
-            OP,
-            &f,
-            (launch::row_grid(r, 65535), 1, 1),
-            (threads, 1, 1),
-            0,
-            kparams![
-                x.device_ptr(),
-                w.device_ptr(),
-                out.device_ptr(),
-                to_u32(OP, "R", r)?,
-                to_u32(OP, "D", d)?,
-                eps
-            ],
-        )?;
-        Ok(out)
+        self.rms_norm_impl(x, w, eps)
     }
 
     fn rope(
@@ -702,60 +636,7 @@ impl Backend for CudaBackend {
         style: RopeStyle,
         mscale: f32,
     ) -> Result<CudaTensor> {
-        const OP: &str = "rope";
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        if x.shape.len() != 3 {
-            bail!("{OP}: x must be [N, H, hd], got {:?}", x.shape);
-        }
-        let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
-        if positions.shape != [n] || positions.dtype != DType::U32 {
-            bail!(
-                "{OP}: positions must be u32 [N] = [{n}], got {:?} {}",
-                positions.shape,
-                positions.dtype
-            );
-        }
-        if rot_dim > hd || !rot_dim.is_multiple_of(2) {
-            bail!("{OP}: rot_dim must be even and at most hd = {hd}, got {rot_dim}");
-        }
-        if inv_freq.shape != [rot_dim / 2] || inv_freq.dtype != DType::F32 {
-            bail!(
-                "{OP}: inv_freq must be f32 [rot_dim/2] = [{}], got {:?} {}",
-                rot_dim / 2,
-                inv_freq.shape,
-                inv_freq.dtype
-            );
-        }
-        self.bind()?;
-        let out = self.alloc(x.shape.clone(), x.dtype)?;
-        if x.numel() == 0 {
-            return Ok(out);
-        }
-        let f = self.func("rope", sfx, &format!("rope_{sfx}"))?;
-        let style: u32 = match style {
-            RopeStyle::HalfSplit => 0,
-            RopeStyle::Interleaved => 1,
-        };
-        self.launch(
-            OP,
-            &f,
-            (launch::row_grid(n, 65535), 1, 1),
-            (256, 1, 1),
-            0,
-            kparams![
-                x.device_ptr(),
-                positions.device_ptr(),
-                inv_freq.device_ptr(),
-                out.device_ptr(),
-                to_u32(OP, "N", n)?,
-                to_u32(OP, "H", h)?,
-                to_u32(OP, "hd", hd)?,
-                rot_dim as u32,
-                style,
-                mscale
-            ],
-        )?;
-        Ok(out)
+        self.rope_impl(x, positions, inv_freq, rot_dim, style, mscale)
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
@@ -774,66 +655,7 @@ impl Backend for CudaBackend {
         v_cache: &CudaTensor,
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<()> {
-        const OP: &str = "write_kv";
-        dtype_suffix(OP, k.dtype)?;
-        if k.shape.len() != 3 || v.shape.len() != 3 || k.shape[..2] != v.shape[..2] {
-            bail!(
-                "{OP}: k must be [N, Hkv, hd_k] and v [N, Hkv, hd_v], got {:?} and {:?}",
-                k.shape,
-                v.shape
-            );
-        }
-        let (n, hkv, hdk, hdv) = (k.shape[0], k.shape[1], k.shape[2], v.shape[2]);
-        let bs = meta.host.block_size;
-        if k_cache.shape.len() != 4 || k_cache.shape[1..] != [bs, hkv, hdk] {
-            bail!(
-                "{OP}: k_cache must be [blocks, {bs}, {hkv}, {hdk}] (block size, Hkv, hd_k), got {:?}",
-                k_cache.shape
-            );
-        }
-        if v_cache.shape.len() != 4
-            || v_cache.shape[1..] != [bs, hkv, hdv]
-            || v_cache.shape[0] != k_cache.shape[0]
-        {
-            bail!(
-                "{OP}: v_cache must be [{}, {bs}, {hkv}, {hdv}], got {:?}",
-                k_cache.shape[0],
-                v_cache.shape
-            );
-        }
-        for (what, t) in [("v", v), ("k_cache", k_cache), ("v_cache", v_cache)] {
-            check_dtype(OP, what, t, k.dtype)?;
-        }
-        if meta.host.slot_mapping.len() != n || meta.slot_mapping.numel() < n {
-            bail!(
-                "{OP}: slot_mapping must have N = {n} entries, has {}",
-                meta.host.slot_mapping.len()
-            );
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        let f = self.func("kv_cache", "", "write_kv")?;
-        let num_slots = to_u32(OP, "blocks·block_size", k_cache.shape[0] * bs)?;
-        self.launch(
-            OP,
-            &f,
-            (launch::row_grid(n, 65535), 1, 1),
-            (128, 1, 1),
-            0,
-            kparams![
-                k.device_ptr(),
-                v.device_ptr(),
-                k_cache.device_ptr(),
-                v_cache.device_ptr(),
-                meta.slot_mapping.device_ptr(),
-                n as u32,
-                num_slots,
-                (hkv * hdk * k.dtype.size()) as u64,
-                (hkv * hdv * k.dtype.size()) as u64
-            ],
-        )
+        self.write_kv_impl(k, v, k_cache, v_cache, meta)
     }
 
     fn paged_attention(
@@ -1012,460 +834,7 @@ impl Backend for CudaBackend {
     }
 
     fn argmax(&self, x: &CudaTensor) -> Result<CudaTensor> {
-        const OP: &str = "argmax";
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        let (r, v) = match x.shape.split_last() {
-            Some((&v, lead)) => (lead.iter().product::<usize>(), v),
-            None => bail!("{OP}: x must be [R, V], got a scalar"),
-        };
-        self.bind()?;
-        let out = self.alloc(x.shape[..x.shape.len() - 1].to_vec(), DType::U32)?;
-        if r == 0 {
-            return Ok(out);
-        }
-        if v == 0 {
-            bail!("{OP}: rows of x are empty (shape {:?})", x.shape);
-        }
-        let f = self.func("argmax", sfx, &format!("argmax_{sfx}"))?;
-        self.launch(
-            OP,
-            &f,
-            (launch::row_grid(r, 65535), 1, 1),
-            (1024, 1, 1),
-            0,
-            kparams![
-                x.device_ptr(),
-                out.device_ptr(),
-                r as u32,
-                to_u32(OP, "V", v)?
-            ],
-        )?;
-        Ok(out)
-    }
-}
-
-impl CudaBackend {
-    fn linear_impl(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        bias: Option<&CudaTensor>,
-        allow_gemv: bool,
-    ) -> Result<CudaTensor> {
-        const OP: &str = "linear";
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        let (m, k) = rows_last(OP, "x [M, K]", x)?;
-        if w.shape.len() != 2 || w.shape[1] != k {
-            bail!(
-                "{OP}: w must be [N, K] with K = {k} (x is {:?}), got {:?}",
-                x.shape,
-                w.shape
-            );
-        }
-        check_dtype(OP, "w", w, x.dtype)?;
-        let n = w.shape[0];
-        if let Some(b) = bias {
-            if b.shape != [n] {
-                bail!("{OP}: bias must be [N] = [{n}], got {:?}", b.shape);
-            }
-            check_dtype(OP, "bias", b, x.dtype)?;
-        }
-        self.bind()?;
-        let mut shape = x.shape.clone();
-        *shape.last_mut().expect("rank >= 2") = n;
-        let out = self.alloc(shape, x.dtype)?;
-        if m == 0 || n == 0 {
-            return Ok(out);
-        }
-        if let Some(mt) = launch::gemv_mt(m, k).filter(|_| allow_gemv) {
-            // Decode-sized M: the streaming GEMV kernel (bias fused).
-            let rpw = launch::gemv_rpw(n, self.info.sms);
-            let f = self.func("gemv", sfx, &format!("gemv_{sfx}_m{mt}_r{rpw}"))?;
-            let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
-            self.launch(
-                OP,
-                &f,
-                (grid, 1, 1),
-                (launch::GEMV_THREADS, 1, 1),
-                0,
-                kparams![
-                    x.device_ptr(),
-                    w.device_ptr(),
-                    bias.map_or(0u64, |b| b.device_ptr()),
-                    out.device_ptr(),
-                    m as u32,
-                    to_u32(OP, "N", n)?,
-                    to_u32(OP, "K", k)?
-                ],
-            )?;
-            return Ok(out);
-        }
-        if k == 0 {
-            // Empty reduction: y = bias (or 0).
-            // SAFETY: the buffer holds `num_bytes` bytes.
-            unsafe {
-                dr::memset_d8_async(
-                    out.device_ptr(),
-                    0,
-                    out.num_bytes(),
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(drv("memset"))?;
-        } else {
-            use cublas::sys::{
-                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
-            };
-            let dt = match x.dtype {
-                DType::F32 => cudaDataType::CUDA_R_32F,
-                DType::BF16 => cudaDataType::CUDA_R_16BF,
-                _ => cudaDataType::CUDA_R_16F,
-            };
-            let (mi, ni, ki) = (
-                to_i32(OP, "M", m)?,
-                to_i32(OP, "N", n)?,
-                to_i32(OP, "K", k)?,
-            );
-            let alpha = 1.0f32;
-            let beta = 0.0f32;
-            let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-            // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = wᵀ·xᵀ where the
-            // row-major buffers of w and x read column-major are [K,N] and [K,M]: op(A) = Aᵀ.
-            // SAFETY: device pointers of live buffers with the sizes checked above.
-            unsafe {
-                cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    (&alpha) as *const f32 as *const c_void,
-                    w.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    x.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    (&beta) as *const f32 as *const c_void,
-                    out.device_ptr() as *mut c_void,
-                    dt,
-                    ni,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
-        }
-        if let Some(b) = bias {
-            let f = self.func("elementwise", sfx, &format!("bias_add_{sfx}"))?;
-            self.launch(
-                OP,
-                &f,
-                (
-                    launch::elementwise_grid(m * n, 1, 256, 8 * self.info.sms),
-                    1,
-                    1,
-                ),
-                (256, 1, 1),
-                0,
-                kparams![
-                    out.device_ptr(),
-                    b.device_ptr(),
-                    to_u32(OP, "M", m)?,
-                    to_u32(OP, "N", n)?
-                ],
-            )?;
-        }
-        Ok(out)
-    }
-
-    fn binary(&self, op: &'static str, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        let sfx = dtype_suffix(op, a.dtype)?;
-        if a.shape != b.shape {
-            bail!(
-                "{op}: inputs must have equal shapes, got {:?} and {:?}",
-                a.shape,
-                b.shape
-            );
-        }
-        check_dtype(op, "second input", b, a.dtype)?;
-        self.bind()?;
-        let out = self.alloc(a.shape.clone(), a.dtype)?;
-        let n = a.numel();
-        if n == 0 {
-            return Ok(out);
-        }
-        let f = self.func("elementwise", sfx, &format!("{op}_{sfx}"))?;
-        self.launch(
-            op,
-            &f,
-            (
-                launch::elementwise_grid(n, 8, 256, 16 * self.info.sms),
-                1,
-                1,
-            ),
-            (256, 1, 1),
-            0,
-            kparams![a.device_ptr(), b.device_ptr(), out.device_ptr(), n as u64],
-        )?;
-        Ok(out)
-    }
-
-    fn attention(
-        &self,
-        q: &CudaTensor,
-        k_cache: &CudaTensor,
-        v_cache: &CudaTensor,
-        meta: &DeviceStepMeta<CudaTensor>,
-        scale: f32,
-    ) -> Result<CudaTensor> {
-        const OP: &str = "paged_attention";
-        let sfx = dtype_suffix(OP, q.dtype)?;
-        if q.shape.len() != 3 {
-            bail!("{OP}: q must be [N, H, hd_k], got {:?}", q.shape);
-        }
-        let (n, h, hdk) = (q.shape[0], q.shape[1], q.shape[2]);
-        let hm = &meta.host;
-        let bs = hm.block_size;
-        if k_cache.shape.len() != 4 || k_cache.shape[1] != bs || k_cache.shape[3] != hdk {
-            bail!(
-                "{OP}: k_cache must be [blocks, {bs}, Hkv, {hdk}] (block size, hd_k of q), got {:?}",
-                k_cache.shape
-            );
-        }
-        let (nblocks, hkv) = (k_cache.shape[0], k_cache.shape[2]);
-        if v_cache.shape.len() != 4 || v_cache.shape[..3] != k_cache.shape[..3] {
-            bail!(
-                "{OP}: v_cache must be [{nblocks}, {bs}, {hkv}, hd_v], got {:?}",
-                v_cache.shape
-            );
-        }
-        let hdv = v_cache.shape[3];
-        check_dtype(OP, "k_cache", k_cache, q.dtype)?;
-        check_dtype(OP, "v_cache", v_cache, q.dtype)?;
-        if hkv == 0 || h % hkv != 0 {
-            bail!("{OP}: query heads H = {h} must be a multiple of KV heads Hkv = {hkv}");
-        }
-        let s = hm.num_seqs();
-        if hm.positions.len() != n || hm.token_seq.len() != n {
-            bail!(
-                "{OP}: meta has {} positions and {} token_seq entries, q has N = {n} tokens",
-                hm.positions.len(),
-                hm.token_seq.len()
-            );
-        }
-        if hm.query_start.len() != s + 1 || hm.block_tables.len() != s * hm.max_blocks {
-            bail!(
-                "{OP}: meta needs query_start [S+1] = [{}] and block_tables [S, max_blocks] = [{s}, {}], got {} and {}",
-                s + 1,
-                hm.max_blocks,
-                hm.query_start.len(),
-                hm.block_tables.len()
-            );
-        }
-        if hm.token_seq.iter().any(|&x| x as usize >= s) {
-            bail!("{OP}: token_seq refers to a sequence index >= S = {s}");
-        }
-        self.bind()?;
-        let out = self.alloc(vec![n, h, hdv], q.dtype)?;
-        if n == 0 || h == 0 || hdv == 0 {
-            return Ok(out);
-        }
-        let g = h / hkv;
-        let max_q = hm
-            .query_start
-            .windows(2)
-            .map(|w| w[1].saturating_sub(w[0]) as usize)
-            .max()
-            .unwrap_or(0);
-        let kv_cap = hm.max_blocks * bs;
-        let max_kv = (hm.positions.iter().copied().max().unwrap_or(0) as usize + 1).min(kv_cap);
-        let scale_log2 = scale * std::f32::consts::LOG2_E;
-        let (hu, hkvu, hdku, hdvu) = (
-            to_u32(OP, "H", h)?,
-            to_u32(OP, "Hkv", hkv)?,
-            to_u32(OP, "hd_k", hdk)?,
-            to_u32(OP, "hd_v", hdv)?,
-        );
-        let (bsu, mbu, nbu) = (
-            to_u32(OP, "block_size", bs)?,
-            to_u32(OP, "max_blocks", hm.max_blocks)?,
-            to_u32(OP, "blocks", nblocks)?,
-        );
-        if kv_cap == 0 || nblocks == 0 {
-            // No cache: every softmax is empty, the output is zero.
-            // SAFETY: the buffer holds `num_bytes` bytes.
-            unsafe {
-                dr::memset_d8_async(
-                    out.device_ptr(),
-                    0,
-                    out.num_bytes(),
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(drv("memset"))?;
-            return Ok(out);
-        }
-        let tpk = launch::decode_tpk(hdk, hdv);
-        if let Some(tpk) = tpk.filter(|_| max_q <= 1 && n <= 65535) {
-            let gb = launch::decode_gb(g);
-            let gchunks = g.div_ceil(gb as usize);
-            let step = (launch::ATTN_THREADS / tpk) * launch::DECODE_UNROLL;
-            let plan = launch::plan_decode(
-                n * hkv * gchunks,
-                max_kv,
-                4 * self.info.sms as usize,
-                step,
-                (2 * step).max(64),
-            );
-            let f = self.func(
-                "attention_paged",
-                sfx,
-                &format!("attn_decode_{sfx}_t{tpk}_g{gb}"),
-            )?;
-            let (part_o, part_ml) = if plan.nsplit > 1 {
-                let rows = n * h * plan.nsplit as usize;
-                (
-                    Some(self.scratch_f32(rows * hdv)?),
-                    Some(self.scratch_f32(rows * 2)?),
-                )
-            } else {
-                (None, None)
-            };
-            let po = part_o.as_ref().map_or(0, |t| t.device_ptr());
-            let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
-            self.launch(
-                OP,
-                &f,
-                (plan.nsplit, to_u32(OP, "grid.y", hkv * gchunks)?, n as u32),
-                (launch::ATTN_THREADS, 1, 1),
-                0,
-                kparams![
-                    q.device_ptr(),
-                    k_cache.device_ptr(),
-                    v_cache.device_ptr(),
-                    meta.token_seq.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.block_tables.device_ptr(),
-                    out.device_ptr(),
-                    po,
-                    pml,
-                    hu,
-                    hkvu,
-                    hdku,
-                    hdvu,
-                    bsu,
-                    mbu,
-                    nbu,
-                    plan.chunk,
-                    plan.nsplit,
-                    scale_log2
-                ],
-            )?;
-            if plan.nsplit > 1 {
-                let f = self.func("attention_paged", sfx, &format!("attn_combine_{sfx}"))?;
-                self.launch(
-                    OP,
-                    &f,
-                    (to_u32(OP, "N·H", n * h)?, 1, 1),
-                    (hdvu.clamp(32, 256).div_ceil(32) * 32, 1, 1),
-                    0,
-                    kparams![po, pml, out.device_ptr(), hdvu, plan.nsplit],
-                )?;
-            }
-            return Ok(out);
-        }
-        if s > 65535 {
-            bail!("{OP}: at most 65535 sequences per step, got {s}");
-        }
-        // Tensor-core kernel: prefill, chunked prefill and mixed steps in bf16/f16.
-        let mma_smem = launch::mma_smem_bytes(hdk, hdv);
-        if let Some(dv) = launch::mma_dv(hdk, hdv).filter(|_| {
-            q.dtype != DType::F32
-                && self.mma_attention
-                && mma_smem <= self.info.max_smem_optin as usize
-        }) {
-            let (hc, tq) = launch::mma_rows(g);
-            let gchunks = g.div_ceil(hc as usize);
-            let f = self.func("attention_paged", sfx, &format!("attn_mma_{sfx}_d{dv}"))?;
-            self.launch(
-                OP,
-                &f,
-                (
-                    to_u32(OP, "grid.x", max_q.div_ceil(tq as usize).max(1))?,
-                    to_u32(OP, "grid.y", hkv * gchunks)?,
-                    s as u32,
-                ),
-                (launch::ATTN_THREADS, 1, 1),
-                mma_smem as u32,
-                kparams![
-                    q.device_ptr(),
-                    k_cache.device_ptr(),
-                    v_cache.device_ptr(),
-                    meta.query_start.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.block_tables.device_ptr(),
-                    out.device_ptr(),
-                    hu,
-                    hkvu,
-                    hdku,
-                    hdvu,
-                    bsu,
-                    mbu,
-                    nbu,
-                    hc,
-                    tq,
-                    scale_log2
-                ],
-            )?;
-            return Ok(out);
-        }
-        // Tiled FMA kernel: f32, or head dims the other kernels do not cover.
-        let vpl = launch::tiled_vpl(hdv)
-            .ok_or_else(|| anyhow!("{OP}: hd_v = {hdv} is above the supported 512"))?;
-        let smem = launch::tiled_smem_bytes(hdk, hdv);
-        if smem > self.info.max_smem_optin as usize {
-            bail!(
-                "{OP}: head dims hd_k = {hdk}, hd_v = {hdv} need {smem} bytes of shared memory, \
-                 the device allows {}",
-                self.info.max_smem_optin
-            );
-        }
-        let (hc, tq) = launch::tiled_rows(g);
-        let gchunks = g.div_ceil(hc as usize);
-        let f = self.func("attention_paged", sfx, &format!("attn_tiled_{sfx}_v{vpl}"))?;
-        self.launch(
-            OP,
-            &f,
-            (
-                to_u32(OP, "grid.x", max_q.div_ceil(tq as usize).max(1))?,
-                to_u32(OP, "grid.y", hkv * gchunks)?,
-                s as u32,
-            ),
-            (launch::ATTN_THREADS, 1, 1),
-            smem as u32,
-            kparams![
-                q.device_ptr(),
-                k_cache.device_ptr(),
-                v_cache.device_ptr(),
-                meta.query_start.device_ptr(),
-                meta.positions.device_ptr(),
-                meta.block_tables.device_ptr(),
-                out.device_ptr(),
-                hu,
-                hkvu,
-                hdku,
-                hdvu,
-                bsu,
-                mbu,
-                nbu,
-                hc,
-                tq,
-                scale_log2
-            ],
-        )?;
-        Ok(out)
+        self.argmax_impl(x)
     }
 }
 

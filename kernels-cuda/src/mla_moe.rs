@@ -189,25 +189,7 @@ impl CudaBackend {
         check_dtype(OP, "cache", cache, q_lat.dtype)?;
         let hm = &meta.host;
         let s = hm.num_seqs();
-        if hm.positions.len() != n || hm.token_seq.len() != n {
-            bail!(
-                "{OP}: meta has {} positions and {} token_seq entries, q has N = {n} tokens",
-                hm.positions.len(),
-                hm.token_seq.len()
-            );
-        }
-        if hm.query_start.len() != s + 1 || hm.block_tables.len() != s * hm.max_blocks {
-            bail!(
-                "{OP}: meta needs query_start [S+1] = [{}] and block_tables [S, max_blocks] = [{s}, {}], got {} and {}",
-                s + 1,
-                hm.max_blocks,
-                hm.query_start.len(),
-                hm.block_tables.len()
-            );
-        }
-        if hm.token_seq.iter().any(|&x| x as usize >= s) {
-            bail!("{OP}: token_seq refers to a sequence index >= S = {s}");
-        }
+        hm.check_tables(OP, n)?;
         self.bind()?;
         let out = self.alloc(vec![n, h, l], q_lat.dtype)?;
         if n == 0 || h == 0 || l == 0 {

@@ -4,6 +4,10 @@
 //! correctness reference in CI. Activations, KV caches and all results are f32
 //! ([`Backend::activation_dtype`] is always `F32`); integer tensors are u32/i32.
 //!
+//! Layout: this file holds the backend struct, its shared plumbing (allocation, recording,
+//! dispatch, argument checks) and the [`Backend`] impl, which forwards each tensor op to its
+//! family's module under `ops/` (`basic`, `linear`, `attention`, `mla`, `moe`, `kda`, `dsa`).
+//!
 //! Design:
 //! - Storage dtypes: f32 uploads stay f32; bf16 uploads whose rows hold a multiple of 8 values
 //!   stay packed bf16 (dtype `BF16`, half the bytes: `linear` weights and `embedding` tables are
@@ -48,6 +52,7 @@
 //!   `selected[n]`, skipping `u32::MAX`).
 
 mod buffers;
+mod ops;
 mod pipelines;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -556,220 +561,9 @@ impl WgslBackend {
         Ok((&t.st.chunks[0].buf, bf16))
     }
 
-    /// Checks a step's paged-cache metadata against a cache of `blocks` blocks of `bs` slots:
-    /// sequence indices, block-table size and every block id a token's keys need.
-    fn check_paged_meta(
-        op: &str,
-        hm: &dayone_backend::StepMeta,
-        blocks: usize,
-        bs: usize,
-    ) -> Result<()> {
-        let n = hm.num_tokens();
-        ensure!(
-            bs == hm.block_size,
-            "{op}: cache block size {bs} != meta.block_size {}",
-            hm.block_size
-        );
-        ensure!(
-            hm.token_seq.len() == n,
-            "{op}: token_seq must have {n} entries"
-        );
-        ensure!(
-            hm.block_tables.len() >= hm.num_seqs() * hm.max_blocks,
-            "{op}: block_tables must have [S = {}, max_blocks = {}] entries",
-            hm.num_seqs(),
-            hm.max_blocks
-        );
-        for t in 0..n {
-            let (s, p) = (hm.token_seq[t] as usize, hm.positions[t] as usize);
-            ensure!(
-                s < hm.num_seqs(),
-                "{op}: token_seq[{t}] = {s} >= number of sequences {}",
-                hm.num_seqs()
-            );
-            ensure!(
-                p / bs < hm.max_blocks,
-                "{op}: position {p} of token {t} needs block {} >= max_blocks {}",
-                p / bs,
-                hm.max_blocks
-            );
-            for b in 0..=p / bs {
-                let id = hm.block_tables[s * hm.max_blocks + b] as usize;
-                ensure!(
-                    id < blocks,
-                    "{op}: block id {id} of sequence {s} >= cache blocks {blocks}"
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// Per-sequence state-slot rows for the recurrent ops (`short_conv`, `kda`):
-    /// `(slot, first row, rows, fresh)` per sequence, after checking the metadata (a
-    /// `query_start` covering all `N` rows, one distinct slot `< slots` per sequence).
-    /// `fresh`: the sequence starts at position 0 in this step (or has no rows), as in
-    /// `reference::short_conv`/`kda`.
-    fn state_seqs(op: &str, hm: &dayone_backend::StepMeta, slots: usize) -> Result<Vec<[u32; 4]>> {
-        let (n, s) = (hm.num_tokens(), hm.num_seqs());
-        ensure!(
-            hm.state_slots.len() == s,
-            "{op}: state_slots must have one entry per sequence ({s}), got {}",
-            hm.state_slots.len()
-        );
-        ensure!(
-            hm.query_start.len() == s + 1
-                && hm.query_start.first() == Some(&0)
-                && hm.query_start[s] as usize == n
-                && hm.query_start.windows(2).all(|w| w[0] <= w[1]),
-            "{op}: query_start must be [S + 1 = {}] non-decreasing prefix sums from 0 to N = {n}",
-            s + 1
-        );
-        let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::with_capacity(s);
-        for i in 0..s {
-            let slot = hm.state_slots[i];
-            ensure!(
-                (slot as usize) < slots,
-                "{op}: state slot {slot} of sequence {i} out of range ({slots} slots)"
-            );
-            ensure!(
-                seen.insert(slot),
-                "{op}: state slot {slot} is used by more than one sequence of the step"
-            );
-            let (a, b) = (hm.query_start[i], hm.query_start[i + 1]);
-            let fresh = a == b || hm.positions[a as usize] == 0;
-            out.push([slot, a, b - a, fresh as u32]);
-        }
-        Ok(out)
-    }
-
-    /// `kda`'s chunked path for the sequences `seqs` (`(slot, first row, rows, fresh)`):
-    /// chunks of [`KDA_CHUNK`] rows; `kda_chunk_prep.wgsl` computes every chunk's intra-chunk
-    /// matrices (one workgroup per (chunk, head), independent across chunks) into a scratch
-    /// buffer, then `kda_chunk_state.wgsl` walks each sequence's chunks in order carrying the state
-    /// (one invocation per (sequence, head, value column)). Chunks are processed in rounds small
-    /// enough for the scratch to fit one storage binding; the state carries over between rounds.
-    /// `dims` = `[H, K, V]`, `ins` = prepared `qn`, `kn`, `g` and `v`, `b`.
-    fn kda_chunked(
-        &self,
-        seqs: &[[u32; 4]],
-        dims: [usize; 3],
-        ins: [&WTensor; 5],
-        state: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-    ) -> Result<()> {
-        const OP: &str = "kda";
-        let [h, kd, vd] = dims;
-        let c = KDA_CHUNK;
-        // Per (chunk, head): Γ, Qg, Kd, W [C, K] | U [C, V] | L, Aqk [C, C] | exp(Γ_last) [K].
-        let per = 4 * c * kd + c * vd + 2 * c * c + kd;
-        let per_chunk_bytes = (h * per * 4) as u64;
-        ensure!(
-            per_chunk_bytes <= self.max_chunk,
-            "{OP}: one chunk's scratch ({per_chunk_bytes} bytes) exceeds the largest device buffer"
-        );
-        let max_round = ((self.max_chunk / per_chunk_bytes) as usize).clamp(1, 4096);
-        // All chunks in order: (sequence index, chunk index within it, first row, rows).
-        let mut all = Vec::new();
-        for (si, s) in seqs.iter().enumerate() {
-            let (first, rows) = (s[1] as usize, s[2] as usize);
-            for (ci, r0) in (0..rows).step_by(c).enumerate() {
-                all.push((si, ci, first + r0, c.min(rows - r0)));
-            }
-        }
-        let round = max_round.min(all.len());
-        let scratch = self.alloc(&[round * h, per], DType::F32)?;
-        let scr = scratch.single(OP, "scratch")?;
-        let [qn, kn, g, v, b] = ins;
-        for part in all.chunks(round) {
-            let mut tab: Vec<u32> = part
-                .iter()
-                .flat_map(|&(_, _, r0, rows)| [r0 as u32, rows as u32])
-                .collect();
-            let seq_off = tab.len();
-            let mut nseq = 0;
-            for (i, &(si, ci, _, _)) in part.iter().enumerate() {
-                if i == 0 || part[i - 1].0 != si {
-                    let count = part[i..].iter().take_while(|x| x.0 == si).count();
-                    let fresh = seqs[si][3] != 0 && ci == 0;
-                    tab.extend([seqs[si][0], i as u32, count as u32, fresh as u32]);
-                    nseq += 1;
-                }
-            }
-            let tabt = self.upload_u32(&tab)?;
-            let tb = tabt.single(OP, "table")?;
-            let groups = part.len() * h;
-            self.dispatch(
-                &pipelines::KDA_CHUNK_PREP_K,
-                &[
-                    groups as u32,
-                    h as u32,
-                    kd as u32,
-                    vd as u32,
-                    per as u32,
-                    0,
-                    0,
-                    0,
-                ],
-                &[
-                    qn.single(OP, "q (normalised)")?,
-                    kn.single(OP, "k (normalised)")?,
-                    g.single(OP, "g")?,
-                    v.single(OP, "v")?,
-                    b.single(OP, "b")?,
-                    tb,
-                    scr,
-                ],
-                Self::grid(OP, groups as u64)?,
-            )?;
-            let total = nseq * h * vd;
-            self.dispatch(
-                &pipelines::KDA_CHUNK_STATE_K,
-                &[
-                    total as u32,
-                    h as u32,
-                    kd as u32,
-                    vd as u32,
-                    per as u32,
-                    seq_off as u32,
-                    0,
-                    0,
-                ],
-                &[scr, tb, state, out],
-                Self::grid(OP, (total as u64).div_ceil(64))?,
-            )?;
-        }
-        Ok(())
-    }
-
     fn upload_u32(&self, v: &[u32]) -> Result<WTensor> {
         let v: Vec<u32> = if v.is_empty() { vec![0] } else { v.to_vec() };
         self.upload(&HostTensor::from_u32(vec![v.len()], &v)?)
-    }
-
-    fn elementwise(&self, op: &str, spec: &Spec, a: &WTensor, b: &WTensor) -> Result<WTensor> {
-        let a = &self.f32_of(op, "a", a)?;
-        let b = &self.f32_of(op, "b", b)?;
-        ensure!(
-            a.shape == b.shape,
-            "{op}: operands must have equal shapes, got {:?} and {:?}",
-            a.shape,
-            b.shape
-        );
-        let out = self.alloc(&a.shape, DType::F32)?;
-        let n = a.numel();
-        let g = Self::grid(op, (n as u64).div_ceil(1024))?;
-        self.dispatch(
-            spec,
-            &[n as u32, 0, 0, 0],
-            &[
-                a.single(op, "a")?,
-                b.single(op, "b")?,
-                out.single(op, "out")?,
-            ],
-            g,
-        )?;
-        Ok(out)
     }
 }
 
@@ -917,192 +711,15 @@ impl Backend for WgslBackend {
     }
 
     fn embedding(&self, table: &WTensor, ids: &WTensor) -> Result<WTensor> {
-        const OP: &str = "embedding";
-        ensure!(
-            table.shape.len() == 2,
-            "{OP}: table must have shape [V, D], got {:?}",
-            table.shape
-        );
-        ensure!(
-            ids.shape.len() == 1,
-            "{OP}: ids must have shape [N], got {:?}",
-            ids.shape
-        );
-        ensure!(
-            matches!(table.dtype, DType::F32 | DType::BF16),
-            "{OP}: table must be a float tensor, got {}",
-            table.dtype
-        );
-        Self::u32_in(OP, "ids", ids)?;
-        let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
-        let out = self.alloc(&[n, d], DType::F32)?;
-        let ob = out.single(OP, "output")?;
-        let ib = ids.single(OP, "ids")?;
-        let g = Self::grid(OP, ((n * d) as u64).div_ceil(256))?;
-        if n * d == 0 {
-            return Ok(out);
-        }
-        let nc = table.st.chunks.len();
-        for (i, c) in table.st.chunks.iter().enumerate() {
-            ensure!(c.start % d == 0, "{OP}: table chunk not aligned to rows");
-            let (r0, r1) = (c.start / d, (c.start + c.len) / d);
-            let p = [
-                n as u32,
-                d as u32,
-                r0 as u32,
-                r1 as u32,
-                v as u32,
-                (i + 1 == nc) as u32,
-                0,
-                0,
-            ];
-            let spec = if table.dtype == DType::BF16 {
-                &pipelines::EMBED_B16
-            } else {
-                &pipelines::EMBED
-            };
-            self.dispatch(spec, &p, &[&c.buf, ib, ob], g)?;
-        }
-        Ok(out)
+        self.embedding_impl(table, ids)
     }
 
     fn linear(&self, x: &WTensor, w: &WTensor, bias: Option<&WTensor>) -> Result<WTensor> {
-        const OP: &str = "linear";
-        ensure!(
-            w.shape.len() == 2 && !x.shape.is_empty(),
-            "{OP}: expected x [M, K] and w [N, K], got {:?} and {:?}",
-            x.shape,
-            w.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        ensure!(
-            matches!(w.dtype, DType::F32 | DType::BF16),
-            "{OP}: w must be a float tensor, got {}",
-            w.dtype
-        );
-        let (n, k) = (w.shape[0], w.shape[1]);
-        ensure!(
-            w.dtype != DType::BF16 || k.is_multiple_of(8),
-            "{OP}: packed bf16 weights need K % 8 == 0, got {k}"
-        );
-        ensure!(
-            *x.shape.last().unwrap_or(&0) == k,
-            "{OP}: x must have shape [M, {k}] to match w [{n}, {k}], got {:?}",
-            x.shape
-        );
-        let m: usize = x.shape[..x.shape.len() - 1].iter().product();
-        let mut oshape = x.shape[..x.shape.len() - 1].to_vec();
-        oshape.push(n);
-        let bias = match bias {
-            Some(b) => Some(self.f32_of(OP, "bias", b)?),
-            None => None,
-        };
-        let bb = match &bias {
-            Some(b) => {
-                ensure!(
-                    b.shape == [n],
-                    "{OP}: bias must have shape [{n}], got {:?}",
-                    b.shape
-                );
-                b.single(OP, "bias")?
-            }
-            None => &self.dummy,
-        };
-        let out = self.alloc(&oshape, DType::F32)?;
-        let ob = out.single(OP, "output [M, N]")?;
-        let xb = x.single(OP, "x")?;
-        if m == 0 || n == 0 {
-            return Ok(out);
-        }
-        ensure!(k > 0, "{OP}: K must be > 0");
-        for c in &w.st.chunks {
-            ensure!(
-                c.start % k == 0 && c.len % k == 0,
-                "{OP}: weight chunk not aligned to rows"
-            );
-            let (n_off, n_chunk) = (c.start / k, c.len / k);
-            let p = [
-                m as u32,
-                k as u32,
-                n as u32,
-                n_off as u32,
-                n_chunk as u32,
-                bias.is_some() as u32,
-                0,
-                0,
-            ];
-            let bufs = [xb, &c.buf, bb, ob];
-            let bf16 = w.dtype == DType::BF16;
-            let tiles = (n_chunk as u64).div_ceil(4);
-            // (kernel, grid): decode (M < 4) and prefill kernels, f32 or packed-bf16 weights.
-            let (spec, g) = if !bf16 && !k.is_multiple_of(4) {
-                (
-                    &pipelines::MATMUL_S,
-                    Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?,
-                )
-            } else if m < 4 && !self.cpu_kernels {
-                let spec = if bf16 {
-                    &pipelines::MATVEC_WG_B16
-                } else {
-                    &pipelines::MATVEC_WG
-                };
-                (spec, Self::grid(OP, tiles * m as u64)?)
-            } else if m < 4 {
-                let spec = if bf16 {
-                    &pipelines::MATVEC_B16
-                } else {
-                    &pipelines::MATVEC_V4
-                };
-                (spec, [tiles.div_ceil(64) as u32, m as u32, 1])
-            } else {
-                let spec = if bf16 {
-                    &pipelines::MATMUL_B16
-                } else {
-                    &pipelines::MATMUL_V4
-                };
-                let gy = (m as u64).div_ceil(4);
-                ensure!(gy <= MAX_GROUPS, "{OP}: M {m} too large for one dispatch");
-                (spec, [tiles.div_ceil(64) as u32, gy as u32, 1])
-            };
-            ensure!(
-                tiles.div_ceil(64) <= MAX_GROUPS,
-                "{OP}: N {n} too large for one dispatch"
-            );
-            self.dispatch(spec, &p, &bufs, g)?;
-        }
-        Ok(out)
+        self.linear_impl(x, w, bias)
     }
 
     fn rms_norm(&self, x: &WTensor, w: &WTensor, eps: f32) -> Result<WTensor> {
-        const OP: &str = "rms_norm";
-        ensure!(
-            !x.shape.is_empty(),
-            "{OP}: x must have shape [R, D], got {:?}",
-            x.shape
-        );
-        let d = *x.shape.last().unwrap_or(&0);
-        ensure!(
-            w.shape == [d],
-            "{OP}: w must have shape [{d}] to match x {:?}, got {:?}",
-            x.shape,
-            w.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        let w = &self.f32_of(OP, "w", w)?;
-        let rows = x.numel().checked_div(d).unwrap_or(0);
-        let out = self.alloc(&x.shape, DType::F32)?;
-        let g = Self::grid(OP, rows as u64)?;
-        self.dispatch(
-            &pipelines::RMS_NORM,
-            &[rows as u32, d as u32, f32_param(eps), 0],
-            &[
-                x.single(OP, "x")?,
-                w.single(OP, "w")?,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
-        Ok(out)
+        self.rms_norm_impl(x, w, eps)
     }
 
     fn rope(
@@ -1114,64 +731,15 @@ impl Backend for WgslBackend {
         style: RopeStyle,
         mscale: f32,
     ) -> Result<WTensor> {
-        const OP: &str = "rope";
-        ensure!(
-            x.shape.len() == 3,
-            "{OP}: x must have shape [N, H, hd], got {:?}",
-            x.shape
-        );
-        let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
-        ensure!(
-            rot_dim > 0 && rot_dim.is_multiple_of(2) && rot_dim <= hd,
-            "{OP}: rot_dim {rot_dim} must be even, positive and <= hd {hd}"
-        );
-        ensure!(
-            positions.shape == [n],
-            "{OP}: positions must have shape [{n}], got {:?}",
-            positions.shape
-        );
-        ensure!(
-            inv_freq.shape == [rot_dim / 2],
-            "{OP}: inv_freq must have shape [{}], got {:?}",
-            rot_dim / 2,
-            inv_freq.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        Self::u32_in(OP, "positions", positions)?;
-        let inv_freq = &self.f32_of(OP, "inv_freq", inv_freq)?;
-        let out = self.alloc(&x.shape, DType::F32)?;
-        let total = n * h * hd;
-        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
-        let p = [
-            total as u32,
-            h as u32,
-            hd as u32,
-            rot_dim as u32,
-            (style == RopeStyle::Interleaved) as u32,
-            f32_param(mscale),
-            0,
-            0,
-        ];
-        self.dispatch(
-            &pipelines::ROPE_K,
-            &p,
-            &[
-                x.single(OP, "x")?,
-                positions.single(OP, "positions")?,
-                inv_freq.single(OP, "inv_freq")?,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
-        Ok(out)
+        self.rope_impl(x, positions, inv_freq, rot_dim, style, mscale)
     }
 
     fn silu_mul(&self, gate: &WTensor, up: &WTensor) -> Result<WTensor> {
-        self.elementwise("silu_mul", &pipelines::SILU_MUL, gate, up)
+        self.silu_mul_impl(gate, up)
     }
 
     fn add(&self, a: &WTensor, b: &WTensor) -> Result<WTensor> {
-        self.elementwise("add", &pipelines::ADD, a, b)
+        self.add_impl(a, b)
     }
 
     fn write_kv(
@@ -1182,47 +750,7 @@ impl Backend for WgslBackend {
         v_cache: &WTensor,
         meta: &DeviceStepMeta<WTensor>,
     ) -> Result<()> {
-        const OP: &str = "write_kv";
-        let n = meta.host.num_tokens();
-        let slots = meta.slot_mapping.single(OP, "slot_mapping")?;
-        for (name, src, cache) in [("k", k, k_cache), ("v", v, v_cache)] {
-            ensure!(
-                src.shape.len() == 3 && src.shape[0] == n,
-                "{OP}: {name} must have shape [{n}, Hkv, hd], got {:?}",
-                src.shape
-            );
-            ensure!(
-                cache.shape.len() == 4 && cache.shape[2..] == src.shape[1..],
-                "{OP}: {name}_cache must have shape [blocks, bs, {}, {}], got {:?}",
-                src.shape[1],
-                src.shape[2],
-                cache.shape
-            );
-            let src = &self.f32_of(OP, name, src)?;
-            Self::float_in(OP, "cache", cache)?;
-            let capacity = cache.shape[0] * cache.shape[1];
-            if let Some(&bad) = meta
-                .host
-                .slot_mapping
-                .iter()
-                .find(|&&s| s as usize >= capacity)
-            {
-                bail!(
-                    "{OP}: slot {bad} outside the cache of {capacity} slots ({:?})",
-                    cache.shape
-                );
-            }
-            let row = src.shape[1] * src.shape[2];
-            let total = n * row;
-            let g = Self::grid(OP, (total as u64).div_ceil(256))?;
-            self.dispatch(
-                &pipelines::WRITE_KV,
-                &[total as u32, row as u32, 0, 0],
-                &[src.single(OP, name)?, slots, cache.single(OP, "cache")?],
-                g,
-            )?;
-        }
-        Ok(())
+        self.write_kv_impl(k, v, k_cache, v_cache, meta)
     }
 
     fn paged_attention(
@@ -1233,186 +761,14 @@ impl Backend for WgslBackend {
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
     ) -> Result<WTensor> {
-        const OP: &str = "paged_attention";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q.shape.len() == 3 && q.shape[0] == n,
-            "{OP}: q must have shape [{n}, H, hd_k], got {:?}",
-            q.shape
-        );
-        ensure!(
-            k_cache.shape.len() == 4 && v_cache.shape.len() == 4,
-            "{OP}: caches must have shape [blocks, bs, Hkv, hd], got {:?} and {:?}",
-            k_cache.shape,
-            v_cache.shape
-        );
-        let (h, hdk) = (q.shape[1], q.shape[2]);
-        let (blocks, bs, hkv) = (k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]);
-        let hdv = v_cache.shape[3];
-        ensure!(
-            k_cache.shape[3] == hdk && v_cache.shape[..3] == k_cache.shape[..3],
-            "{OP}: k_cache must be [blocks, bs, Hkv, {hdk}] and v_cache [blocks, bs, Hkv, hd_v] with equal \
-             leading dims, got {:?} and {:?}",
-            k_cache.shape,
-            v_cache.shape
-        );
-        ensure!(
-            hkv > 0 && h % hkv == 0,
-            "{OP}: H {h} must be a multiple of Hkv {hkv}"
-        );
-        ensure!(
-            bs == hm.block_size,
-            "{OP}: cache block size {bs} != meta.block_size {}",
-            hm.block_size
-        );
-        ensure!(
-            hdk.is_multiple_of(4) && hdk <= 512 && hdv <= 512,
-            "{OP}: head dims must satisfy hd_k % 4 == 0, hd_k <= 512, hd_v <= 512; got {hdk}, {hdv}"
-        );
-        ensure!(
-            hm.token_seq.len() == n,
-            "{OP}: token_seq must have {n} entries"
-        );
-        ensure!(
-            hm.block_tables.len() >= hm.num_seqs() * hm.max_blocks,
-            "{OP}: block_tables must have [S = {}, max_blocks = {}] entries",
-            hm.num_seqs(),
-            hm.max_blocks
-        );
-        for t in 0..n {
-            let (s, p) = (hm.token_seq[t] as usize, hm.positions[t] as usize);
-            ensure!(
-                s < hm.num_seqs(),
-                "{OP}: token_seq[{t}] = {s} >= number of sequences {}",
-                hm.num_seqs()
-            );
-            ensure!(
-                p / bs < hm.max_blocks,
-                "{OP}: position {p} of token {t} needs block {} >= max_blocks {}",
-                p / bs,
-                hm.max_blocks
-            );
-            for b in 0..=p / bs {
-                let id = hm.block_tables[s * hm.max_blocks + b] as usize;
-                ensure!(
-                    id < blocks,
-                    "{OP}: block id {id} of sequence {s} >= cache blocks {blocks}"
-                );
-            }
-        }
-        let q = &self.f32_of(OP, "q", q)?;
-        Self::float_in(OP, "k_cache", k_cache)?;
-        Self::float_in(OP, "v_cache", v_cache)?;
-        let out = self.alloc(&[n, h, hdv], DType::F32)?;
-        if n == 0 || h == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
-            "{OP}: more than 65535 heads or tokens"
-        );
-        let p = [
-            h as u32,
-            hkv as u32,
-            hdk as u32,
-            hdv as u32,
-            bs as u32,
-            hm.max_blocks as u32,
-            (h / hkv) as u32,
-            f32_param(scale),
-            (n * h) as u32,
-            0,
-            0,
-            0,
-        ];
-        // CPU adapters: one invocation per (token, head), no barriers; GPUs: a workgroup per
-        // (token, head) sharing each key tile.
-        let lanes = self.cpu_kernels && hdv.is_multiple_of(4) && hdk <= 256 && hdv <= 256;
-        let (spec, g) = if lanes {
-            (
-                &pipelines::ATTN_LANES,
-                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
-            )
-        } else {
-            (&pipelines::ATTN, [h as u32, n as u32, 1])
-        };
-        self.dispatch(
-            spec,
-            &p,
-            &[
-                q.single(OP, "q")?,
-                k_cache.single(OP, "k_cache")?,
-                v_cache.single(OP, "v_cache")?,
-                meta.positions.single(OP, "positions")?,
-                meta.token_seq.single(OP, "token_seq")?,
-                meta.block_tables.single(OP, "block_tables")?,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
-        Ok(out)
+        self.paged_attention_impl(q, k_cache, v_cache, meta, scale)
     }
 
     fn argmax(&self, x: &WTensor) -> Result<WTensor> {
-        const OP: &str = "argmax";
-        ensure!(
-            x.shape.len() == 2 && x.shape[1] > 0,
-            "{OP}: x must have shape [R, V] with V > 0, got {:?}",
-            x.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        let (r, v) = (x.shape[0], x.shape[1]);
-        let out = self.alloc(&[r], DType::U32)?;
-        let g = Self::grid(OP, r as u64)?;
-        self.dispatch(
-            &pipelines::ARGMAX_K,
-            &[r as u32, v as u32, 0, 0],
-            &[x.single(OP, "x")?, out.single(OP, "output")?],
-            g,
-        )?;
-        Ok(out)
+        self.argmax_impl(x)
     }
     fn head_linear(&self, x: &WTensor, w: &WTensor) -> Result<WTensor> {
-        const OP: &str = "head_linear";
-        ensure!(
-            x.shape.len() == 3 && w.shape.len() == 3,
-            "{OP}: expected x [N, H, K] and w [H, O, K], got {:?} and {:?}",
-            x.shape,
-            w.shape
-        );
-        let (n, h, k) = (x.shape[0], x.shape[1], x.shape[2]);
-        let o = w.shape[1];
-        ensure!(
-            w.shape[0] == h && w.shape[2] == k,
-            "{OP}: w must have shape [{h}, O, {k}] to match x {:?}, got {:?}",
-            x.shape,
-            w.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        let (wb, bf16) = self.weight_in(OP, "w", w)?;
-        let out = self.alloc(&[n, h, o], DType::F32)?;
-        let total = n * h * o;
-        if total == 0 {
-            return Ok(out);
-        }
-        ensure!(total < u32::MAX as usize, "{OP}: output too large");
-        // GPUs with long rows: a workgroup per output; else an invocation per output.
-        let (spec, g) = if !self.cpu_kernels && k >= 64 {
-            (&pipelines::HEAD_LINEAR_WG, Self::grid(OP, total as u64)?)
-        } else {
-            (
-                &pipelines::HEAD_LINEAR_LANES,
-                Self::grid(OP, (total as u64).div_ceil(64))?,
-            )
-        };
-        self.dispatch(
-            spec,
-            &[h as u32, k as u32, o as u32, total as u32, bf16, 0, 0, 0],
-            &[x.single(OP, "x")?, wb, out.single(OP, "output")?],
-            g,
-        )?;
-        Ok(out)
+        self.head_linear_impl(x, w)
     }
 
     fn write_cache(
@@ -1422,57 +778,7 @@ impl Backend for WgslBackend {
         col: usize,
         meta: &DeviceStepMeta<WTensor>,
     ) -> Result<()> {
-        const OP: &str = "write_cache";
-        let n = meta.host.num_tokens();
-        ensure!(
-            x.shape.len() == 2 && x.shape[0] == n,
-            "{OP}: x must have shape [{n}, w], got {:?}",
-            x.shape
-        );
-        ensure!(
-            cache.shape.len() == 3,
-            "{OP}: cache must have shape [blocks, bs, W], got {:?}",
-            cache.shape
-        );
-        let (w, width) = (x.shape[1], cache.shape[2]);
-        ensure!(
-            col + w <= width,
-            "{OP}: columns {col}..{} exceed the cache width {width}",
-            col + w
-        );
-        ensure!(
-            meta.host.slot_mapping.len() == n,
-            "{OP}: slot_mapping must have {n} entries"
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        Self::float_in(OP, "cache", cache)?;
-        let capacity = cache.shape[0] * cache.shape[1];
-        if let Some(&bad) = meta
-            .host
-            .slot_mapping
-            .iter()
-            .find(|&&s| s as usize >= capacity)
-        {
-            bail!(
-                "{OP}: slot {bad} outside the cache of {capacity} slots ({:?})",
-                cache.shape
-            );
-        }
-        let total = n * w;
-        if total == 0 {
-            return Ok(());
-        }
-        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
-        self.dispatch(
-            &pipelines::WRITE_CACHE_K,
-            &[total as u32, w as u32, width as u32, col as u32],
-            &[
-                x.single(OP, "x")?,
-                meta.slot_mapping.single(OP, "slot_mapping")?,
-                cache.single(OP, "cache")?,
-            ],
-            g,
-        )
+        self.write_cache_impl(x, cache, col, meta)
     }
 
     fn paged_latent_attention(
@@ -1483,86 +789,7 @@ impl Backend for WgslBackend {
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
     ) -> Result<WTensor> {
-        const OP: &str = "paged_latent_attention";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q_lat.shape.len() == 3 && q_lat.shape[0] == n,
-            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
-            q_lat.shape
-        );
-        let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
-        ensure!(
-            q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
-            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
-            q_rope.shape
-        );
-        let r = q_rope.shape[2];
-        ensure!(
-            cache.shape.len() == 3 && cache.shape[2] == l + r,
-            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
-            cache.shape
-        );
-        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
-        ensure!(
-            l > 0 && l <= 512 && l + r <= 1024,
-            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
-        );
-        Self::check_paged_meta(OP, hm, blocks, bs)?;
-        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
-        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
-        Self::float_in(OP, "cache", cache)?;
-        let out = self.alloc(&[n, h, l], DType::F32)?;
-        if n == 0 || h == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
-            "{OP}: more than 65535 heads or tokens"
-        );
-        let p = [
-            h as u32,
-            l as u32,
-            r as u32,
-            bs as u32,
-            hm.max_blocks as u32,
-            f32_param(scale),
-            (n * h) as u32,
-            0,
-        ];
-        // CPU adapters: one invocation per (token, head), vec4 loads, no barriers; GPUs (and
-        // widths the lanes kernel cannot hold): a workgroup per (token, head) sharing key tiles.
-        let lanes =
-            self.cpu_kernels && l.is_multiple_of(4) && r.is_multiple_of(4) && l <= 256 && r <= 64;
-        let (spec, g) = if lanes {
-            (
-                &pipelines::MLA_ATTN_LANES,
-                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
-            )
-        } else {
-            (&pipelines::MLA_ATTN, [h as u32, n as u32, 1])
-        };
-        // The lanes kernel binds q_rope as vec4s: with R == 0 bind q_lat in its place (unread).
-        let qr = if r == 0 {
-            q_lat.single(OP, "q_lat")?
-        } else {
-            q_rope.single(OP, "q_rope")?
-        };
-        self.dispatch(
-            spec,
-            &p,
-            &[
-                q_lat.single(OP, "q_lat")?,
-                qr,
-                cache.single(OP, "cache")?,
-                meta.positions.single(OP, "positions")?,
-                meta.token_seq.single(OP, "token_seq")?,
-                meta.block_tables.single(OP, "block_tables")?,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
-        Ok(out)
+        self.paged_latent_attention_impl(q_lat, q_rope, cache, meta, scale)
     }
 
     fn moe_route(
@@ -1572,72 +799,7 @@ impl Backend for WgslBackend {
         bias: Option<&WTensor>,
         routing: &MoeRouting,
     ) -> Result<(WTensor, WTensor)> {
-        const OP: &str = "moe_route";
-        ensure!(
-            x.shape.len() == 2 && gate_w.shape.len() == 2 && gate_w.shape[1] == x.shape[1],
-            "{OP}: expected x [N, D] and gate_w [E, D], got {:?} and {:?}",
-            x.shape,
-            gate_w.shape
-        );
-        let (n, e) = (x.shape[0], gate_w.shape[0]);
-        let k = routing.top_k;
-        let g = routing.n_group.max(1);
-        ensure!(k >= 1 && k <= e, "{OP}: top_k {k} must be in 1..={e}");
-        ensure!(
-            e.is_multiple_of(g) && routing.topk_group >= 1 && routing.topk_group <= g && g <= 32,
-            "{OP}: {e} experts in {g} groups (at most 32), topk_group {} must be in 1..={g}",
-            routing.topk_group
-        );
-        let bias = match bias {
-            Some(b) => {
-                ensure!(
-                    b.shape == [e],
-                    "{OP}: bias must have shape [{e}], got {:?}",
-                    b.shape
-                );
-                Some(self.f32_of(OP, "bias", b)?)
-            }
-            None => None,
-        };
-        // Router logits x · gate_wᵀ [N, E] in f32, then one invocation per token.
-        let logits = self
-            .linear(x, gate_w, None)
-            .context("moe_route: router logits")?;
-        let ids = self.alloc(&[n, k], DType::U32)?;
-        let weights = self.alloc(&[n, k], DType::F32)?;
-        if n == 0 {
-            return Ok((ids, weights));
-        }
-        let bb = match &bias {
-            Some(b) => b.single(OP, "bias")?,
-            None => &self.dummy,
-        };
-        let p = [
-            n as u32,
-            e as u32,
-            k as u32,
-            g as u32,
-            (e / g) as u32,
-            routing.topk_group as u32,
-            routing.norm_topk_prob as u32,
-            bias.is_some() as u32,
-            f32_param(routing.routed_scaling_factor),
-            0,
-            0,
-            0,
-        ];
-        self.dispatch(
-            &pipelines::MOE_ROUTE_K,
-            &p,
-            &[
-                logits.single(OP, "logits")?,
-                bb,
-                ids.single(OP, "ids")?,
-                weights.single(OP, "weights")?,
-            ],
-            Self::grid(OP, (n as u64).div_ceil(64))?,
-        )?;
-        Ok((ids, weights))
+        self.moe_route_impl(x, gate_w, bias, routing)
     }
 
     fn moe_experts(
@@ -1648,105 +810,7 @@ impl Backend for WgslBackend {
         gate_up: &WTensor,
         down: &WTensor,
     ) -> Result<WTensor> {
-        const OP: &str = "moe_experts";
-        ensure!(
-            x.shape.len() == 2 && gate_up.shape.len() == 3 && down.shape.len() == 3,
-            "{OP}: expected x [N, D], gate_up [E, 2F, D], down [E, D, F], got {:?}, {:?}, {:?}",
-            x.shape,
-            gate_up.shape,
-            down.shape
-        );
-        let (n, d) = (x.shape[0], x.shape[1]);
-        let (e, f2) = (gate_up.shape[0], gate_up.shape[1]);
-        let f = f2 / 2;
-        ensure!(
-            gate_up.shape[2] == d && f2 % 2 == 0 && f > 0,
-            "{OP}: gate_up must have shape [E, 2F, {d}], got {:?}",
-            gate_up.shape
-        );
-        ensure!(
-            down.shape == [e, d, f],
-            "{OP}: down must have shape [{e}, {d}, {f}], got {:?}",
-            down.shape
-        );
-        ensure!(
-            ids.shape.len() == 2 && ids.shape[0] == n && weights.shape == ids.shape,
-            "{OP}: ids and weights must have shape [{n}, k], got {:?} and {:?}",
-            ids.shape,
-            weights.shape
-        );
-        let k = ids.shape[1];
-        Self::u32_in(OP, "ids", ids)?;
-        let x = &self.f32_of(OP, "x", x)?;
-        let weights = &self.f32_of(OP, "weights", weights)?;
-        let (gub, gbf) = self.weight_in(OP, "gate_up", gate_up)?;
-        let (dnb, dbf) = self.weight_in(OP, "down", down)?;
-        let out = self.alloc(&[n, d], DType::F32)?;
-        if n * d == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            (n * k * f) < u32::MAX as usize && (e * f2 * d) < u32::MAX as usize,
-            "{OP}: sizes exceed 32-bit indexing"
-        );
-        let hmid = self.alloc(&[n, k.max(1), f], DType::F32)?;
-        let hb = hmid.single(OP, "scratch")?;
-        let ib = ids.single(OP, "ids")?;
-        let wg = !self.cpu_kernels;
-        // silu(g) ⊙ u for every (token, slot) into the scratch [N, k, F].
-        let total = n * k * f;
-        let (spec, g) = if wg {
-            (&pipelines::MOE_ACT_WG, Self::grid(OP, total as u64)?)
-        } else {
-            (
-                &pipelines::MOE_ACT_LANES,
-                Self::grid(OP, (total as u64).div_ceil(64))?,
-            )
-        };
-        let p = [
-            d as u32,
-            f as u32,
-            k as u32,
-            e as u32,
-            total as u32,
-            gbf,
-            0,
-            0,
-        ];
-        self.dispatch(spec, &p, &[x.single(OP, "x")?, ib, gub, hb], g)?;
-        // The weighted down-projection sum per (token, output).
-        let total = n * d;
-        let (spec, g) = if wg {
-            (&pipelines::MOE_DOWN_WG, Self::grid(OP, total as u64)?)
-        } else {
-            (
-                &pipelines::MOE_DOWN_LANES,
-                Self::grid(OP, (total as u64).div_ceil(64))?,
-            )
-        };
-        let p = [
-            d as u32,
-            f as u32,
-            k as u32,
-            e as u32,
-            total as u32,
-            dbf,
-            0,
-            0,
-        ];
-        self.dispatch(
-            spec,
-            &p,
-            &[
-                hb,
-                ib,
-                weights.single(OP, "weights")?,
-                dnb,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
-        Ok(out)
+        self.moe_experts_impl(x, ids, weights, gate_up, down)
     }
 
     fn short_conv(
@@ -1756,67 +820,7 @@ impl Backend for WgslBackend {
         state: &WTensor,
         meta: &DeviceStepMeta<WTensor>,
     ) -> Result<WTensor> {
-        const OP: &str = "short_conv";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            x.shape.len() == 2 && x.shape[0] == n,
-            "{OP}: x must have shape [{n}, C], got {:?}",
-            x.shape
-        );
-        let c = x.shape[1];
-        ensure!(
-            w.shape.len() == 2 && w.shape[0] == c && w.shape[1] >= 2,
-            "{OP}: w must have shape [{c}, W] with W >= 2, got {:?}",
-            w.shape
-        );
-        let width = w.shape[1];
-        ensure!(
-            state.shape.len() == 3 && state.shape[1..] == [c, width - 1],
-            "{OP}: state must have shape [slots, {c}, {}], got {:?}",
-            width - 1,
-            state.shape
-        );
-        Self::float_in(OP, "state", state)?;
-        ensure!(
-            hm.token_seq.len() == n,
-            "{OP}: token_seq must have {n} entries"
-        );
-        let seqs = Self::state_seqs(OP, hm, state.shape[0])?;
-        let x = &self.f32_of(OP, "x", x)?;
-        let w = &self.f32_of(OP, "w", w)?;
-        let out = self.alloc(&[n, c], DType::F32)?;
-        if seqs.is_empty() || c == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            (n.max(seqs.len()) * c) < u32::MAX as usize && state.numel() < u32::MAX as usize,
-            "{OP}: sizes exceed 32-bit indexing"
-        );
-        let tab = self.upload_u32(seqs.as_flattened())?;
-        let p = [n as u32, c as u32, width as u32, seqs.len() as u32];
-        let bufs = [
-            x.single(OP, "x")?,
-            w.single(OP, "w")?,
-            state.single(OP, "state")?,
-            tab.single(OP, "table")?,
-            meta.token_seq.single(OP, "token_seq")?,
-            out.single(OP, "output")?,
-        ];
-        // Outputs first (they read the old history), then the history update.
-        self.dispatch(
-            &pipelines::SHORT_CONV_K,
-            &p,
-            &bufs,
-            Self::grid(OP, ((n * c) as u64).div_ceil(64))?,
-        )?;
-        self.dispatch(
-            &pipelines::SHORT_CONV_STATE,
-            &p,
-            &bufs,
-            Self::grid(OP, ((seqs.len() * c) as u64).div_ceil(64))?,
-        )?;
-        Ok(out)
+        self.short_conv_impl(x, w, state, meta)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1833,115 +837,7 @@ impl Backend for WgslBackend {
         state: &WTensor,
         meta: &DeviceStepMeta<WTensor>,
     ) -> Result<WTensor> {
-        const OP: &str = "kda";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q.shape.len() == 3 && q.shape[0] == n,
-            "{OP}: q must have shape [{n}, H, K], got {:?}",
-            q.shape
-        );
-        let (h, kd) = (q.shape[1], q.shape[2]);
-        ensure!(
-            k.shape == q.shape && a.shape == q.shape,
-            "{OP}: k and a must have shape [{n}, {h}, {kd}] like q, got {:?} and {:?}",
-            k.shape,
-            a.shape
-        );
-        ensure!(
-            v.shape.len() == 3 && v.shape[..2] == [n, h] && b.shape == [n, h],
-            "{OP}: v must have shape [{n}, {h}, V] and b [{n}, {h}], got {:?} and {:?}",
-            v.shape,
-            b.shape
-        );
-        let vd = v.shape[2];
-        ensure!(
-            a_log.numel() == h && dt_bias.numel() == h * kd,
-            "{OP}: a_log must have {h} values and dt_bias [{h}, {kd}], got {:?} and {:?}",
-            a_log.shape,
-            dt_bias.shape
-        );
-        ensure!(
-            state.shape.len() == 4 && state.shape[1..] == [h, kd, vd],
-            "{OP}: state must have shape [slots, {h}, {kd}, {vd}], got {:?}",
-            state.shape
-        );
-        ensure!(
-            (1..=128).contains(&kd) && vd >= 1,
-            "{OP}: the WGSL kernels need 1 <= K <= 128 and V >= 1, got K {kd}, V {vd}"
-        );
-        Self::float_in(OP, "state", state)?;
-        let seqs = Self::state_seqs(OP, hm, state.shape[0])?;
-        ensure!(
-            (n * h * kd.max(vd)) < u32::MAX as usize && state.numel() < u32::MAX as usize,
-            "{OP}: sizes exceed 32-bit indexing"
-        );
-        let f = |name: &str, t: &WTensor| self.f32_of(OP, name, t);
-        let (q, k, v, a, b) = (f("q", q)?, f("k", k)?, f("v", v)?, f("a", a)?, f("b", b)?);
-        let (a_log, dt_bias) = (f("a_log", a_log)?, f("dt_bias", dt_bias)?);
-        let out = self.alloc(&[n, h, vd], DType::F32)?;
-        if seqs.is_empty() || h == 0 {
-            return Ok(out);
-        }
-        // Normalised q (· K^-½), k and the log decay g, per (token, head).
-        let qn = self.alloc(&[n, h, kd], DType::F32)?;
-        let kn = self.alloc(&[n, h, kd], DType::F32)?;
-        let g = self.alloc(&[n, h, kd], DType::F32)?;
-        if n > 0 {
-            let p = [
-                (n * h) as u32,
-                h as u32,
-                kd as u32,
-                lower_bound.is_some() as u32,
-                f32_param(lower_bound.unwrap_or(0.0)),
-                f32_param(1.0 / (kd as f32).sqrt()),
-                0,
-                0,
-            ];
-            self.dispatch(
-                &pipelines::KDA_PREP_K,
-                &p,
-                &[
-                    q.single(OP, "q")?,
-                    k.single(OP, "k")?,
-                    a.single(OP, "a")?,
-                    a_log.single(OP, "a_log")?,
-                    dt_bias.single(OP, "dt_bias")?,
-                    qn.single(OP, "q (normalised)")?,
-                    kn.single(OP, "k (normalised)")?,
-                    g.single(OP, "g")?,
-                ],
-                Self::grid(OP, ((n * h) as u64).div_ceil(64))?,
-            )?;
-        }
-        let (chunked, recurrent): (Vec<[u32; 4]>, Vec<[u32; 4]>) = seqs
-            .into_iter()
-            .partition(|s| s[2] as usize >= self.kda_chunk_min);
-        let sb = state.single(OP, "state")?;
-        let ob = out.single(OP, "output")?;
-        if !recurrent.is_empty() {
-            let tab = self.upload_u32(recurrent.as_flattened())?;
-            let total = recurrent.len() * h * vd;
-            self.dispatch(
-                &pipelines::KDA_RECURRENT_K,
-                &[total as u32, h as u32, kd as u32, vd as u32],
-                &[
-                    qn.single(OP, "q (normalised)")?,
-                    kn.single(OP, "k (normalised)")?,
-                    g.single(OP, "g")?,
-                    v.single(OP, "v")?,
-                    b.single(OP, "b")?,
-                    sb,
-                    tab.single(OP, "table")?,
-                    ob,
-                ],
-                Self::grid(OP, (total as u64).div_ceil(64))?,
-            )?;
-        }
-        if !chunked.is_empty() {
-            self.kda_chunked(&chunked, [h, kd, vd], [&qn, &kn, &g, &v, &b], sb, ob)?;
-        }
-        Ok(out)
+        self.kda_impl(q, k, v, a, b, a_log, dt_bias, lower_bound, state, meta)
     }
 
     fn gated_rms_norm(
@@ -1951,73 +847,11 @@ impl Backend for WgslBackend {
         w: &WTensor,
         eps: f32,
     ) -> Result<WTensor> {
-        const OP: &str = "gated_rms_norm";
-        ensure!(
-            x.shape.len() == 2,
-            "{OP}: x must have shape [R, D], got {:?}",
-            x.shape
-        );
-        let (r, d) = (x.shape[0], x.shape[1]);
-        ensure!(
-            gate.shape == x.shape && w.shape == [d],
-            "{OP}: gate must have shape [{r}, {d}] and w [{d}], got {:?} and {:?}",
-            gate.shape,
-            w.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        let gate = &self.f32_of(OP, "gate", gate)?;
-        let w = &self.f32_of(OP, "w", w)?;
-        let out = self.alloc(&[r, d], DType::F32)?;
-        if r * d == 0 {
-            return Ok(out);
-        }
-        self.dispatch(
-            &pipelines::GATED_RMS_NORM,
-            &[r as u32, d as u32, f32_param(eps), 0],
-            &[
-                x.single(OP, "x")?,
-                gate.single(OP, "gate")?,
-                w.single(OP, "w")?,
-                out.single(OP, "output")?,
-            ],
-            Self::grid(OP, r as u64)?,
-        )?;
-        Ok(out)
+        self.gated_rms_norm_impl(x, gate, w, eps)
     }
 
     fn layer_norm(&self, x: &WTensor, w: &WTensor, b: &WTensor, eps: f32) -> Result<WTensor> {
-        const OP: &str = "layer_norm";
-        ensure!(
-            x.shape.len() == 2,
-            "{OP}: x must have shape [R, D], got {:?}",
-            x.shape
-        );
-        let (r, d) = (x.shape[0], x.shape[1]);
-        ensure!(
-            w.shape == [d] && b.shape == [d],
-            "{OP}: w and b must have shape [{d}], got {:?} and {:?}",
-            w.shape,
-            b.shape
-        );
-        let x = &self.f32_of(OP, "x", x)?;
-        let w = &self.f32_of(OP, "w", w)?;
-        let b = &self.f32_of(OP, "b", b)?;
-        let out = self.alloc(&[r, d], DType::F32)?;
-        if r * d == 0 {
-            return Ok(out);
-        }
-        self.dispatch(
-            &pipelines::LAYER_NORM_K,
-            &[r as u32, d as u32, f32_param(eps), 0],
-            &[
-                x.single(OP, "x")?,
-                w.single(OP, "w")?,
-                b.single(OP, "b")?,
-                out.single(OP, "output")?,
-            ],
-            Self::grid(OP, r as u64)?,
-        )?;
-        Ok(out)
+        self.layer_norm_impl(x, w, b, eps)
     }
 
     fn dsa_topk(
@@ -2029,98 +863,7 @@ impl Backend for WgslBackend {
         scale: f32,
         topk: usize,
     ) -> Result<WTensor> {
-        const OP: &str = "dsa_topk";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q.shape.len() == 3 && q.shape[0] == n,
-            "{OP}: q must have shape [{n}, H, d], got {:?}",
-            q.shape
-        );
-        let (h, d) = (q.shape[1], q.shape[2]);
-        ensure!(
-            w.shape == [n, h],
-            "{OP}: w must have shape [{n}, {h}], got {:?}",
-            w.shape
-        );
-        ensure!(
-            k_cache.shape.len() == 3 && k_cache.shape[2] == d,
-            "{OP}: k_cache must have shape [blocks, bs, {d}], got {:?}",
-            k_cache.shape
-        );
-        ensure!(
-            (1..=DSA_MAX_TOPK).contains(&topk),
-            "{OP}: topk must be in 1..={DSA_MAX_TOPK}, got {topk}"
-        );
-        let (blocks, bs) = (k_cache.shape[0], k_cache.shape[1]);
-        Self::check_paged_meta(OP, hm, blocks, bs)?;
-        let q = &self.f32_of(OP, "q", q)?;
-        let w = &self.f32_of(OP, "w", w)?;
-        let k_cache = &self.f32_of(OP, "k_cache", k_cache)?;
-        let out = self.alloc(&[n, topk], DType::U32)?;
-        if n == 0 {
-            return Ok(out);
-        }
-        // Scores of a group of tokens `[group, stride]` f32 at a time (bounded scratch).
-        let stride = hm
-            .positions
-            .iter()
-            .map(|&p| p as usize + 1)
-            .max()
-            .unwrap_or(1);
-        let budget = self.max_chunk.min(DSA_SCORE_BYTES) as usize;
-        let group = (budget / (stride * 4)).clamp(1, n).min(MAX_GROUPS as usize);
-        let tiles = stride.div_ceil(64);
-        ensure!(
-            tiles as u64 <= MAX_GROUPS,
-            "{OP}: {stride} keys exceed the score grid"
-        );
-        let scores = self.alloc(&[group, stride], DType::F32)?;
-        let hscale = 1.0 / (h as f32).sqrt();
-        let mut tok0 = 0;
-        while tok0 < n {
-            let g = group.min(n - tok0);
-            let p = [
-                h as u32,
-                d as u32,
-                bs as u32,
-                hm.max_blocks as u32,
-                f32_param(scale),
-                f32_param(hscale),
-                topk as u32,
-                stride as u32,
-                tok0 as u32,
-                0,
-                0,
-                0,
-            ];
-            self.dispatch(
-                &pipelines::DSA_SCORE,
-                &p,
-                &[
-                    q.single(OP, "q")?,
-                    w.single(OP, "w")?,
-                    k_cache.single(OP, "k_cache")?,
-                    meta.positions.single(OP, "positions")?,
-                    meta.token_seq.single(OP, "token_seq")?,
-                    meta.block_tables.single(OP, "block_tables")?,
-                    scores.single(OP, "scores")?,
-                ],
-                [tiles as u32, g as u32, 1],
-            )?;
-            self.dispatch(
-                &pipelines::DSA_SELECT_K,
-                &p,
-                &[
-                    scores.single(OP, "scores")?,
-                    meta.positions.single(OP, "positions")?,
-                    out.single(OP, "output")?,
-                ],
-                [g as u32, 1, 1],
-            )?;
-            tok0 += g;
-        }
-        Ok(out)
+        self.dsa_topk_impl(q, w, k_cache, meta, scale, topk)
     }
 
     fn sparse_latent_attention(
@@ -2132,81 +875,6 @@ impl Backend for WgslBackend {
         scale: f32,
         selected: &WTensor,
     ) -> Result<WTensor> {
-        const OP: &str = "sparse_latent_attention";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q_lat.shape.len() == 3 && q_lat.shape[0] == n,
-            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
-            q_lat.shape
-        );
-        let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
-        ensure!(
-            q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
-            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
-            q_rope.shape
-        );
-        let r = q_rope.shape[2];
-        ensure!(
-            cache.shape.len() == 3 && cache.shape[2] == l + r,
-            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
-            cache.shape
-        );
-        ensure!(
-            selected.shape.len() == 2 && selected.shape[0] == n,
-            "{OP}: selected must have shape [{n}, topk], got {:?}",
-            selected.shape
-        );
-        Self::u32_in(OP, "selected", selected)?;
-        let topk = selected.shape[1];
-        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
-        ensure!(
-            l > 0 && l <= 512 && l + r <= 1024,
-            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
-        );
-        Self::check_paged_meta(OP, hm, blocks, bs)?;
-        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
-        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
-        Self::float_in(OP, "cache", cache)?;
-        let out = self.alloc(&[n, h, l], DType::F32)?;
-        if n == 0 || h == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
-            "{OP}: more than 65535 heads or tokens"
-        );
-        let p = [
-            h as u32,
-            l as u32,
-            r as u32,
-            bs as u32,
-            hm.max_blocks as u32,
-            f32_param(scale),
-            (n * h) as u32,
-            topk as u32,
-        ];
-        // With R == 0 bind q_lat in q_rope's place (unread).
-        let qr = if r == 0 {
-            q_lat.single(OP, "q_lat")?
-        } else {
-            q_rope.single(OP, "q_rope")?
-        };
-        self.dispatch(
-            &pipelines::SPARSE_MLA_ATTN,
-            &p,
-            &[
-                q_lat.single(OP, "q_lat")?,
-                qr,
-                cache.single(OP, "cache")?,
-                meta.positions.single(OP, "positions")?,
-                meta.token_seq.single(OP, "token_seq")?,
-                meta.block_tables.single(OP, "block_tables")?,
-                selected.single(OP, "selected")?,
-                out.single(OP, "output")?,
-            ],
-            [h as u32, n as u32, 1],
-        )?;
-        Ok(out)
+        self.sparse_latent_attention_impl(q_lat, q_rope, cache, meta, scale, selected)
     }
 }

@@ -1,0 +1,230 @@
+//! Element-wise, normalisation, rotary, lookup and selection ops: `embedding`, `rms_norm`,
+//! `rope`, `silu_mul`/`add` (through `binary`) and `argmax`.
+
+use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
+use anyhow::{bail, Result};
+use dayone_backend::{DType, RopeStyle, TensorInfo};
+
+impl CudaBackend {
+    pub(crate) fn binary(
+        &self,
+        op: &'static str,
+        a: &CudaTensor,
+        b: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        let sfx = dtype_suffix(op, a.dtype)?;
+        if a.shape != b.shape {
+            bail!(
+                "{op}: inputs must have equal shapes, got {:?} and {:?}",
+                a.shape,
+                b.shape
+            );
+        }
+        check_dtype(op, "second input", b, a.dtype)?;
+        self.bind()?;
+        let out = self.alloc(a.shape.clone(), a.dtype)?;
+        let n = a.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let f = self.func("elementwise", sfx, &format!("{op}_{sfx}"))?;
+        self.launch(
+            op,
+            &f,
+            (
+                launch::elementwise_grid(n, 8, 256, 16 * self.info.sms),
+                1,
+                1,
+            ),
+            (256, 1, 1),
+            0,
+            kparams![a.device_ptr(), b.device_ptr(), out.device_ptr(), n as u64],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn embedding_impl(
+        &self,
+        table: &CudaTensor,
+        ids: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "embedding";
+        if table.shape.len() != 2 || !table.dtype.is_float() {
+            bail!(
+                "{OP}: table must be a float [V, D] tensor, got {:?} {}",
+                table.shape,
+                table.dtype
+            );
+        }
+        if ids.shape.len() != 1 || ids.dtype != DType::U32 {
+            bail!(
+                "{OP}: ids must be a u32 [N] tensor, got {:?} {}",
+                ids.shape,
+                ids.dtype
+            );
+        }
+        let (v, d, n) = (table.shape[0], table.shape[1], ids.shape[0]);
+        self.bind()?;
+        let out = self.alloc(vec![n, d], table.dtype)?;
+        if n == 0 || d == 0 {
+            return Ok(out);
+        }
+        let f = self.func("embedding", "", "embedding_rows")?;
+        let row_bytes = (d * table.dtype.size()) as u64;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(n, 65535), 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                table.device_ptr(),
+                ids.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "V", v)?,
+                row_bytes
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn rms_norm_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rms_norm";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (r, d) = rows_last(OP, "x [R, D]", x)?;
+        if w.shape != [d] {
+            bail!(
+                "{OP}: w must be [D] = [{d}] (x is {:?}), got {:?}",
+                x.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        self.bind()?;
+        let out = self.alloc(x.shape.clone(), x.dtype)?;
+        if r == 0 || d == 0 {
+            return Ok(out);
+        }
+        let f = self.func("norm", sfx, &format!("rms_norm_{sfx}"))?;
+        let threads = if d >= 2048 { 512 } else { 256 };
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(r, 65535), 1, 1),
+            (threads, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                w.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "R", r)?,
+                to_u32(OP, "D", d)?,
+                eps
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn rope_impl(
+        &self,
+        x: &CudaTensor,
+        positions: &CudaTensor,
+        inv_freq: &CudaTensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "rope";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        if x.shape.len() != 3 {
+            bail!("{OP}: x must be [N, H, hd], got {:?}", x.shape);
+        }
+        let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
+        if positions.shape != [n] || positions.dtype != DType::U32 {
+            bail!(
+                "{OP}: positions must be u32 [N] = [{n}], got {:?} {}",
+                positions.shape,
+                positions.dtype
+            );
+        }
+        if rot_dim > hd || !rot_dim.is_multiple_of(2) {
+            bail!("{OP}: rot_dim must be even and at most hd = {hd}, got {rot_dim}");
+        }
+        if inv_freq.shape != [rot_dim / 2] || inv_freq.dtype != DType::F32 {
+            bail!(
+                "{OP}: inv_freq must be f32 [rot_dim/2] = [{}], got {:?} {}",
+                rot_dim / 2,
+                inv_freq.shape,
+                inv_freq.dtype
+            );
+        }
+        self.bind()?;
+        let out = self.alloc(x.shape.clone(), x.dtype)?;
+        if x.numel() == 0 {
+            return Ok(out);
+        }
+        let f = self.func("rope", sfx, &format!("rope_{sfx}"))?;
+        let style: u32 = match style {
+            RopeStyle::HalfSplit => 0,
+            RopeStyle::Interleaved => 1,
+        };
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(n, 65535), 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                positions.device_ptr(),
+                inv_freq.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "H", h)?,
+                to_u32(OP, "hd", hd)?,
+                rot_dim as u32,
+                style,
+                mscale
+            ],
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn argmax_impl(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "argmax";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (r, v) = match x.shape.split_last() {
+            Some((&v, lead)) => (lead.iter().product::<usize>(), v),
+            None => bail!("{OP}: x must be [R, V], got a scalar"),
+        };
+        self.bind()?;
+        let out = self.alloc(x.shape[..x.shape.len() - 1].to_vec(), DType::U32)?;
+        if r == 0 {
+            return Ok(out);
+        }
+        if v == 0 {
+            bail!("{OP}: rows of x are empty (shape {:?})", x.shape);
+        }
+        let f = self.func("argmax", sfx, &format!("argmax_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(r, 65535), 1, 1),
+            (1024, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                out.device_ptr(),
+                r as u32,
+                to_u32(OP, "V", v)?
+            ],
+        )?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,148 @@
+//! `linear`: streaming GEMV for decode-sized M, else cuBLAS `GemmEx`, bias fused or added.
+
+use crate::device::drv;
+use crate::{
+    check_dtype, dtype_suffix, launch, rows_last, to_i32, to_u32, CudaBackend, CudaTensor,
+};
+use anyhow::{anyhow, bail, Result};
+use cudarc::cublas;
+use cudarc::driver::result as dr;
+use dayone_backend::DType;
+use std::ffi::c_void;
+
+impl CudaBackend {
+    pub(crate) fn linear_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        allow_gemv: bool,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        if w.shape.len() != 2 || w.shape[1] != k {
+            bail!(
+                "{OP}: w must be [N, K] with K = {k} (x is {:?}), got {:?}",
+                x.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        let n = w.shape[0];
+        if let Some(b) = bias {
+            if b.shape != [n] {
+                bail!("{OP}: bias must be [N] = [{n}], got {:?}", b.shape);
+            }
+            check_dtype(OP, "bias", b, x.dtype)?;
+        }
+        self.bind()?;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 2") = n;
+        let out = self.alloc(shape, x.dtype)?;
+        if m == 0 || n == 0 {
+            return Ok(out);
+        }
+        if let Some(mt) = launch::gemv_mt(m, k).filter(|_| allow_gemv) {
+            // Decode-sized M: the streaming GEMV kernel (bias fused).
+            let rpw = launch::gemv_rpw(n, self.info.sms);
+            let f = self.func("gemv", sfx, &format!("gemv_{sfx}_m{mt}_r{rpw}"))?;
+            let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
+            self.launch(
+                OP,
+                &f,
+                (grid, 1, 1),
+                (launch::GEMV_THREADS, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    w.device_ptr(),
+                    bias.map_or(0u64, |b| b.device_ptr()),
+                    out.device_ptr(),
+                    m as u32,
+                    to_u32(OP, "N", n)?,
+                    to_u32(OP, "K", k)?
+                ],
+            )?;
+            return Ok(out);
+        }
+        if k == 0 {
+            // Empty reduction: y = bias (or 0).
+            // SAFETY: the buffer holds `num_bytes` bytes.
+            unsafe {
+                dr::memset_d8_async(
+                    out.device_ptr(),
+                    0,
+                    out.num_bytes(),
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(drv("memset"))?;
+        } else {
+            use cublas::sys::{
+                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+            };
+            let dt = match x.dtype {
+                DType::F32 => cudaDataType::CUDA_R_32F,
+                DType::BF16 => cudaDataType::CUDA_R_16BF,
+                _ => cudaDataType::CUDA_R_16F,
+            };
+            let (mi, ni, ki) = (
+                to_i32(OP, "M", m)?,
+                to_i32(OP, "N", n)?,
+                to_i32(OP, "K", k)?,
+            );
+            let alpha = 1.0f32;
+            let beta = 0.0f32;
+            let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+            // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = wᵀ·xᵀ where the
+            // row-major buffers of w and x read column-major are [K,N] and [K,M]: op(A) = Aᵀ.
+            // SAFETY: device pointers of live buffers with the sizes checked above.
+            unsafe {
+                cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    (&alpha) as *const f32 as *const c_void,
+                    w.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    x.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    (&beta) as *const f32 as *const c_void,
+                    out.device_ptr() as *mut c_void,
+                    dt,
+                    ni,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
+        }
+        if let Some(b) = bias {
+            let f = self.func("elementwise", sfx, &format!("bias_add_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (
+                    launch::elementwise_grid(m * n, 1, 256, 8 * self.info.sms),
+                    1,
+                    1,
+                ),
+                (256, 1, 1),
+                0,
+                kparams![
+                    out.device_ptr(),
+                    b.device_ptr(),
+                    to_u32(OP, "M", m)?,
+                    to_u32(OP, "N", n)?
+                ],
+            )?;
+        }
+        Ok(out)
+    }
+}

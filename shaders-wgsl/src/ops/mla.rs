@@ -1,0 +1,199 @@
+//! DeepSeek-V3 multi-head latent attention: `head_linear`, `write_cache`, `paged_latent_attention`.
+
+use crate::{f32_param, pipelines, WTensor, WgslBackend, MAX_GROUPS};
+use anyhow::{bail, ensure, Result};
+use dayone_backend::{DType, DeviceStepMeta};
+
+impl WgslBackend {
+    pub(crate) fn head_linear_impl(&self, x: &WTensor, w: &WTensor) -> Result<WTensor> {
+        const OP: &str = "head_linear";
+        ensure!(
+            x.shape.len() == 3 && w.shape.len() == 3,
+            "{OP}: expected x [N, H, K] and w [H, O, K], got {:?} and {:?}",
+            x.shape,
+            w.shape
+        );
+        let (n, h, k) = (x.shape[0], x.shape[1], x.shape[2]);
+        let o = w.shape[1];
+        ensure!(
+            w.shape[0] == h && w.shape[2] == k,
+            "{OP}: w must have shape [{h}, O, {k}] to match x {:?}, got {:?}",
+            x.shape,
+            w.shape
+        );
+        let x = &self.f32_of(OP, "x", x)?;
+        let (wb, bf16) = self.weight_in(OP, "w", w)?;
+        let out = self.alloc(&[n, h, o], DType::F32)?;
+        let total = n * h * o;
+        if total == 0 {
+            return Ok(out);
+        }
+        ensure!(total < u32::MAX as usize, "{OP}: output too large");
+        // GPUs with long rows: a workgroup per output; else an invocation per output.
+        let (spec, g) = if !self.cpu_kernels && k >= 64 {
+            (&pipelines::HEAD_LINEAR_WG, Self::grid(OP, total as u64)?)
+        } else {
+            (
+                &pipelines::HEAD_LINEAR_LANES,
+                Self::grid(OP, (total as u64).div_ceil(64))?,
+            )
+        };
+        self.dispatch(
+            spec,
+            &[h as u32, k as u32, o as u32, total as u32, bf16, 0, 0, 0],
+            &[x.single(OP, "x")?, wb, out.single(OP, "output")?],
+            g,
+        )?;
+        Ok(out)
+    }
+
+    pub(crate) fn write_cache_impl(
+        &self,
+        x: &WTensor,
+        cache: &WTensor,
+        col: usize,
+        meta: &DeviceStepMeta<WTensor>,
+    ) -> Result<()> {
+        const OP: &str = "write_cache";
+        let n = meta.host.num_tokens();
+        ensure!(
+            x.shape.len() == 2 && x.shape[0] == n,
+            "{OP}: x must have shape [{n}, w], got {:?}",
+            x.shape
+        );
+        ensure!(
+            cache.shape.len() == 3,
+            "{OP}: cache must have shape [blocks, bs, W], got {:?}",
+            cache.shape
+        );
+        let (w, width) = (x.shape[1], cache.shape[2]);
+        ensure!(
+            col + w <= width,
+            "{OP}: columns {col}..{} exceed the cache width {width}",
+            col + w
+        );
+        ensure!(
+            meta.host.slot_mapping.len() == n,
+            "{OP}: slot_mapping must have {n} entries"
+        );
+        let x = &self.f32_of(OP, "x", x)?;
+        Self::float_in(OP, "cache", cache)?;
+        let capacity = cache.shape[0] * cache.shape[1];
+        if let Some(&bad) = meta
+            .host
+            .slot_mapping
+            .iter()
+            .find(|&&s| s as usize >= capacity)
+        {
+            bail!(
+                "{OP}: slot {bad} outside the cache of {capacity} slots ({:?})",
+                cache.shape
+            );
+        }
+        let total = n * w;
+        if total == 0 {
+            return Ok(());
+        }
+        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
+        self.dispatch(
+            &pipelines::WRITE_CACHE_K,
+            &[total as u32, w as u32, width as u32, col as u32],
+            &[
+                x.single(OP, "x")?,
+                meta.slot_mapping.single(OP, "slot_mapping")?,
+                cache.single(OP, "cache")?,
+            ],
+            g,
+        )
+    }
+
+    pub(crate) fn paged_latent_attention_impl(
+        &self,
+        q_lat: &WTensor,
+        q_rope: &WTensor,
+        cache: &WTensor,
+        meta: &DeviceStepMeta<WTensor>,
+        scale: f32,
+    ) -> Result<WTensor> {
+        const OP: &str = "paged_latent_attention";
+        let hm = &meta.host;
+        let n = hm.num_tokens();
+        ensure!(
+            q_lat.shape.len() == 3 && q_lat.shape[0] == n,
+            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
+            q_lat.shape
+        );
+        let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
+        ensure!(
+            q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
+            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
+            q_rope.shape
+        );
+        let r = q_rope.shape[2];
+        ensure!(
+            cache.shape.len() == 3 && cache.shape[2] == l + r,
+            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
+            cache.shape
+        );
+        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
+        ensure!(
+            l > 0 && l <= 512 && l + r <= 1024,
+            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
+        );
+        hm.check_paged(OP, blocks, bs)?;
+        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
+        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
+        Self::float_in(OP, "cache", cache)?;
+        let out = self.alloc(&[n, h, l], DType::F32)?;
+        if n == 0 || h == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
+            "{OP}: more than 65535 heads or tokens"
+        );
+        let p = [
+            h as u32,
+            l as u32,
+            r as u32,
+            bs as u32,
+            hm.max_blocks as u32,
+            f32_param(scale),
+            (n * h) as u32,
+            0,
+        ];
+        // CPU adapters: one invocation per (token, head), vec4 loads, no barriers; GPUs (and
+        // widths the lanes kernel cannot hold): a workgroup per (token, head) sharing key tiles.
+        let lanes =
+            self.cpu_kernels && l.is_multiple_of(4) && r.is_multiple_of(4) && l <= 256 && r <= 64;
+        let (spec, g) = if lanes {
+            (
+                &pipelines::MLA_ATTN_LANES,
+                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
+            )
+        } else {
+            (&pipelines::MLA_ATTN, [h as u32, n as u32, 1])
+        };
+        // The lanes kernel binds q_rope as vec4s: with R == 0 bind q_lat in its place (unread).
+        let qr = if r == 0 {
+            q_lat.single(OP, "q_lat")?
+        } else {
+            q_rope.single(OP, "q_rope")?
+        };
+        self.dispatch(
+            spec,
+            &p,
+            &[
+                q_lat.single(OP, "q_lat")?,
+                qr,
+                cache.single(OP, "cache")?,
+                meta.positions.single(OP, "positions")?,
+                meta.token_seq.single(OP, "token_seq")?,
+                meta.block_tables.single(OP, "block_tables")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok(out)
+    }
+}
