@@ -459,6 +459,29 @@ pub fn write_cache(
     Ok(())
 }
 
+/// One head of latent attention over `rows` (`[L + R]` each): softmax over
+/// `scale · (q_lat · c[..L] + q_rope · c[L..])` in f64, weighted sum of `c[..L]` into `out` `[L]`.
+fn latent_attend(ql: &[f32], qr: &[f32], rows: &[&[f32]], scale: f32, out: &mut [f32]) {
+    let l = ql.len();
+    let dot = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum::<f64>()
+    };
+    let scores: Vec<f64> = rows
+        .iter()
+        .map(|c| (dot(ql, &c[..l]) + dot(qr, &c[l..])) * scale as f64)
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    for (d, o) in out.iter_mut().enumerate() {
+        let acc: f64 = rows.iter().zip(&e).map(|(c, p)| c[d] as f64 * p).sum();
+        *o = (acc / z) as f32;
+    }
+}
+
 /// Causal attention over a paged latent cache (MLA absorbed form, DeepSeek-V2 report §2.1.2):
 /// `score(n, h, s) = scale · (q_lat[n, h] · c_s[..L] + q_rope[n, h] · c_s[L..])` for the
 /// sequence's positions `s ≤ positions[n]`, `out[n, h] = Σ_s softmax_s(score) · c_s[..L]`.
@@ -494,41 +517,20 @@ pub fn paged_latent_attention(
     let (qv, rv, cv) = (q_lat.to_f32(), q_rope.to_f32(), cache.to_f32());
     let mut out = vec![0f32; n * h * l];
     for t in 0..n {
-        let s = meta.token_seq[t] as usize;
-        let p = meta.positions[t] as usize;
-        let table = &meta.block_tables[s * meta.max_blocks..(s + 1) * meta.max_blocks];
+        let rows: Vec<&[f32]> = causal_slots(meta, t, bs)
+            .into_iter()
+            .map(|slot| &cv[slot * w..(slot + 1) * w])
+            .collect();
         for hh in 0..h {
             let ql = &qv[(t * h + hh) * l..(t * h + hh + 1) * l];
             let qr = &rv[(t * h + hh) * r..(t * h + hh + 1) * r];
-            let rows: Vec<&[f32]> = (0..=p)
-                .map(|j| {
-                    let slot = table[j / bs] as usize * bs + j % bs;
-                    &cv[slot * w..(slot + 1) * w]
-                })
-                .collect();
-            let scores: Vec<f64> = rows
-                .iter()
-                .map(|c| {
-                    let a: f64 = ql
-                        .iter()
-                        .zip(&c[..l])
-                        .map(|(x, y)| *x as f64 * *y as f64)
-                        .sum();
-                    let b: f64 = qr
-                        .iter()
-                        .zip(&c[l..])
-                        .map(|(x, y)| *x as f64 * *y as f64)
-                        .sum();
-                    (a + b) * scale as f64
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for d in 0..l {
-                let acc: f64 = rows.iter().zip(&e).map(|(c, p)| c[d] as f64 * p).sum();
-                out[(t * h + hh) * l + d] = (acc / z) as f32;
-            }
+            latent_attend(
+                ql,
+                qr,
+                &rows,
+                scale,
+                &mut out[(t * h + hh) * l..(t * h + hh + 1) * l],
+            );
         }
     }
     HostTensor::from_f32_as(vec![n, h, l], &out, dt)
@@ -1068,29 +1070,13 @@ pub fn sparse_latent_attention(
         for hh in 0..h {
             let ql = &qv[(t * h + hh) * l..(t * h + hh + 1) * l];
             let qr = &rv[(t * h + hh) * r..(t * h + hh + 1) * r];
-            let scores: Vec<f64> = rows
-                .iter()
-                .map(|c| {
-                    let a: f64 = ql
-                        .iter()
-                        .zip(&c[..l])
-                        .map(|(x, y)| *x as f64 * *y as f64)
-                        .sum();
-                    let b: f64 = qr
-                        .iter()
-                        .zip(&c[l..])
-                        .map(|(x, y)| *x as f64 * *y as f64)
-                        .sum();
-                    (a + b) * scale as f64
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for dd in 0..l {
-                let acc: f64 = rows.iter().zip(&e).map(|(c, p)| c[dd] as f64 * p).sum();
-                out[(t * h + hh) * l + dd] = (acc / z) as f32;
-            }
+            latent_attend(
+                ql,
+                qr,
+                &rows,
+                scale,
+                &mut out[(t * h + hh) * l..(t * h + hh + 1) * l],
+            );
         }
     }
     HostTensor::from_f32_as(vec![n, h, l], &out, dt)
