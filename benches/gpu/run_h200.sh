@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust toolchain there): binaries built here by
 # benches/gpu/build_for_device.sh are carried in .bin/. Writes logs and JSON under $OUT.
-#   usage: bash benches/gpu/run_h200.sh [tests] [torch] [bench] [deepseek] [stage-smollm2] [smollm2]
+#   usage: bash benches/gpu/run_h200.sh [tests] [torch] [bench] [deepseek] [dsa] [kimi] [stage-smollm2] [smollm2]
 # Test binaries run with the filter in $TEST_FILTER (default: cuda).
 set -uo pipefail
 OUT=${OUT:-/tmp/dayone-out}
 mkdir -p "$OUT"
 export DAYONE_FIXTURES=$PWD/tests/fixtures DAYONE_CACHE=/tmp/dayone-cache RUST_BACKTRACE=0
 steps=${*:-tests torch bench}
+# Binaries arrive gzipped from build_for_device.sh.
+for f in .bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x .bin/* 2>/dev/null
 date -u | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee -a "$OUT/env.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' | tee -a "$OUT/env.txt"
@@ -40,6 +43,11 @@ if [[ " $steps " == *" deepseek "* ]]; then
   .bin/dayone bench --backend cuda --model /tmp/dsv3_4l --batch 1,1,32 --prompt-len 4096,512,512 --gen-len 64 \
     --json 2>"$OUT/bench_ds_err.log" | tee "$OUT/dayone_dsv3.jsonl"
   tail -3 "$OUT/bench_ds_err.log"
+fi
+
+if [[ " $steps " == *" dsa "* ]]; then
+  .bin/dsa-bench --backend cuda --contexts 2048,4096,8192,32768,131072 --batch 1 2>&1 | tee "$OUT/dsa_bench.txt"
+  .bin/dsa-bench --backend cuda --contexts 8192,32768 --batch 16 --iters 10 2>&1 | tail -2 | tee -a "$OUT/dsa_bench.txt"
 fi
 
 if [[ " $steps " == *" kimi "* ]]; then

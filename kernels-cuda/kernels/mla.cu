@@ -25,12 +25,15 @@ __device__ __forceinline__ void write_cache_impl(const T* __restrict__ x, T* __r
 // Generic latent attention (any dtype, any L ≤ 1024, any R): one block of 128 threads per
 // (token, head) row, keys in tiles of 64 (a warp per key dot product), online softmax in f32.
 // grid.x = N · H (grid-stride), dynamic smem = (L + R) floats (the query row).
+// Dense (`sel` null): the row's keys are positions 0 ..= its position. Sparse (DSA): the keys
+// are the positions listed in sel[token, 0 .. topk] (entries past the position or u32 max skip).
 template <typename T>
 __device__ __forceinline__ void mla_attn_simple_impl(
     const T* __restrict__ q_lat, const T* __restrict__ q_rope, const T* __restrict__ cache,
     const u32* __restrict__ token_seq, const u32* __restrict__ positions,
-    const u32* __restrict__ block_tables, T* __restrict__ out, u32 n, u32 h, u32 l, u32 r,
-    u32 bs, u32 max_blocks, u32 num_blocks, float scale_log2) {
+    const u32* __restrict__ block_tables, const u32* __restrict__ sel, u32 topk,
+    T* __restrict__ out, u32 n, u32 h, u32 l, u32 r, u32 bs, u32 max_blocks, u32 num_blocks,
+    float scale_log2) {
     extern __shared__ float sq[];
     __shared__ float ssc[64];
     __shared__ u32 srow[64];
@@ -42,8 +45,8 @@ __device__ __forceinline__ void mla_attn_simple_impl(
         __syncthreads();  // previous row done with sq
         for (u32 d = tid; d < l; d += blockDim.x) sq[d] = to_f(q_lat[row * l + d]);
         for (u32 d = tid; d < r; d += blockDim.x) sq[l + d] = to_f(q_rope[row * r + d]);
-        const u32 s = token_seq[tok];
-        const u32 kv_end = min(positions[tok] + 1, max_blocks * bs);
+        const u32 s = token_seq[tok], pos = positions[tok];
+        const u32 kv_end = sel ? topk : min(pos + 1, max_blocks * bs);
         const u32* bt = block_tables + (u64)s * max_blocks;
         float acc[8];
 #pragma unroll
@@ -52,10 +55,15 @@ __device__ __forceinline__ void mla_attn_simple_impl(
         for (u32 kb = 0; kb < kv_end; kb += 64) {
             __syncthreads();  // sq written / previous tile consumed
             for (u32 j = warp; j < 64; j += 4) {
-                const u32 key = kb + j;
+                u32 key = kb + j;
                 float dot = MLA_NEG_INF;
                 u32 slot = 0xffffffffu;
-                if (key < kv_end) {
+                bool ok = key < kv_end;
+                if (ok && sel) {
+                    key = sel[(u64)tok * topk + key];
+                    ok = key <= pos && key < max_blocks * bs;
+                }
+                if (ok) {
                     const u32 blk = bt[key / bs];
                     if (blk < num_blocks) {
                         slot = blk * bs + key % bs;
@@ -102,9 +110,12 @@ __device__ __forceinline__ void mla_attn_simple_impl(
 
 // Tensor-core latent attention (bf16/f16; L % 16 == 0, R % 16 == 0, L ≤ DV).
 //
-// Rows of a sequence are (query token, head) pairs, row = tok_local · H + head; a block owns 64
-// consecutive rows of one sequence (grid.x), one split of the key range (grid.y: keys
-// [split · chunk, (split + 1) · chunk)) and one sequence (grid.z). 8 warps: warp w owns rows
+// Dense (`sel` null): rows of a sequence are (query token, head) pairs, row = tok_local · H +
+// head; a block owns 64 consecutive rows of one sequence (grid.x), one split of the key range
+// (grid.y: keys [split · chunk, (split + 1) · chunk)) and one sequence (grid.z).
+// Sparse (DSA, `sel` [N, topk]): a block owns 64 heads of one query token (grid.z = token) and
+// key j of its range is position sel[token, j] (u32 max and positions past the token's skip);
+// every head of the token shares the selection, so latent rows are still loaded once per block. 8 warps: warp w owns rows
 // 16·(w & 3) .. + 16 and output dims (w >> 2) · DV/2 .. + DV/2. Per tile of 32 keys (cp.async,
 // double-buffered; a latent row is loaded once for all 64 rows):
 //   S = Q·Kᵀ [64 × 32] (mma.sync m16n8k16; warp w computes keys 16·(w >> 2) .. + 16 of its rows),
@@ -120,7 +131,8 @@ template <typename T, int DV>
 __device__ __forceinline__ void mla_attn_mma_impl(
     const T* __restrict__ q_lat, const T* __restrict__ q_rope, const T* __restrict__ cache,
     const u32* __restrict__ query_start, const u32* __restrict__ positions,
-    const u32* __restrict__ block_tables, T* __restrict__ out, float* __restrict__ part_o,
+    const u32* __restrict__ block_tables, const u32* __restrict__ token_seq,
+    const u32* __restrict__ sel, u32 topk, T* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, u32 h, u32 l, u32 r, u32 bs, u32 max_blocks, u32 num_blocks,
     u32 chunk, u32 nsplit, float scale_log2) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -130,9 +142,17 @@ __device__ __forceinline__ void mla_attn_mma_impl(
     float* ss = reinterpret_cast<float*>(sk + 2 * MLA_BK * ws);
     u32* sok = reinterpret_cast<u32*>(ss + MLA_ROWS * MLA_SS);
 
-    const u32 s = blockIdx.z, split = blockIdx.y;
-    const u32 q0 = query_start[s], q1 = query_start[s + 1];
-    const u32 nrows = (q1 - q0) * h;
+    const u32 split = blockIdx.y;
+    u32 s, q0, nrows;
+    if (sel) {
+        q0 = blockIdx.z;
+        s = token_seq[q0];
+        nrows = h;
+    } else {
+        s = blockIdx.z;
+        q0 = query_start[s];
+        nrows = (query_start[s + 1] - q0) * h;
+    }
     const u32 row0 = blockIdx.x * MLA_ROWS;
     if (row0 >= nrows) return;
     const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -141,11 +161,13 @@ __device__ __forceinline__ void mla_attn_mma_impl(
 
     // Key range of this block: positions of its rows, capped by the table and the split.
     u32 kv_end = 0;
-    {
+    if (sel) {
+        kv_end = topk;
+    } else {
         const u32 tfirst = row0 / h, tlast = min(row0 + MLA_ROWS, nrows) - 1;
         for (u32 t = tfirst; t <= tlast / h; t++) kv_end = max(kv_end, positions[q0 + t] + 1);
+        kv_end = min(kv_end, max_blocks * bs);
     }
-    kv_end = min(kv_end, max_blocks * bs);
     const u32 k_begin = split * chunk;
     const u32 k_end = min(kv_end, k_begin + chunk);
 
@@ -178,25 +200,26 @@ __device__ __forceinline__ void mla_attn_mma_impl(
         }
         const u32* bt = block_tables + (u64)s * max_blocks;
         const u32 wv = wdt / 8;
+        // Position of key `key` of this block's range, or u32 max when it has none.
+        auto key_pos = [&](u32 key) -> u32 {
+            if (key >= k_end) return 0xffffffffu;
+            const u32 p = sel ? sel[(u64)q0 * topk + key] : key;
+            return (p < max_blocks * bs && bt[p / bs] < num_blocks) ? p : 0xffffffffu;
+        };
         auto load_tile = [&](u32 kb, u32 st) {
             T* dst = sk + st * MLA_BK * ws;
             for (u32 e = tid; e < MLA_BK * wv; e += blockDim.x) {
-                const u32 j = e / wv, c = (e % wv) * 8, key = kb + j;
+                const u32 j = e / wv, c = (e % wv) * 8, p = key_pos(kb + j);
                 const T* src = cache;
                 u32 bytes = 0;
-                if (key < k_end) {
-                    const u32 blk = bt[key / bs];
-                    if (blk < num_blocks) {
-                        src = cache + ((u64)blk * bs + key % bs) * wdt + c;
-                        bytes = 16;
-                    }
+                if (p != 0xffffffffu) {
+                    src = cache + ((u64)bt[p / bs] * bs + p % bs) * wdt + c;
+                    bytes = 16;
                 }
                 cp_async16(smem_addr(dst + j * ws + c), src, bytes);
             }
-            if (tid < MLA_BK) {
-                const u32 key = kb + tid;
-                sok[st * MLA_BK + tid] = (key < k_end && bt[key / bs] < num_blocks) ? 1u : 0u;
-            }
+            // sok: the key's position (u32 max: none), for the causal test below.
+            if (tid < MLA_BK) sok[st * MLA_BK + tid] = key_pos(kb + tid);
         };
         const u32 ntiles = (k_end - k_begin + MLA_BK - 1) / MLA_BK;
         load_tile(k_begin, 0);
@@ -237,7 +260,7 @@ __device__ __forceinline__ void mla_attn_mma_impl(
                 for (int e = 0; e < 4; e++) {
                     const int i = e >> 1;
                     const u32 kj = j * 8 + t4 * 2 + (e & 1);
-                    const bool ok = rvalid[i] && kb + kj <= rpos[i] && sok[st * MLA_BK + kj] != 0u;
+                    const bool ok = rvalid[i] && sok[st * MLA_BK + kj] <= rpos[i];
                     const float v = ss[(rg * 16 + g + 8 * i) * MLA_SS + kj];
                     p4[j][e] = ok ? v * scale_log2 : MLA_NEG_INF;
                     mx[i] = fmaxf(mx[i], p4[j][e]);
@@ -333,23 +356,25 @@ __device__ __forceinline__ void mla_attn_mma_impl(
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(128) mla_attn_simple_##S(                    \
         const T* q_lat, const T* q_rope, const T* cache, const u32* token_seq,                \
-        const u32* positions, const u32* block_tables, T* out, u32 n, u32 h, u32 l, u32 r,    \
-        u32 bs, u32 max_blocks, u32 num_blocks, float scale_log2) {                           \
-        mla_attn_simple_impl<T>(q_lat, q_rope, cache, token_seq, positions, block_tables, out, \
-                                n, h, l, r, bs, max_blocks, num_blocks, scale_log2);          \
+        const u32* positions, const u32* block_tables, const u32* sel, u32 topk, T* out,      \
+        u32 n, u32 h, u32 l, u32 r, u32 bs, u32 max_blocks, u32 num_blocks,                   \
+        float scale_log2) {                                                                   \
+        mla_attn_simple_impl<T>(q_lat, q_rope, cache, token_seq, positions, block_tables, sel, \
+                                topk, out, n, h, l, r, bs, max_blocks, num_blocks,            \
+                                scale_log2);                                                  \
     }
 DAYONE_FOR_FLOAT_TYPES(MLA_COMMON)
 
 #define MLA_MMA(S, T, DV)                                                                     \
     extern "C" __global__ void __launch_bounds__(256, 1) mla_attn_mma_##S##_d##DV(            \
         const T* q_lat, const T* q_rope, const T* cache, const u32* query_start,              \
-        const u32* positions, const u32* block_tables, T* out, float* part_o, float* part_ml, \
-        u32 h, u32 l, u32 r, u32 bs, u32 max_blocks, u32 num_blocks, u32 chunk, u32 nsplit,   \
-        float scale_log2) {                                                                   \
+        const u32* positions, const u32* block_tables, const u32* token_seq, const u32* sel,  \
+        u32 topk, T* out, float* part_o, float* part_ml, u32 h, u32 l, u32 r, u32 bs,         \
+        u32 max_blocks, u32 num_blocks, u32 chunk, u32 nsplit, float scale_log2) {            \
         grid_dep_wait();                                                                      \
         mla_attn_mma_impl<T, DV>(q_lat, q_rope, cache, query_start, positions, block_tables,  \
-                                 out, part_o, part_ml, h, l, r, bs, max_blocks, num_blocks,   \
-                                 chunk, nsplit, scale_log2);                                  \
+                                 token_seq, sel, topk, out, part_o, part_ml, h, l, r, bs,     \
+                                 max_blocks, num_blocks, chunk, nsplit, scale_log2);          \
     }
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 MLA_MMA(bf16, bf16, 128) MLA_MMA(bf16, bf16, 256) MLA_MMA(bf16, bf16, 512)

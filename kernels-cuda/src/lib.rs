@@ -19,6 +19,9 @@
 //!   launch per projection, deterministic combine).
 //! - Kimi-Linear KDA ops (`kda`): `short_conv`, `gated_rms_norm`, and `kda` with a
 //!   token-recurrent kernel (decode) and a chunked (64) two-kernel form for prefill.
+//! - DeepSeek-V3.2 DSA ops (`dsa`): `layer_norm`, `dsa_topk` (blocked indexer scoring on tensor
+//!   cores + radix-select top-k), and `sparse_latent_attention` (the MLA kernel over a
+//!   selection list).
 //!
 //! See `NOTES.md` in this crate for the dispatch rules and measured figures.
 //! - Libraries are loaded dynamically: [`CudaBackend::new`] returns a one-line error (never a
@@ -59,6 +62,7 @@ macro_rules! kparams {
 
 mod attention;
 mod basic;
+mod dsa;
 mod kda;
 mod linear;
 mod mla_moe;
@@ -403,6 +407,7 @@ impl CudaBackend {
             || name.starts_with("attn_mma")
             || name.starts_with("mla_attn_mma")
             || name.starts_with("kda_chunk")
+            || name.starts_with("dsa_score_mma")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
@@ -691,7 +696,7 @@ impl Backend for CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
         scale: f32,
     ) -> Result<CudaTensor> {
-        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale)
+        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale, None)
     }
 
     fn moe_route(
@@ -749,6 +754,40 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor> {
         self.gated_rms_norm_impl(x, gate, w, eps)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        b: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.layer_norm_impl(x, w, b, eps)
+    }
+
+    fn dsa_topk(
+        &self,
+        q: &CudaTensor,
+        w: &CudaTensor,
+        k_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+        topk: usize,
+    ) -> Result<CudaTensor> {
+        self.dsa_topk_impl(q, w, k_cache, meta, scale, topk)
+    }
+
+    fn sparse_latent_attention(
+        &self,
+        q_lat: &CudaTensor,
+        q_rope: &CudaTensor,
+        cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+        selected: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale, Some(selected))
     }
 
     /// All eight fields in one pinned host→device copy (when they fit a staging slot); each

@@ -164,7 +164,8 @@ impl CudaBackend {
         )
     }
 
-    /// MLA absorbed attention over the latent cache (see the trait doc).
+    /// MLA absorbed attention over the latent cache (see the trait doc): dense over every causal
+    /// key, or, with `selected` `[N, topk]` u32 (DSA), over the listed positions only.
     pub(crate) fn latent_attention_impl(
         &self,
         q_lat: &CudaTensor,
@@ -172,44 +173,63 @@ impl CudaBackend {
         cache: &CudaTensor,
         meta: &DeviceStepMeta<CudaTensor>,
         scale: f32,
+        selected: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        const OP: &str = "paged_latent_attention";
-        let sfx = dtype_suffix(OP, q_lat.dtype)?;
-        let (n, h, l) = rank3(OP, "q_lat", q_lat, "[N, H, L]")?;
-        let (rn, rh, r) = rank3(OP, "q_rope", q_rope, "[N, H, R]")?;
-        let (nblocks, bs, wdt) = rank3(OP, "cache", cache, "[blocks, bs, L + R]")?;
+        let op = if selected.is_some() {
+            "sparse_latent_attention"
+        } else {
+            "paged_latent_attention"
+        };
+        let sfx = dtype_suffix(op, q_lat.dtype)?;
+        let (n, h, l) = rank3(op, "q_lat", q_lat, "[N, H, L]")?;
+        let (rn, rh, r) = rank3(op, "q_rope", q_rope, "[N, H, R]")?;
+        let (nblocks, bs, wdt) = rank3(op, "cache", cache, "[blocks, bs, L + R]")?;
         if rn != n || rh != h || wdt != l + r {
             bail!(
-                "{OP}: q_rope must be [{n}, {h}, R] and cache [blocks, bs, {l} + R], got {:?} and {:?}",
+                "{op}: q_rope must be [{n}, {h}, R] and cache [blocks, bs, {l} + R], got {:?} and {:?}",
                 q_rope.shape,
                 cache.shape
             );
         }
-        check_dtype(OP, "q_rope", q_rope, q_lat.dtype)?;
-        check_dtype(OP, "cache", cache, q_lat.dtype)?;
+        check_dtype(op, "q_rope", q_rope, q_lat.dtype)?;
+        check_dtype(op, "cache", cache, q_lat.dtype)?;
+        let topk = match selected {
+            Some(sel) => {
+                if sel.dtype != DType::U32 || sel.shape.len() != 2 || sel.shape[0] != n {
+                    bail!(
+                        "{op}: selected must be u32 [{n}, topk], got {} {:?}",
+                        sel.dtype,
+                        sel.shape
+                    );
+                }
+                sel.shape[1]
+            }
+            None => 0,
+        };
+        let sel_ptr = selected.map_or(0, |t| t.device_ptr());
         let hm = &meta.host;
         let s = hm.num_seqs();
-        hm.check_tables(OP, n)?;
+        hm.check_tables(op, n)?;
         self.bind()?;
         let out = self.alloc(vec![n, h, l], q_lat.dtype)?;
         if n == 0 || h == 0 || l == 0 {
             return Ok(out);
         }
         let kv_cap = hm.max_blocks * bs;
-        if kv_cap == 0 || nblocks == 0 {
+        if kv_cap == 0 || nblocks == 0 || (selected.is_some() && topk == 0) {
             self.memset0(&out)?;
             return Ok(out);
         }
         let scale_log2 = scale * std::f32::consts::LOG2_E;
         let (hu, lu, ru) = (
-            to_u32(OP, "H", h)?,
-            to_u32(OP, "L", l)?,
-            to_u32(OP, "R", r)?,
+            to_u32(op, "H", h)?,
+            to_u32(op, "L", l)?,
+            to_u32(op, "R", r)?,
         );
         let (bsu, mbu, nbu) = (
-            to_u32(OP, "block_size", bs)?,
-            to_u32(OP, "max_blocks", hm.max_blocks)?,
-            to_u32(OP, "blocks", nblocks)?,
+            to_u32(op, "block_size", bs)?,
+            to_u32(op, "max_blocks", hm.max_blocks)?,
+            to_u32(op, "blocks", nblocks)?,
         );
         let smem = launch::mla_smem_bytes(l, r);
         let mma = launch::mla_dv(l, r).filter(|_| {
@@ -219,8 +239,11 @@ impl CudaBackend {
                 && smem <= self.kernels.max_smem_optin as usize
         });
         if let Some(dv) = mma {
-            if s > 65535 {
-                bail!("{OP}: at most 65535 sequences per step, got {s}");
+            // Dense: a block per (64 rows of a sequence, key split, sequence); sparse: per
+            // (64 heads, key split, token).
+            let groups = if selected.is_some() { n } else { s };
+            if groups > 65535 {
+                bail!("{op}: at most 65535 sequences (sparse: tokens) per step, got {groups}");
             }
             let max_q = hm
                 .query_start
@@ -228,11 +251,21 @@ impl CudaBackend {
                 .map(|w| w[1].saturating_sub(w[0]) as usize)
                 .max()
                 .unwrap_or(0);
-            let max_kv = (hm.positions.iter().copied().max().unwrap_or(0) as usize + 1).min(kv_cap);
-            let row_tiles = (max_q * h).div_ceil(launch::MLA_ROWS as usize).max(1);
-            let plan = if max_q <= 1 {
+            let (max_kv, row_tiles) = if selected.is_some() {
+                (topk, h.div_ceil(launch::MLA_ROWS as usize))
+            } else {
+                let max_kv =
+                    (hm.positions.iter().copied().max().unwrap_or(0) as usize + 1).min(kv_cap);
+                (
+                    max_kv,
+                    (max_q * h).div_ceil(launch::MLA_ROWS as usize).max(1),
+                )
+            };
+            // Decode splits the keys so that enough blocks run; a sparse step is always one
+            // token per block group, so it may split too.
+            let plan = if max_q <= 1 || selected.is_some() {
                 launch::plan_decode(
-                    s * row_tiles,
+                    groups * row_tiles,
                     max_kv,
                     4 * self.info.sms as usize,
                     launch::MLA_BK,
@@ -241,7 +274,7 @@ impl CudaBackend {
             } else {
                 launch::DecodePlan {
                     nsplit: 1,
-                    chunk: to_u32(OP, "max_blocks·bs", kv_cap)?,
+                    chunk: to_u32(op, "max_blocks·bs", kv_cap)?,
                 }
             };
             let (part_o, part_ml) = if plan.nsplit > 1 {
@@ -257,9 +290,13 @@ impl CudaBackend {
             let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
             let f = self.func("mla", sfx, &format!("mla_attn_mma_{sfx}_d{dv}"))?;
             self.launch(
-                OP,
+                op,
                 &f,
-                (to_u32(OP, "row tiles", row_tiles)?, plan.nsplit, s as u32),
+                (
+                    to_u32(op, "row tiles", row_tiles)?,
+                    plan.nsplit,
+                    groups as u32,
+                ),
                 (256, 1, 1),
                 smem as u32,
                 kparams![
@@ -269,6 +306,9 @@ impl CudaBackend {
                     meta.query_start.device_ptr(),
                     meta.positions.device_ptr(),
                     meta.block_tables.device_ptr(),
+                    meta.token_seq.device_ptr(),
+                    sel_ptr,
+                    to_u32(op, "topk", topk)?,
                     out.device_ptr(),
                     po,
                     pml,
@@ -286,9 +326,9 @@ impl CudaBackend {
             if plan.nsplit > 1 {
                 let f = self.func("attention_paged", sfx, &format!("attn_combine_{sfx}"))?;
                 self.launch(
-                    OP,
+                    op,
                     &f,
-                    (to_u32(OP, "N·H", n * h)?, 1, 1),
+                    (to_u32(op, "N·H", n * h)?, 1, 1),
                     (lu.clamp(32, 256).div_ceil(32) * 32, 1, 1),
                     0,
                     kparams![po, pml, out.device_ptr(), lu, plan.nsplit],
@@ -297,15 +337,15 @@ impl CudaBackend {
             return Ok(out);
         }
         if l > 1024 {
-            bail!("{OP}: latent width L = {l} is above the supported 1024");
+            bail!("{op}: latent width L = {l} is above the supported 1024");
         }
         let smem = (l + r) * 4;
         if smem > 48 * 1024 {
-            bail!("{OP}: L + R = {} is above the supported 12288", l + r);
+            bail!("{op}: L + R = {} is above the supported 12288", l + r);
         }
         let f = self.func("mla", sfx, &format!("mla_attn_simple_{sfx}"))?;
         self.launch(
-            OP,
+            op,
             &f,
             (launch::row_grid(n * h, 65535), 1, 1),
             (128, 1, 1),
@@ -317,6 +357,8 @@ impl CudaBackend {
                 meta.token_seq.device_ptr(),
                 meta.positions.device_ptr(),
                 meta.block_tables.device_ptr(),
+                sel_ptr,
+                to_u32(op, "topk", topk)?,
                 out.device_ptr(),
                 n as u32,
                 hu,

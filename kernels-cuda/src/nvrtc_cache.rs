@@ -29,6 +29,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("mla", include_str!("../kernels/mla.cu")),
     ("moe", include_str!("../kernels/moe.cu")),
     ("kda", include_str!("../kernels/kda.cu")),
+    ("dsa", include_str!("../kernels/dsa.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

@@ -253,3 +253,16 @@ fn bench_latent_decode() {
         );
     }
 }
+
+/// DeepSeek-V3.2 DSA ops (`layer_norm`, `dsa_topk`, `sparse_latent_attention`) against the
+/// reference: the shared suite (f32, bf16) plus f16.
+#[test]
+fn dsa_suite() {
+    let Some(b) = backend("dsa_suite") else {
+        return;
+    };
+    conformance::check_dsa_ops(&b).unwrap();
+    conformance::check_layer_norm(&b, DType::F16).unwrap();
+    conformance::check_dsa_topk(&b, DType::F16).unwrap();
+    conformance::check_sparse_latent_attention(&b, DType::F16).unwrap();
+}

@@ -106,3 +106,12 @@ fn indexer_matches_transformers_cpu() {
 fn indexer_matches_transformers_wgsl() {
     check(dayone_tests::wgsl()).unwrap();
 }
+
+#[test]
+fn indexer_matches_transformers_cuda() {
+    if !dayone_cuda::is_available() {
+        eprintln!("skipped: no CUDA driver or device");
+        return;
+    }
+    check(dayone_tests::cuda()).unwrap();
+}

@@ -66,7 +66,9 @@ impl<B: Backend> DsaIndexer<B> {
     }
 
     /// Writes this step's indexer keys into `k_cache` `[blocks, bs, d]` and returns the selected
-    /// positions `[N, topk]` u32 (`u32::MAX` padding). `x` `[N, D]`, `c_q` `[N, q_lora]`.
+    /// positions `[N, topk]` u32 (`u32::MAX` padding), or `None` when no query of the step has
+    /// more than `topk` causal keys: the selection would be every key, so dense MLA is the same
+    /// attention and the scoring is skipped. `x` `[N, D]`, `c_q` `[N, q_lora]`.
     pub fn select(
         &self,
         b: &B,
@@ -74,10 +76,8 @@ impl<B: Backend> DsaIndexer<B> {
         c_q: &B::Tensor,
         meta: &DeviceStepMeta<B::Tensor>,
         k_cache: &B::Tensor,
-    ) -> Result<B::Tensor> {
+    ) -> Result<Option<B::Tensor>> {
         let n = meta.host.num_tokens();
-        let q = b.reshape(&self.wq_b.forward(b, c_q)?, &[n, self.heads, self.head_dim])?;
-        let q = self.rope.forward(b, &q, &meta.positions)?;
         let k = b.layer_norm(
             &self.wk.forward(b, x)?,
             &self.k_norm.0,
@@ -88,8 +88,16 @@ impl<B: Backend> DsaIndexer<B> {
             .rope
             .forward(b, &b.reshape(&k, &[n, 1, self.head_dim])?, &meta.positions)?;
         b.write_cache(&b.reshape(&k, &[n, self.head_dim])?, k_cache, 0, meta)?;
+        let most_keys = meta.host.positions.iter().map(|&p| p as usize + 1).max();
+        if most_keys.unwrap_or(0) <= self.topk {
+            return Ok(None);
+        }
+        let q = b.reshape(&self.wq_b.forward(b, c_q)?, &[n, self.heads, self.head_dim])?;
+        let q = self.rope.forward(b, &q, &meta.positions)?;
         let weights = self.weights_proj.forward(b, x)?;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        b.dsa_topk(&q, &weights, k_cache, meta, scale, self.topk)
+        Ok(Some(
+            b.dsa_topk(&q, &weights, k_cache, meta, scale, self.topk)?,
+        ))
     }
 }

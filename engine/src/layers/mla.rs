@@ -188,15 +188,16 @@ impl<B: Backend> Mla<B> {
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
-        let o_lat = match (&self.indexer, index_cache) {
-            (Some(ix), Some(keys)) => {
-                let selected = ix.select(b, x, &cq, meta, keys)?;
-                b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, &selected)?
-            }
+        let selected = match (&self.indexer, index_cache) {
+            (Some(ix), Some(keys)) => ix.select(b, x, &cq, meta, keys)?,
             (Some(_), None) => {
                 anyhow::bail!("an MLA layer with a DSA indexer needs its indexer key cache")
             }
-            _ => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
+            _ => None,
+        };
+        let o_lat = match selected {
+            Some(sel) => b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, &sel)?,
+            None => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
         };
         let o = b.head_linear(&o_lat, &self.w_uv)?;
         self.o_proj

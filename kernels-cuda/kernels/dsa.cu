@@ -1,0 +1,354 @@
+// DeepSeek-V3.2 sparse attention (DSA; DeepSeek-V3.2 report, HF `DeepseekV32Indexer`):
+// LayerNorm (the indexer's key norm), the lightning-indexer scores and the per-query top-k.
+//
+// The top-k runs in two kernels per group of query tokens so that no [queries × keys] score
+// matrix of the whole step is ever held: `dsa_score_*` writes the group's scores
+// [group, stride] f32 (stride = the step's longest causal key count), `dsa_select` picks each
+// row's top-k with a radix select (four 8-bit passes over order-preserving u32 keys) and sorts
+// the chosen ones with a bitonic sort in shared memory.
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm (Ba et al. 2016; torch nn.LayerNorm), f32 math, biased variance, two passes over
+// the row (mean, then centred sum of squares: exact for rows with a large mean).
+// x, y [R, D] T; w, b [D] T or f32 (w_f32). grid.x = R (grid-stride), block 256.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red is free (previous use finished)
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.f;
+    return warp_sum(t);
+}
+
+template <typename T>
+__device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const void* __restrict__ w,
+                                                const void* __restrict__ b, u32 w_f32,
+                                                T* __restrict__ y, u32 rows, u32 d, float eps) {
+    __shared__ float red[32];
+    grid_dep_wait();
+    const u32 tid = threadIdx.x;
+    const float* wf = reinterpret_cast<const float*>(w);
+    const float* bf = reinterpret_cast<const float*>(b);
+    const T* wt = reinterpret_cast<const T*>(w);
+    const T* bt = reinterpret_cast<const T*>(b);
+    for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + (u64)r * d;
+        float s = 0.f;
+        for (u32 j = tid; j < d; j += blockDim.x) s += to_f(xr[j]);
+        const float mean = block_sum(s, red) / (float)d;
+        float v = 0.f;
+        for (u32 j = tid; j < d; j += blockDim.x) {
+            const float c = to_f(xr[j]) - mean;
+            v += c * c;
+        }
+        const float inv = rsqrtf(block_sum(v, red) / (float)d + eps);
+        T* yr = y + (u64)r * d;
+        for (u32 j = tid; j < d; j += blockDim.x) {
+            const float wj = w_f32 ? wf[j] : to_f(wt[j]);
+            const float bj = w_f32 ? bf[j] : to_f(bt[j]);
+            yr[j] = from_f<T>((to_f(xr[j]) - mean) * inv * wj + bj);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indexer scores: for token n = tok0 + blockIdx.y and each position t ≤ positions[n] of its
+// sequence, scores[blockIdx.y, t] = Σ_h w[n, h] · hscale · max(0, scale · q[n, h] · k_t), where
+// k_t is cache row bt[t / bs] · bs + t % bs. Positions past the token are not written.
+
+// Any dtype and shape (H · d + H ≤ 12288 floats of shared memory): a block of 128 threads per
+// (token, 128 positions), one position per thread, heads in groups of 16 in registers.
+// grid = (ceil(stride / 128), group), dynamic smem (H · d + H) f32.
+template <typename T>
+__device__ __forceinline__ void dsa_score_simple_impl(
+    const T* __restrict__ q, const T* __restrict__ w, const T* __restrict__ kc,
+    const u32* __restrict__ token_seq, const u32* __restrict__ positions,
+    const u32* __restrict__ block_tables, float* __restrict__ scores, u32 tok0, u32 h, u32 d,
+    u32 bs, u32 max_blocks, u32 num_blocks, u32 stride, float scale, float hscale) {
+    extern __shared__ float sm[];
+    float* sq = sm;          // [H, d]
+    float* sw = sm + h * d;  // [H]
+    grid_dep_wait();
+    const u32 n = tok0 + blockIdx.y, p = positions[n];
+    const u32 t0 = blockIdx.x * 128;
+    if (t0 > p) return;
+    for (u32 i = threadIdx.x; i < h * d; i += blockDim.x) sq[i] = to_f(q[(u64)n * h * d + i]);
+    for (u32 i = threadIdx.x; i < h; i += blockDim.x) sw[i] = to_f(w[(u64)n * h + i]) * hscale;
+    __syncthreads();
+    const u32 t = t0 + threadIdx.x;
+    if (t > p) return;
+    const u32* bt = block_tables + (u64)token_seq[n] * max_blocks;
+    float score = 0.f;
+    const u32 blk = t / bs < max_blocks ? bt[t / bs] : 0xffffffffu;
+    if (blk < num_blocks) {
+        const T* k = kc + ((u64)blk * bs + t % bs) * d;
+        for (u32 h0 = 0; h0 < h; h0 += 16) {
+            float acc[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) acc[j] = 0.f;
+            for (u32 c = 0; c < d; c++) {
+                const float kv = to_f(k[c]);
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+                    if (h0 + j < h) acc[j] = fmaf(sq[(h0 + j) * d + c], kv, acc[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (h0 + j < h) score += sw[h0 + j] * fmaxf(scale * acc[j], 0.f);
+        }
+    }
+    scores[(u64)blockIdx.y * stride + t] = score + 0.f;  // + 0: −0 → +0 (one order for ties)
+}
+
+// Tensor cores (bf16/f16, H ≤ 64, d ∈ 16ℤ, d ≤ 256): a block of 4 warps per (token, 256
+// positions) in tiles of 64 keys; warp w computes S = Q·Kᵀ for heads 16w .. 16w + 15 × 64 keys
+// (mma.sync m16n8k16), applies w_h · relu(scale · s) and sums its 16 heads with shuffles; the
+// four warps' partial sums meet in shared memory. Heads ≥ H are zero rows.
+// grid = (ceil(stride / 256), group), dynamic smem: Q [64][d + 8] T, K [64][d + 8] T, then the
+// warps' partial sums [4][64] f32 (no static shared memory: the dynamic limit is raised to the
+// device's opt-in maximum).
+#define DSA_KT 64
+#define DSA_KEYS_PER_BLOCK 256
+template <typename T>
+__device__ __forceinline__ void dsa_score_mma_impl(
+    const T* __restrict__ q, const T* __restrict__ w, const T* __restrict__ kc,
+    const u32* __restrict__ token_seq, const u32* __restrict__ positions,
+    const u32* __restrict__ block_tables, float* __restrict__ scores, u32 tok0, u32 h, u32 d,
+    u32 bs, u32 max_blocks, u32 num_blocks, u32 stride, float scale, float hscale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 ds = d + 8;
+    T* sq = reinterpret_cast<T*>(smem_raw);
+    T* sk = sq + 64 * ds;
+    float(*part)[DSA_KT] = reinterpret_cast<float(*)[DSA_KT]>(sk + DSA_KT * ds);
+    grid_dep_wait();
+    const u32 n = tok0 + blockIdx.y, p = positions[n];
+    const u32 tb = blockIdx.x * DSA_KEYS_PER_BLOCK;
+    if (tb > p) return;
+    const u32 tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    const u32 g = lane >> 2, t4 = lane & 3;
+    const u32 dv = d / 8;
+    for (u32 e = tid; e < 64 * dv; e += blockDim.x) {
+        const u32 row = e / dv, c = (e % dv) * 8;
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (row < h) val = *reinterpret_cast<const uint4*>(q + ((u64)n * h + row) * d + c);
+        *reinterpret_cast<uint4*>(sq + row * ds + c) = val;
+    }
+    // This thread's two rows' head weights (zero past H).
+    const u32 r0 = wp * 16 + g, r1 = r0 + 8;
+    const float w0 = r0 < h ? to_f(w[(u64)n * h + r0]) * hscale : 0.f;
+    const float w1 = r1 < h ? to_f(w[(u64)n * h + r1]) * hscale : 0.f;
+    const u32* bt = block_tables + (u64)token_seq[n] * max_blocks;
+    const u32 tend = min(p + 1, tb + DSA_KEYS_PER_BLOCK);
+    for (u32 kb = tb; kb < tend; kb += DSA_KT) {
+        __syncthreads();  // sq written / previous tile consumed
+        for (u32 e = tid; e < DSA_KT * dv; e += blockDim.x) {
+            const u32 j = e / dv, c = (e % dv) * 8, t = kb + j;
+            const T* src = kc;
+            u32 bytes = 0;
+            if (t < tend && t / bs < max_blocks) {
+                const u32 blk = bt[t / bs];
+                if (blk < num_blocks) {
+                    src = kc + ((u64)blk * bs + t % bs) * d + c;
+                    bytes = 16;
+                }
+            }
+            cp_async16(smem_addr(sk + j * ds + c), src, bytes);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        float acc[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+        for (u32 k0 = 0; k0 < d; k0 += 16) {
+            u32 a[4];
+            ldsm_x4(smem_addr(sq + (wp * 16 + (lane & 15)) * ds + k0 + (lane >> 4) * 8), a[0], a[1],
+                    a[2], a[3]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                u32 b0, b1, b2, b3;
+                const u32 key = j * 16 + (lane & 7) + (lane >> 4) * 8;
+                ldsm_x4(smem_addr(sk + key * ds + k0 + ((lane >> 3) & 1) * 8), b0, b1, b2, b3);
+                Mma<T>::run(acc[2 * j], a, b0, b1);
+                Mma<T>::run(acc[2 * j + 1], a, b2, b3);
+            }
+        }
+        // acc[j][e]: row g (e < 2) or g + 8, key j·8 + 2·t4 + (e & 1).
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v = w0 * fmaxf(scale * acc[j][e], 0.f) + w1 * fmaxf(scale * acc[j][e + 2], 0.f);
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (g == 0) part[wp][j * 8 + 2 * t4 + e] = v;
+            }
+        __syncthreads();
+        if (tid < DSA_KT && kb + tid < tend) {
+            const float v = ((part[0][tid] + part[1][tid]) + part[2][tid]) + part[3][tid];
+            scores[(u64)blockIdx.y * stride + kb + tid] = v + 0.f;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Top-k of each score row: out[tok0 + y, i] = the positions of the `topk` largest scores among
+// 0 ..= positions[tok0 + y] in descending order, ties to the lower position, u32 max padding.
+// One block of 1024 threads per row; topk ≤ DSA_MAX_TOPK. grid.x = group.
+#define DSA_MAX_TOPK 4096
+#define DSA_SEL_THREADS 1024
+
+// Order-preserving map of an f32 to u32 (larger float → larger key; +0 and −0 are one value).
+__device__ __forceinline__ u32 dsa_key(float f) {
+    const u32 b = __float_as_uint(f + 0.f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+extern "C" __global__ void __launch_bounds__(DSA_SEL_THREADS)
+    dsa_select(const float* __restrict__ scores, const u32* __restrict__ positions,
+               u32* __restrict__ out, u32 tok0, u32 stride, u32 topk) {
+    __shared__ u32 ckey[DSA_MAX_TOPK];
+    __shared__ u32 cpos[DSA_MAX_TOPK];
+    __shared__ u32 hist[256];
+    __shared__ u32 sh[4];  // bin, still-needed count, gt count, equal taken
+    __shared__ u32 wcount[DSA_SEL_THREADS / 32];
+    grid_dep_wait();
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 n = tok0 + blockIdx.x;
+    const u32 len = positions[n] + 1;
+    const float* row = scores + (u64)blockIdx.x * stride;
+    u32 sorted = 1;
+    while (sorted < min(len, topk)) sorted <<= 1;
+    for (u32 i = tid; i < sorted; i += blockDim.x) {
+        ckey[i] = 0u;  // below every real score's key
+        cpos[i] = 0xffffffffu;
+    }
+    __syncthreads();
+    if (len <= topk) {
+        for (u32 t = tid; t < len; t += blockDim.x) {
+            ckey[t] = dsa_key(row[t]);
+            cpos[t] = t;
+        }
+    } else {
+        // Radix select: after pass `shift`, `prefix` holds the top bits of the topk-th largest
+        // key and `need` how many keys with exactly that prefix belong to the top-k.
+        u32 prefix = 0, mask = 0, need = topk;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (u32 i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+            __syncthreads();
+            for (u32 t = tid; t < len; t += blockDim.x) {
+                const u32 k = dsa_key(row[t]);
+                if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 above = 0, bin = 0;
+                for (int bb = 255; bb >= 0; bb--) {
+                    if (above + hist[bb] >= need) {
+                        bin = (u32)bb;
+                        break;
+                    }
+                    above += hist[bb];
+                }
+                sh[0] = bin;
+                sh[1] = need - above;
+            }
+            __syncthreads();
+            prefix |= sh[0] << shift;
+            mask |= 255u << shift;
+            need = sh[1];
+            __syncthreads();  // sh is rewritten by the next pass
+        }
+        // Keys above the threshold: any order (sorted below). Keys equal to it: the `need`
+        // lowest positions, taken in position order with a block-wide running count.
+        if (tid == 0) {
+            sh[2] = 0u;
+            sh[3] = 0u;
+        }
+        __syncthreads();
+        for (u32 base = 0; base < len; base += blockDim.x) {
+            const u32 t = base + tid;
+            const u32 k = t < len ? dsa_key(row[t]) : 0u;
+            if (t < len && k > prefix) {
+                const u32 at = atomicAdd(&sh[2], 1u);
+                ckey[at] = k;
+                cpos[at] = t;
+            }
+            const bool eq = t < len && k == prefix;
+            const u32 ball = __ballot_sync(0xffffffffu, eq);
+            if (lane == 0) wcount[warp] = __popc(ball);
+            __syncthreads();
+            u32 before = sh[3];
+            for (u32 i = 0; i < warp; i++) before += wcount[i];
+            before += __popc(ball & ((1u << lane) - 1u));
+            if (eq && before < need) {
+                ckey[topk - need + before] = k;
+                cpos[topk - need + before] = t;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 total = 0;
+                for (u32 i = 0; i < blockDim.x / 32; i++) total += wcount[i];
+                sh[3] += total;
+            }
+            __syncthreads();
+            // Done when both lists are full (uniform: every thread reads the same values).
+            if (sh[3] >= need && sh[2] + need >= topk) break;
+        }
+    }
+    __syncthreads();
+    // Bitonic sort of [0, sorted): key descending, then position ascending.
+    for (u32 size = 2; size <= sorted; size <<= 1) {
+        for (u32 half = size >> 1; half > 0; half >>= 1) {
+            for (u32 i = tid; i < sorted; i += blockDim.x) {
+                const u32 j = i ^ half;
+                if (j > i) {
+                    const bool first_wins = ckey[i] > ckey[j] || (ckey[i] == ckey[j] && cpos[i] < cpos[j]);
+                    // Blocks with (i & size) == 0 are put in the final order, the others reversed.
+                    const bool forward = (i & size) == 0;
+                    if (first_wins != forward) {
+                        const u32 tk = ckey[i], tp = cpos[i];
+                        ckey[i] = ckey[j];
+                        cpos[i] = cpos[j];
+                        ckey[j] = tk;
+                        cpos[j] = tp;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    for (u32 i = tid; i < topk; i += blockDim.x)
+        out[(u64)n * topk + i] = i < sorted ? cpos[i] : 0xffffffffu;
+}
+
+#define DSA_FLOAT(S, T)                                                                       \
+    extern "C" __global__ void layer_norm_##S(const T* x, const void* w, const void* b,      \
+                                              u32 w_f32, T* y, u32 rows, u32 d, float eps) { \
+        layer_norm_impl<T>(x, w, b, w_f32, y, rows, d, eps);                                  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) dsa_score_simple_##S(                   \
+        const T* q, const T* w, const T* kc, const u32* token_seq, const u32* positions,      \
+        const u32* block_tables, float* scores, u32 tok0, u32 h, u32 d, u32 bs,               \
+        u32 max_blocks, u32 num_blocks, u32 stride, float scale, float hscale) {              \
+        dsa_score_simple_impl<T>(q, w, kc, token_seq, positions, block_tables, scores, tok0,  \
+                                 h, d, bs, max_blocks, num_blocks, stride, scale, hscale);    \
+    }
+DAYONE_FOR_FLOAT_TYPES(DSA_FLOAT)
+
+#define DSA_MMA(S, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) dsa_score_mma_##S(                      \
+        const T* q, const T* w, const T* kc, const u32* token_seq, const u32* positions,      \
+        const u32* block_tables, float* scores, u32 tok0, u32 h, u32 d, u32 bs,               \
+        u32 max_blocks, u32 num_blocks, u32 stride, float scale, float hscale) {              \
+        dsa_score_mma_impl<T>(q, w, kc, token_seq, positions, block_tables, scores, tok0, h,  \
+                              d, bs, max_blocks, num_blocks, stride, scale, hscale);          \
+    }
+#if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
+DSA_MMA(bf16, bf16)
+#endif
+#if defined(DAYONE_ONLY_F16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_BF16))
+DSA_MMA(f16, f16)
+#endif
