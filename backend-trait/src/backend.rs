@@ -297,8 +297,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// sequence's keys `t ≤ p` in `k_cache` (one row of width `d` per token, found through the
     /// block table), `I(n, t) = Σ_h w[n, h] · H^−½ · relu(scale · q[n, h] · k_t)`, all in f32;
     /// returns the positions `t` of the `topk` largest `I(n, t)` (ties: lower position first),
-    /// in descending score order, padded with `u32::MAX` when the sequence has fewer than `topk`
-    /// keys up to `p`. `q` `[N, H, d]`, `w` `[N, H]`, `k_cache` `[blocks, bs, d]` →
+    /// in an order of the backend's choosing (attention does not depend on it; the reference
+    /// sorts by descending score), then `u32::MAX` padding when the sequence has fewer than
+    /// `topk` keys up to `p`. `q` `[N, H, d]`, `w` `[N, H]`, `k_cache` `[blocks, bs, d]` →
     /// `[N, topk]` u32. Backends may block the scoring so that no `[N × keys]` score matrix is
     /// materialised at once.
     fn dsa_topk(

@@ -3,9 +3,9 @@
 //
 // The top-k runs in two kernels per group of query tokens so that no [queries × keys] score
 // matrix of the whole step is ever held: `dsa_score_*` writes the group's scores
-// [group, stride] f32 (stride = the step's longest causal key count), `dsa_select` picks each
-// row's top-k with a radix select (four 8-bit passes over order-preserving u32 keys) and sorts
-// the chosen ones with a bitonic sort in shared memory.
+// [group, stride] f32 (stride = the step's longest causal key count rounded up to 4), and
+// `dsa_select` picks each row's top-k with a radix select (four 8-bit passes over
+// order-preserving u32 keys); the selection is left unsorted (attention does not need order).
 
 // ---------------------------------------------------------------------------------------------
 // LayerNorm (Ba et al. 2016; torch nn.LayerNorm), f32 math, biased variance, two passes over
@@ -194,10 +194,12 @@ __device__ __forceinline__ void dsa_score_mma_impl(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Top-k of each score row: out[tok0 + y, i] = the positions of the `topk` largest scores among
-// 0 ..= positions[tok0 + y] in descending order, ties to the lower position, u32 max padding.
-// One block of 1024 threads per row; topk ≤ DSA_MAX_TOPK. grid.x = group.
-#define DSA_MAX_TOPK 4096
+// Top-k of each score row: out[tok0 + y, ..] = the positions of the `topk` largest scores among
+// 0 ..= positions[tok0 + y] (ties to the lower position), in no particular order, u32 max
+// padding after them. One block of 1024 threads per row (grid.x = group); rows are read as
+// float4 (stride ∈ 4ℤ). Radix select over order-preserving u32 keys in four 8-bit passes, then
+// the keys above the threshold are appended with an atomic counter and the keys equal to it are
+// taken in position order.
 #define DSA_SEL_THREADS 1024
 
 // Order-preserving map of an f32 to u32 (larger float → larger key; +0 and −0 are one value).
@@ -209,119 +211,118 @@ __device__ __forceinline__ u32 dsa_key(float f) {
 extern "C" __global__ void __launch_bounds__(DSA_SEL_THREADS)
     dsa_select(const float* __restrict__ scores, const u32* __restrict__ positions,
                u32* __restrict__ out, u32 tok0, u32 stride, u32 topk) {
-    __shared__ u32 ckey[DSA_MAX_TOPK];
-    __shared__ u32 cpos[DSA_MAX_TOPK];
     __shared__ u32 hist[256];
-    __shared__ u32 sh[4];  // bin, still-needed count, gt count, equal taken
+    __shared__ u32 sh[4];  // bin, still-needed count, keys above written, equal keys seen
     __shared__ u32 wcount[DSA_SEL_THREADS / 32];
     grid_dep_wait();
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 n = tok0 + blockIdx.x;
     const u32 len = positions[n] + 1;
-    const float* row = scores + (u64)blockIdx.x * stride;
-    u32 sorted = 1;
-    while (sorted < min(len, topk)) sorted <<= 1;
-    for (u32 i = tid; i < sorted; i += blockDim.x) {
-        ckey[i] = 0u;  // below every real score's key
-        cpos[i] = 0xffffffffu;
-    }
-    __syncthreads();
+    u32* orow = out + (u64)n * topk;
     if (len <= topk) {
-        for (u32 t = tid; t < len; t += blockDim.x) {
-            ckey[t] = dsa_key(row[t]);
-            cpos[t] = t;
-        }
-    } else {
-        // Radix select: after pass `shift`, `prefix` holds the top bits of the topk-th largest
-        // key and `need` how many keys with exactly that prefix belong to the top-k.
-        u32 prefix = 0, mask = 0, need = topk;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (u32 i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
-            __syncthreads();
-            for (u32 t = tid; t < len; t += blockDim.x) {
-                const u32 k = dsa_key(row[t]);
-                if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
-            }
-            __syncthreads();
-            if (tid == 0) {
-                u32 above = 0, bin = 0;
-                for (int bb = 255; bb >= 0; bb--) {
-                    if (above + hist[bb] >= need) {
-                        bin = (u32)bb;
-                        break;
-                    }
-                    above += hist[bb];
-                }
-                sh[0] = bin;
-                sh[1] = need - above;
-            }
-            __syncthreads();
-            prefix |= sh[0] << shift;
-            mask |= 255u << shift;
-            need = sh[1];
-            __syncthreads();  // sh is rewritten by the next pass
-        }
-        // Keys above the threshold: any order (sorted below). Keys equal to it: the `need`
-        // lowest positions, taken in position order with a block-wide running count.
-        if (tid == 0) {
-            sh[2] = 0u;
-            sh[3] = 0u;
+        for (u32 i = tid; i < topk; i += blockDim.x) orow[i] = i < len ? i : 0xffffffffu;
+        return;
+    }
+    const float4* row4 = reinterpret_cast<const float4*>(scores + (u64)blockIdx.x * stride);
+    const u32 len4 = (len + 3) / 4;
+    // Keys of four consecutive positions (0 past the row: below every real key).
+    auto keys4 = [&](u32 i, u32* k) {
+        const float4 v = row4[i];
+        const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) k[e] = 4 * i + e < len ? dsa_key(f[e]) : 0u;
+    };
+    // After pass `shift`, `prefix` holds the top bits of the topk-th largest key and `need` how
+    // many keys with exactly that prefix belong to the top-k.
+    u32 prefix = 0, mask = 0, need = topk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (u32 i = tid; i < 256; i += blockDim.x) hist[i] = 0u;
+        __syncthreads();
+        for (u32 i = tid; i < len4; i += blockDim.x) {
+            u32 k[4];
+            keys4(i, k);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (k[e] != 0u && (k[e] & mask) == prefix) atomicAdd(&hist[(k[e] >> shift) & 255u], 1u);
         }
         __syncthreads();
-        for (u32 base = 0; base < len; base += blockDim.x) {
-            const u32 t = base + tid;
-            const u32 k = t < len ? dsa_key(row[t]) : 0u;
-            if (t < len && k > prefix) {
-                const u32 at = atomicAdd(&sh[2], 1u);
-                ckey[at] = k;
-                cpos[at] = t;
+        if (warp == 0) {
+            // Bins from the top: lane j sums bins 255 − 8j .. 248 − 8j, then a suffix scan.
+            u32 c = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) c += hist[255 - 8 * lane - e];
+            u32 above = c;  // inclusive prefix over lanes 0 ..= lane
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 t = __shfl_up_sync(0xffffffffu, above, o);
+                if (lane >= (u32)o) above += t;
             }
-            const bool eq = t < len && k == prefix;
-            const u32 ball = __ballot_sync(0xffffffffu, eq);
-            if (lane == 0) wcount[warp] = __popc(ball);
-            __syncthreads();
-            u32 before = sh[3];
-            for (u32 i = 0; i < warp; i++) before += wcount[i];
-            before += __popc(ball & ((1u << lane) - 1u));
-            if (eq && before < need) {
-                ckey[topk - need + before] = k;
-                cpos[topk - need + before] = t;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                u32 total = 0;
-                for (u32 i = 0; i < blockDim.x / 32; i++) total += wcount[i];
-                sh[3] += total;
-            }
-            __syncthreads();
-            // Done when both lists are full (uniform: every thread reads the same values).
-            if (sh[3] >= need && sh[2] + need >= topk) break;
-        }
-    }
-    __syncthreads();
-    // Bitonic sort of [0, sorted): key descending, then position ascending.
-    for (u32 size = 2; size <= sorted; size <<= 1) {
-        for (u32 half = size >> 1; half > 0; half >>= 1) {
-            for (u32 i = tid; i < sorted; i += blockDim.x) {
-                const u32 j = i ^ half;
-                if (j > i) {
-                    const bool first_wins = ckey[i] > ckey[j] || (ckey[i] == ckey[j] && cpos[i] < cpos[j]);
-                    // Blocks with (i & size) == 0 are put in the final order, the others reversed.
-                    const bool forward = (i & size) == 0;
-                    if (first_wins != forward) {
-                        const u32 tk = ckey[i], tp = cpos[i];
-                        ckey[i] = ckey[j];
-                        cpos[i] = cpos[j];
-                        ckey[j] = tk;
-                        cpos[j] = tp;
+            const u32 before = above - c;
+            const bool here = before < need && above >= need;
+            if (here) {
+                u32 acc = before;
+                for (int e = 0; e < 8; e++) {
+                    const u32 bin = 255 - 8 * lane - e;
+                    if (acc + hist[bin] >= need) {
+                        sh[0] = bin;
+                        sh[1] = need - acc;
+                        break;
                     }
+                    acc += hist[bin];
                 }
             }
-            __syncthreads();
         }
+        __syncthreads();
+        prefix |= sh[0] << shift;
+        mask |= 255u << shift;
+        need = sh[1];
+        __syncthreads();  // sh is rewritten by the next pass
     }
-    for (u32 i = tid; i < topk; i += blockDim.x)
-        out[(u64)n * topk + i] = i < sorted ? cpos[i] : 0xffffffffu;
+    if (tid == 0) {
+        sh[2] = 0u;
+        sh[3] = 0u;
+    }
+    __syncthreads();
+    // Keys above the threshold: any order. Keys equal to it: the `need` lowest positions, in
+    // position order with a block-wide running count (four positions per thread per round).
+    for (u32 base = 0; base < len4; base += blockDim.x) {
+        const u32 i = base + tid;
+        u32 k[4] = {0u, 0u, 0u, 0u};
+        if (i < len4) keys4(i, k);
+        u32 eq = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (k[e] > prefix) orow[atomicAdd(&sh[2], 1u)] = 4 * i + e;
+            eq += k[e] == prefix ? 1u : 0u;
+        }
+        // Exclusive prefix of `eq` over the block, in thread order.
+        u32 incl = eq;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= (u32)o) incl += t;
+        }
+        if (lane == 31) wcount[warp] = incl;
+        __syncthreads();
+        u32 before = sh[3] + incl - eq;
+        for (u32 w = 0; w < warp; w++) before += wcount[w];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (k[e] == prefix) {
+                if (before < need) orow[topk - need + before] = 4 * i + e;
+                before++;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 total = 0;
+            for (u32 w = 0; w < blockDim.x / 32; w++) total += wcount[w];
+            sh[3] += total;
+        }
+        __syncthreads();
+        // Done when both parts are complete (uniform: every thread reads the same values).
+        if (sh[3] >= need && sh[2] + need >= topk) break;
+    }
 }
 
 #define DSA_FLOAT(S, T)                                                                       \

@@ -3,9 +3,9 @@
 //! is the MLA kernel of `mla_moe.rs` reading a selection list instead of every causal key.
 //!
 //! `dsa_topk` runs per group of query tokens: `dsa_score_*` writes the group's scores
-//! `[group, stride]` f32 (stride = the step's longest causal key count; the group is sized so
-//! this scratch stays under [`DSA_SCORE_BYTES`]), then `dsa_select` (one block per query) finds
-//! the top-k by radix select and sorts it. Scoring uses tensor cores (`dsa_score_mma_*`) for
+//! `[group, stride]` f32 (stride = the step's longest causal key count rounded up to 4; the group
+//! is sized so this scratch stays under [`DSA_SCORE_BYTES`]), then `dsa_select` (one block per
+//! query) finds the top-k by radix select and writes it unsorted. Scoring uses tensor cores (`dsa_score_mma_*`) for
 //! bf16/f16 with `H ≤ 64` and `d ∈ 16ℤ, d ≤ 256` (DeepSeek-V3.2: 64 heads × 128), an FMA kernel
 //! otherwise.
 
@@ -13,8 +13,6 @@ use crate::{check_dtype, dtype_suffix, rows_last, to_u32, CudaBackend, CudaTenso
 use anyhow::{bail, Result};
 use dayone_backend::{DType, DeviceStepMeta};
 
-/// Largest `topk` of `dsa_topk` (`DSA_MAX_TOPK` in `dsa.cu`: the shared-memory sort).
-pub const DSA_MAX_TOPK: usize = 4096;
 /// Scratch budget of one group's score rows, bytes.
 pub const DSA_SCORE_BYTES: usize = 256 << 20;
 /// Keys per block of the tensor-core scoring kernel (`DSA_KEYS_PER_BLOCK` in `dsa.cu`).
@@ -106,8 +104,8 @@ impl CudaBackend {
         };
         check_dtype(OP, "w", w, q.dtype)?;
         check_dtype(OP, "k_cache", k_cache, q.dtype)?;
-        if !(1..=DSA_MAX_TOPK).contains(&topk) {
-            bail!("{OP}: topk must be in 1..={DSA_MAX_TOPK}, got {topk}");
+        if topk == 0 {
+            bail!("{OP}: topk must be at least 1");
         }
         hm.check_paged(OP, blocks, bs)?;
         self.bind()?;
@@ -115,13 +113,15 @@ impl CudaBackend {
         if n == 0 {
             return Ok(out);
         }
-        // Longest causal key count of the step: the score rows' stride.
+        // Longest causal key count of the step, rounded up to 4 (`dsa_select` reads float4):
+        // the score rows' stride.
         let stride = hm
             .positions
             .iter()
             .map(|&p| p as usize + 1)
             .max()
-            .unwrap_or(1);
+            .unwrap_or(1)
+            .next_multiple_of(4);
         let group = (DSA_SCORE_BYTES / (stride * 4)).clamp(1, n).min(65535);
         let scores = self.scratch_f32(group * stride)?;
         // Q and K tiles [64][d + 8], then the partial sums [4][64] f32.
