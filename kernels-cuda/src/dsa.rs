@@ -14,13 +14,20 @@ use anyhow::{bail, Result};
 use dayone_backend::{DType, DeviceStepMeta};
 
 /// Scratch budget of one group's score rows, bytes.
-pub const DSA_SCORE_BYTES: usize = 256 << 20;
+pub const DSA_SCORE_BYTES: usize = 64 << 20;
 /// Keys per block of the tensor-core scoring kernel (`DSA_KEYS_PER_BLOCK` in `dsa.cu`).
 const MMA_KEYS_PER_BLOCK: usize = 256;
 /// Keys per block of the FMA scoring kernel.
 const SIMPLE_KEYS_PER_BLOCK: usize = 128;
 
 impl CudaBackend {
+    /// Sets the score scratch budget of `dsa_topk` (default [`DSA_SCORE_BYTES`]); tests use a
+    /// small one to make a step run in several query groups.
+    pub fn set_dsa_score_bytes(&self, bytes: usize) {
+        self.dsa_score_bytes
+            .store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// See [`dayone_backend::Backend::layer_norm`]: one block per row, `w`, `b` in `x`'s dtype or
     /// f32 (both the same).
     pub(crate) fn layer_norm_impl(
@@ -122,7 +129,10 @@ impl CudaBackend {
             .max()
             .unwrap_or(1)
             .next_multiple_of(4);
-        let group = (DSA_SCORE_BYTES / (stride * 4)).clamp(1, n).min(65535);
+        let budget = self
+            .dsa_score_bytes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let group = (budget / (stride * 4)).clamp(1, n).min(65535);
         let scores = self.scratch_f32(group * stride)?;
         // Q and K tiles [64][d + 8], then the partial sums [4][64] f32.
         let mma_smem = 2 * 64 * (d + 8) * q.dtype.size() + 4 * 64 * 4;

@@ -67,6 +67,7 @@ mod kda;
 mod linear;
 mod mla_moe;
 
+pub use dsa::DSA_SCORE_BYTES;
 pub use kda::{kda_plan, KdaPath, KdaPlan, KDA_CHUNK_MIN_TOKENS};
 
 /// What the backend knows about its device.
@@ -113,6 +114,8 @@ pub struct CudaBackend {
     mma_attention: bool,
     /// KDA path choice ([`KdaPath`] as u8; `DAYONE_KDA_PATH` or [`CudaBackend::set_kda_path`]).
     kda_path: std::sync::atomic::AtomicU8,
+    /// Score scratch budget of `dsa_topk` in bytes ([`CudaBackend::set_dsa_score_bytes`]).
+    dsa_score_bytes: std::sync::atomic::AtomicUsize,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -212,6 +215,7 @@ impl CudaBackend {
         let kda_path = std::sync::atomic::AtomicU8::new(KdaPath::from_env() as u8);
         Ok(CudaBackend {
             kda_path,
+            dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
             mma_attention,
             pdl,
             staging,
