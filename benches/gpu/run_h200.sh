@@ -54,8 +54,8 @@ if [[ " $steps " == *" kimi "* ]]; then
   python3 benches/gpu/write_sparse_safetensors.py benches/gpu/kimi48b_layout.json /tmp/kimi48b | tee "$OUT/kimi_ckpt.txt"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$OUT/kimi_mem.csv" &
   smi=$!
-  .bin/dayone bench --backend cuda --model /tmp/kimi48b --batch 1,16,64,1,1,1 \
-    --prompt-len 512,512,512,8192,32768,131072 --gen-len 32 --max-batched-tokens 8192 --json \
+  .bin/dayone bench --backend cuda --model /tmp/kimi48b --batch ${KIMI_BATCH:-1,16,64,1,1,1} \
+    --prompt-len ${KIMI_PROMPT:-512,512,512,8192,32768,131072} --gen-len 32 --max-batched-tokens 8192 --json \
     2>"$OUT/bench_kimi_err.log" | tee "$OUT/dayone_kimi48b.jsonl"
   kill $smi; tail -3 "$OUT/bench_kimi_err.log"
   echo "peak GPU memory MiB: $(sort -n "$OUT/kimi_mem.csv" | tail -1)"

@@ -14,6 +14,7 @@
 //! `DAYONE_KDA_PATH=recurrent|chunked|auto` (or [`CudaBackend::set_kda_path`]) forces a path
 //! for every sequence the chunked kernels can take (tests compare both on the same inputs).
 
+use crate::device::drv;
 use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, StepMeta};
@@ -113,6 +114,51 @@ pub fn kda_record_words(k: usize, v: usize) -> usize {
     KDA_CHUNK * (3 * k + v + 64) + k
 }
 
+/// Bytes of one (chunk, head) record of the tensor-core chunked kernels:
+/// W, Qg, Kd `[64, K]`, U `[64, V]`, A_qk `[64, 64]` bf16, e^Γ_last `[K]` f32.
+pub fn kda_mma_record_bytes(k: usize, v: usize) -> usize {
+    384 * k + 128 * v + 8192 + 4 * k
+}
+
+/// Dynamic shared memory of `kda_chunk_mma_prep_*` and `kda_chunk_mma_scan_*`, bytes.
+pub fn kda_mma_smem(k: usize, v: usize) -> (usize, usize) {
+    let kp = k + 8;
+    // Γ f32 | q̂, k̂, operands (416 rows) bf16 | L/T f32 | Aqk/T bf16 | next q, k, a | β, sums
+    let prep = 256 * k
+        + 2 * (64 + 64 + 128 + 160) * kp
+        + 4 * 64 * 65
+        + 2 * 64 * 72
+        + 6 * 64 * k
+        + 4 * 64
+        + 16 * k
+        + 16;
+    let bp = kda_mma_bv(v) + 8;
+    let buf = (3 * 64 * kp + 64 * 72 + 64 * bp) * 2 + 4 * k;
+    let scan = 2 * buf + 2 * (k + 64) * bp;
+    debug_assert!(64 * (kp + v + 8) <= 288 * kp);
+    (prep, scan)
+}
+
+/// Value columns per block of `kda_chunk_mma_scan_*` (8·BV threads): 32 (more blocks: the scan
+/// is latency-bound at B 1 — BV 64 measured 0.49 ms against 0.33 ms at T 8192, H 32);
+/// `DAYONE_KDA_SCAN_BV=64` takes 64 where V allows it (half the record traffic).
+pub fn kda_mma_bv(v: usize) -> usize {
+    if v.is_multiple_of(64) && std::env::var("DAYONE_KDA_SCAN_BV").is_ok_and(|s| s.trim() == "64") {
+        64
+    } else {
+        32
+    }
+}
+
+/// The tensor-core chunked kernels take K ∈ {64, 128}, V ∈ 32ℤ ≤ 128, half-precision inputs.
+pub fn kda_mma_shape_ok(dtype: DType, k: usize, v: usize) -> bool {
+    dtype != DType::F32 && (k == 64 || k == 128) && v > 0 && v.is_multiple_of(32) && v <= 128
+}
+
+/// Per-kernel timing of the chunked path (`set_kda_profile`): (prep ms, scan ms) of the last call.
+static KDA_PROFILE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static KDA_LAST_SPLIT: std::sync::Mutex<(f32, f32)> = std::sync::Mutex::new((0.0, 0.0));
+
 /// Dynamic shared memory of `kda_chunk_prep_*` and `kda_chunk_scan_*`, bytes.
 pub fn kda_chunk_smem(k: usize, v: usize) -> (usize, usize) {
     let sp = k.max(v) + 1;
@@ -158,6 +204,17 @@ impl CudaBackend {
     /// Forces the KDA path for later `kda` calls (tests, benchmarks).
     pub fn set_kda_path(&self, path: KdaPath) {
         self.kda_path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// Times the chunked kernels of later `kda` calls with CUDA events (synchronising); read
+    /// the split with [`CudaBackend::kda_last_split_ms`]. Benchmarks only.
+    pub fn set_kda_profile(&self, on: bool) {
+        KDA_PROFILE.store(on, Ordering::Relaxed);
+    }
+
+    /// (prep ms, scan ms) of the last profiled chunked `kda` call.
+    pub fn kda_last_split_ms(&self) -> (f32, f32) {
+        *KDA_LAST_SPLIT.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// See [`Backend::short_conv`]: `x` `[N, C]`, `w` `[C, W]` f32 (W ≤ 9), `state`
@@ -350,8 +407,14 @@ impl CudaBackend {
             return Ok(out);
         }
         let (prep_smem, scan_smem) = kda_chunk_smem(kd, vd);
+        let (mprep_smem, mscan_smem) = kda_mma_smem(kd, vd);
         let optin = self.kernels.max_smem_optin as usize;
-        let chunk_ok = kd <= 128 && vd <= 128 && kd % 4 == 0 && prep_smem.max(scan_smem) <= optin;
+        let mma = kda_mma_shape_ok(q.dtype, kd, vd)
+            && self.info.arch >= 80
+            && mprep_smem.max(mscan_smem) <= optin
+            && std::env::var("DAYONE_KDA_MMA").map_or(true, |v| v != "0");
+        let chunk_ok =
+            mma || (kd <= 128 && vd <= 128 && kd % 4 == 0 && prep_smem.max(scan_smem) <= optin);
         let path = KdaPath::from_u8(self.kda_path.load(Ordering::Relaxed));
         let plan = kda_plan(&meta.host, path, chunk_ok);
         let mut words = plan.recurrent.clone();
@@ -398,7 +461,93 @@ impl CudaBackend {
             )?;
         }
         let nchunked = plan.chunked.len() / 5;
-        if nchunked > 0 {
+        if nchunked > 0 && mma {
+            let nchunks = plan.chunks.len() / 2;
+            let rb = kda_mma_record_bytes(kd, vd);
+            let rec = self.alloc(vec![nchunks * h * rb / 4], DType::F32)?;
+            // Diagonal 16×16 blocks of A_kk/A_qk go on the tensor cores while the gate's decay
+            // over the block stays ≤ e^60 (`DAYONE_KDA_DIAG_LIM`; negative: always pairwise).
+            let diag_lim = std::env::var("DAYONE_KDA_DIAG_LIM")
+                .ok()
+                .and_then(|v| v.trim().parse::<f32>().ok())
+                .unwrap_or(60.0);
+            let profile = KDA_PROFILE.load(Ordering::Relaxed);
+            // Profiling only: the prep kernel returns after step `DAYONE_KDA_PREP_STOP` (1–7).
+            let prep_stop: u32 = if profile {
+                std::env::var("DAYONE_KDA_PREP_STOP")
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let events = if profile {
+                let ev = || self.ctx.new_event(flags).map_err(drv("event creation"));
+                Some((ev()?, ev()?, ev()?))
+            } else {
+                None
+            };
+            if let Some((e0, _, _)) = &events {
+                e0.record(&self.stream).map_err(drv("event record"))?;
+            }
+            let f = self.func("kda", sfx, &format!("kda_chunk_mma_prep_k{kd}_{sfx}"))?;
+            // persistent: one block per SM loops over the (chunk, head) items
+            let items = nchunks * h;
+            self.launch(
+                OP,
+                &f,
+                (items.min(self.info.sms.max(1) as usize) as u32, 1, 1),
+                (512, 1, 1),
+                mprep_smem as u32,
+                kparams![
+                    q.device_ptr(),
+                    k.device_ptr(),
+                    v.device_ptr(),
+                    a.device_ptr(),
+                    b.device_ptr(),
+                    a_log.device_ptr(),
+                    dt_bias.device_ptr(),
+                    rec.device_ptr(),
+                    desc_at(plan.recurrent.len() + plan.chunked.len()),
+                    hu,
+                    vu,
+                    lb,
+                    use_lb,
+                    scale,
+                    diag_lim,
+                    to_u32(OP, "chunks", nchunks)?,
+                    prep_stop
+                ],
+            )?;
+            if let Some((_, e1, _)) = &events {
+                e1.record(&self.stream).map_err(drv("event record"))?;
+            }
+            let bv = kda_mma_bv(vd);
+            let f = self.func("kda", sfx, &format!("kda_chunk_mma_scan_k{kd}_v{bv}_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                ((vd / bv) as u32, hu, nchunked as u32),
+                (8 * bv as u32, 1, 1),
+                mscan_smem as u32,
+                kparams![
+                    rec.device_ptr(),
+                    state.device_ptr(),
+                    out.device_ptr(),
+                    desc_at(plan.recurrent.len()),
+                    hu,
+                    vu
+                ],
+            )?;
+            if let Some((e0, e1, e2)) = &events {
+                e2.record(&self.stream).map_err(drv("event record"))?;
+                e2.synchronize().map_err(drv("event synchronize"))?;
+                let prep = e0.elapsed_ms(e1).map_err(drv("event elapsed"))?;
+                let scan = e1.elapsed_ms(e2).map_err(drv("event elapsed"))?;
+                *KDA_LAST_SPLIT.lock().unwrap_or_else(|p| p.into_inner()) = (prep, scan);
+            }
+        } else if nchunked > 0 {
             let nchunks = plan.chunks.len() / 2;
             let rec = self.alloc(vec![nchunks * h * kda_record_words(kd, vd)], DType::F32)?;
             let f = self.func("kda", sfx, &format!("kda_chunk_prep_{sfx}"))?;
@@ -496,6 +645,21 @@ mod tests {
         assert_eq!(KdaPath::parse(Some("chunked")), KdaPath::Chunked);
         assert_eq!(KdaPath::parse(Some("recurrent")), KdaPath::Recurrent);
         assert_eq!(KdaPath::parse(None), KdaPath::Auto);
+    }
+
+    #[test]
+    fn mma_sizes_fit_hopper() {
+        assert_eq!(kda_mma_record_bytes(128, 128), 74240);
+        assert_eq!(kda_mma_record_bytes(128, 128) % 16, 0);
+        assert_eq!(kda_mma_record_bytes(64, 64) % 16, 0);
+        for (k, v) in [(128, 128), (64, 64), (64, 128), (128, 32), (128, 96)] {
+            let (p, s) = kda_mma_smem(k, v);
+            assert!(p <= 227 * 1024 && s <= 227 * 1024, "{k} {v}: {p} {s}");
+        }
+        assert_eq!(kda_mma_smem(128, 128), (223248, 149504));
+        assert!(kda_mma_shape_ok(DType::BF16, 128, 128));
+        assert!(!kda_mma_shape_ok(DType::F32, 128, 128));
+        assert!(!kda_mma_shape_ok(DType::BF16, 32, 24));
     }
 
     #[test]

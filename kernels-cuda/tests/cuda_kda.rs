@@ -190,7 +190,13 @@ fn bench_kda_chunked() {
         );
         let st = b.zeros(&[1, h, k, v], DType::F32).unwrap();
         let dmeta = b.upload_meta(meta).unwrap();
-        for path in [KdaPath::Chunked, KdaPath::Recurrent] {
+        // DAYONE_KDA_BENCH_FAST=1: the chunked path only.
+        let paths: &[KdaPath] = if std::env::var("DAYONE_KDA_BENCH_FAST").as_deref() == Ok("1") {
+            &[KdaPath::Chunked]
+        } else {
+            &[KdaPath::Chunked, KdaPath::Recurrent]
+        };
+        for &path in paths {
             b.set_kda_path(path);
             let iters = if path == KdaPath::Chunked { 10 } else { 2 };
             let ms = b
@@ -203,6 +209,16 @@ fn bench_kda_chunked() {
                 "kda {path:?} bf16 B 1 T {t} H {h} K {k} V {v}: {ms:.3} ms ({:.1} Mtok/s)",
                 t as f32 / ms / 1e3
             );
+            if path == KdaPath::Chunked {
+                b.set_kda_profile(true);
+                for _ in 0..2 {
+                    b.kda(&q, &kk, &vv, &a, &beta, &a_log, &dtb, None, &st, &dmeta)
+                        .unwrap();
+                }
+                b.set_kda_profile(false);
+                let (prep, scan) = b.kda_last_split_ms();
+                println!("  chunked split T {t}: prep {prep:.3} ms, scan {scan:.3} ms");
+            }
         }
         b.set_kda_path(KdaPath::Auto);
     }
