@@ -139,11 +139,39 @@ pub fn kda_mma_smem(k: usize, v: usize) -> (usize, usize) {
     (prep, scan)
 }
 
+/// Tuning switches of the tensor-core chunked path, read once from the environment:
+/// `DAYONE_KDA_MMA=0` (FMA chunked kernels instead), `DAYONE_KDA_SCAN_BV=64`,
+/// `DAYONE_KDA_DIAG_LIM` (see `kda_impl`), `DAYONE_KDA_PREP_STOP` (profiling only, with
+/// [`CudaBackend::set_kda_profile`]: the prep kernel stops after that step, results are wrong).
+struct KdaTuning {
+    mma: bool,
+    scan_bv64: bool,
+    diag_lim: f32,
+    prep_stop: u32,
+}
+
+fn kda_tuning() -> &'static KdaTuning {
+    static T: std::sync::OnceLock<KdaTuning> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string());
+        KdaTuning {
+            mma: var("DAYONE_KDA_MMA").is_none_or(|v| v != "0"),
+            scan_bv64: var("DAYONE_KDA_SCAN_BV").is_some_and(|v| v == "64"),
+            diag_lim: var("DAYONE_KDA_DIAG_LIM")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(60.0),
+            prep_stop: var("DAYONE_KDA_PREP_STOP")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        }
+    })
+}
+
 /// Value columns per block of `kda_chunk_mma_scan_*` (8·BV threads): 32 (more blocks: the scan
 /// is latency-bound at B 1 — BV 64 measured 0.49 ms against 0.33 ms at T 8192, H 32);
 /// `DAYONE_KDA_SCAN_BV=64` takes 64 where V allows it (half the record traffic).
 pub fn kda_mma_bv(v: usize) -> usize {
-    if v.is_multiple_of(64) && std::env::var("DAYONE_KDA_SCAN_BV").is_ok_and(|s| s.trim() == "64") {
+    if v.is_multiple_of(64) && kda_tuning().scan_bv64 {
         64
     } else {
         32
@@ -412,7 +440,7 @@ impl CudaBackend {
         let mma = kda_mma_shape_ok(q.dtype, kd, vd)
             && self.info.arch >= 80
             && mprep_smem.max(mscan_smem) <= optin
-            && std::env::var("DAYONE_KDA_MMA").map_or(true, |v| v != "0");
+            && kda_tuning().mma;
         let chunk_ok =
             mma || (kd <= 128 && vd <= 128 && kd % 4 == 0 && prep_smem.max(scan_smem) <= optin);
         let path = KdaPath::from_u8(self.kda_path.load(Ordering::Relaxed));
@@ -467,20 +495,10 @@ impl CudaBackend {
             let rec = self.alloc(vec![nchunks * h * rb / 4], DType::F32)?;
             // Diagonal 16×16 blocks of A_kk/A_qk go on the tensor cores while the gate's decay
             // over the block stays ≤ e^60 (`DAYONE_KDA_DIAG_LIM`; negative: always pairwise).
-            let diag_lim = std::env::var("DAYONE_KDA_DIAG_LIM")
-                .ok()
-                .and_then(|v| v.trim().parse::<f32>().ok())
-                .unwrap_or(60.0);
+            let diag_lim = kda_tuning().diag_lim;
             let profile = KDA_PROFILE.load(Ordering::Relaxed);
             // Profiling only: the prep kernel returns after step `DAYONE_KDA_PREP_STOP` (1–7).
-            let prep_stop: u32 = if profile {
-                std::env::var("DAYONE_KDA_PREP_STOP")
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0)
-            } else {
-                0
-            };
+            let prep_stop = if profile { kda_tuning().prep_stop } else { 0 };
             let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
             let events = if profile {
                 let ev = || self.ctx.new_event(flags).map_err(drv("event creation"));
