@@ -77,6 +77,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Waits until all submitted work has finished (for timing).
     fn synchronize(&self) -> Result<()>;
 
+    /// Bytes of device memory still available for new tensors (e.g. the KV cache), or `None`
+    /// when the backend cannot tell. CUDA answers the driver's free memory plus its allocator's
+    /// cached buffers; a CPU device (the reference backend, WGSL on lavapipe) answers the host's
+    /// `MemAvailable` ([`host_available_memory`]). The engine sizes the KV cache against it.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
+
     /// Row gather: `out[i] = table[ids[i]]`.
     /// `table` `[V, D]` float, `ids` `[N]` u32 → `[N, D]` in `table`'s dtype.
     /// Used for token embeddings and for picking the rows that need logits.
@@ -368,5 +376,47 @@ pub trait Backend: Send + Sync + Sized + 'static {
             state_slots: u(&meta.state_slots)?,
             host: meta,
         })
+    }
+}
+
+/// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that
+/// file does not exist or cannot be parsed (non-Linux hosts).
+pub fn host_available_memory() -> Option<u64> {
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// The `MemAvailable:  N kB` line of a `/proc/meminfo` text, in bytes.
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let mut parts = line.split_whitespace();
+    let n: u64 = parts.next()?.parse().ok()?;
+    let unit = match parts.next() {
+        Some("kB") => 1024,
+        None => 1,
+        Some(_) => return None,
+    };
+    n.checked_mul(unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mem_available;
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let text =
+            "MemTotal:       16318000 kB\nMemFree:         1000 kB\nMemAvailable:   11744000 kB\n";
+        assert_eq!(parse_mem_available(text), Some(11_744_000 * 1024));
+        assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn host_memory_is_known_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(super::host_available_memory().is_some_and(|b| b > 0));
+        }
     }
 }

@@ -56,6 +56,10 @@ impl Backend for CpuBackend {
         DType::F32
     }
 
+    fn free_memory(&self) -> Option<u64> {
+        crate::host_available_memory()
+    }
+
     fn upload(&self, host: &HostTensor) -> Result<CpuTensor> {
         let t = match host.dtype {
             DType::BF16 | DType::F16 => HostTensor::from_f32(host.shape.clone(), &host.to_f32())?,

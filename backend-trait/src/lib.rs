@@ -9,7 +9,7 @@ mod backend;
 mod batch;
 mod dtype;
 
-pub use backend::{Backend, MoeRouting, RopeStyle, TensorInfo};
+pub use backend::{host_available_memory, Backend, MoeRouting, RopeStyle, TensorInfo};
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
 

@@ -1,32 +1,78 @@
-//! `--backend wgsl|cuda|auto` and dispatch of generic code to the chosen backend.
+//! `--backend wgsl|cuda|cpu|auto` and dispatch of generic code to the chosen backend.
 
 use anyhow::{bail, Result};
+use clap::ValueEnum;
 
-/// A backend the user can name.
+/// A backend as named on the command line (`auto` not yet resolved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// wgpu + WGSL (Vulkan, Metal, DX12; lavapipe on CPU).
+    Wgsl,
+    /// cudarc + NVRTC kernels + cuBLAS.
+    Cuda,
+    /// The CPU reference backend (slow, f32; for debugging and as a second implementation).
+    Cpu,
+    /// CUDA when a driver and a device exist, else WGSL.
+    Auto,
+}
+
+/// A backend the engine can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     /// wgpu + WGSL (Vulkan, Metal, DX12; lavapipe on CPU).
     Wgsl,
     /// cudarc + NVRTC kernels + cuBLAS.
     Cuda,
+    /// `dayone_backend::cpu::CpuBackend`, the reference implementation.
+    Cpu,
 }
 
-impl BackendKind {
-    /// Parses `wgsl`, `cuda` or `auto` (CUDA when a driver and device exist, else WGSL).
-    pub fn parse(s: &str) -> Result<Self> {
-        Ok(match s {
-            "wgsl" => BackendKind::Wgsl,
-            "cuda" => BackendKind::Cuda,
-            "auto" => {
+impl BackendArg {
+    /// Resolves `auto` (CUDA when a driver and device exist, else WGSL).
+    pub fn resolve(self) -> BackendKind {
+        match self {
+            BackendArg::Wgsl => BackendKind::Wgsl,
+            BackendArg::Cuda => BackendKind::Cuda,
+            BackendArg::Cpu => BackendKind::Cpu,
+            BackendArg::Auto => {
                 if dayone_cuda::is_available() {
                     BackendKind::Cuda
                 } else {
                     BackendKind::Wgsl
                 }
             }
-            other => bail!("--backend must be wgsl, cuda or auto, got '{other}'"),
-        })
+        }
     }
+}
+
+impl BackendKind {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Wgsl => "wgsl",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Cpu => "cpu",
+        }
+    }
+}
+
+/// Resolves `--backends`: each entry once (after resolving `auto`).
+pub fn resolve_list(args: &[BackendArg]) -> Result<Vec<BackendKind>> {
+    let mut kinds: Vec<BackendKind> = Vec::new();
+    for a in args {
+        let k = a.resolve();
+        if kinds.contains(&k) {
+            bail!(
+                "--backends names {} twice (after resolving auto): list each backend once",
+                k.name()
+            );
+        }
+        kinds.push(k);
+    }
+    if kinds.is_empty() {
+        bail!("--backends is empty: give e.g. wgsl,cpu");
+    }
+    Ok(kinds)
 }
 
 /// Runs `$body` with `$b` bound to a freshly created backend of kind `$kind`.
@@ -40,6 +86,10 @@ macro_rules! with_backend {
             }
             $crate::backend_choice::BackendKind::Cuda => {
                 let $b = dayone_cuda::CudaBackend::new(0)?;
+                $body
+            }
+            $crate::backend_choice::BackendKind::Cpu => {
+                let $b = dayone_backend::cpu::CpuBackend;
                 $body
             }
         }

@@ -5,9 +5,9 @@
 //! batch touches them) + every running sequence's KV cache (and recurrent state, read and written). The
 //! roofline is the device's measured copy bandwidth (a 96 MiB gather, read + write).
 
-use crate::backend_choice::BackendKind;
-use crate::load;
-use crate::with_backend;
+use crate::backend_choice::{BackendArg, BackendKind};
+use crate::load::{self, DTypeArg};
+use crate::{outln, parse, with_backend};
 use anyhow::Result;
 use clap::Args;
 use dayone_backend::{Backend, DType};
@@ -26,69 +26,56 @@ pub struct BenchArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Concurrent sequences; a comma-separated list runs each size in turn on one loaded model.
-    #[arg(long, default_value = "1")]
-    pub batch: String,
+    #[arg(long, default_value = "1", value_delimiter = ',', value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub batch: Vec<usize>,
     /// Prompt tokens per sequence (random ids, fixed seed); a comma-separated list of the same
     /// length as --batch pairs each batch size with its own prompt length.
-    #[arg(long, default_value = "512")]
-    pub prompt_len: String,
-    /// Generated tokens per sequence (EOS ignored).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value = "512", value_delimiter = ',', value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub prompt_len: Vec<usize>,
+    /// Generated tokens per sequence (EOS ignored); prompt length + this must fit the context
+    /// window.
+    #[arg(long, default_value_t = 128, value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub gen_len: usize,
-    /// wgsl, cuda or auto.
-    #[arg(long, default_value = "auto")]
-    pub backend: String,
-    /// f32 or bf16 (default: bf16 on CUDA, f32 on WGSL).
-    #[arg(long)]
-    pub dtype: Option<String>,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Float dtype (default: bf16 on CUDA, f32 on WGSL and CPU).
+    #[arg(long, value_enum)]
+    pub dtype: Option<DTypeArg>,
     /// Token budget per step (chunked prefill).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub max_batched_tokens: usize,
-    /// Print one JSON object instead of a table.
+    /// Print one JSON object per line (one per batch/prompt configuration) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    let batches = a
-        .batch
-        .split(',')
-        .map(|x| x.trim().parse::<usize>().ok().filter(|&b| b > 0))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "--batch must be positive integers separated by commas, got '{}'",
-                a.batch
-            )
-        })?;
-    let prompts = a
-        .prompt_len
-        .split(',')
-        .map(|x| x.trim().parse::<usize>().ok().filter(|&p| p > 0))
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "--prompt-len must be positive integers separated by commas, got '{}'",
-                a.prompt_len
-            )
-        })?;
+    let (batches, prompts) = (a.batch.clone(), a.prompt_len.clone());
     let runs: Vec<(usize, usize)> = match prompts.len() {
         1 => batches.iter().map(|&b| (b, prompts[0])).collect(),
         n if n == batches.len() => batches.iter().copied().zip(prompts).collect(),
         _ => anyhow::bail!("--prompt-len must give one length or one per --batch entry"),
     };
-    if a.gen_len == 0 {
-        anyhow::bail!("--gen-len must be at least 1");
-    }
-    let kind = BackendKind::parse(&a.backend)?;
-    let dtype = match &a.dtype {
-        Some(d) => load::dtype(d)?,
+    let kind = a.backend.resolve();
+    let dtype = match a.dtype {
+        Some(d) => d.dtype(),
         None if kind == BackendKind::Cuda => DType::BF16,
         None => DType::F32,
     };
     let path = load::model_path(a.model.clone())?;
     let ckpt = load::open(&path)?;
+    // Generation stops at the context window: a run past it would not produce --gen-len tokens.
+    let origin = ckpt.path.join("config.json");
+    let ctx = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?.max_context();
+    if let Some(&(_, p)) = runs.iter().find(|&&(_, p)| p + a.gen_len > ctx) {
+        anyhow::bail!(
+            "--prompt-len {p} + --gen-len {} = {} tokens exceed the model's context window of {ctx}: lower one of them",
+            a.gen_len,
+            p + a.gen_len
+        );
+    }
     with_backend!(kind, |b| bench(b, &ckpt, dtype, &a, &runs))
 }
 
@@ -276,6 +263,13 @@ fn run_one<B: Backend>(
         }
         generated += events.len();
     }
+    if generated != batch * a.gen_len {
+        anyhow::bail!(
+            "bench generated {generated} tokens instead of --batch {batch} × --gen-len {} = {}: the numbers would be wrong",
+            a.gen_len,
+            batch * a.gen_len
+        );
+    }
     let total = start.elapsed().as_secs_f64();
     let mut ttft: Vec<f64> = first_token_at.iter().map(|x| x.unwrap_or(total)).collect();
     ttft.sort_by(f64::total_cmp);
@@ -321,10 +315,10 @@ fn run_one<B: Backend>(
         "total_s": total,
     });
     if a.json {
-        println!("{report}");
+        outln!("{report}")?;
     } else {
-        println!();
-        println!(
+        outln!()?;
+        outln!(
             "model {} | {} | {} | batch {} | prompt {} | gen {}",
             ckpt.path.display(),
             engine.backend.name(),
@@ -332,43 +326,43 @@ fn run_one<B: Backend>(
             batch,
             prompt_len,
             a.gen_len
-        );
-        println!("{:<28}{:>14}", "metric", "value");
-        let row = |k: &str, v: String| println!("{k:<28}{v:>14}");
+        )?;
+        outln!("{:<28}{:>14}", "metric", "value")?;
+        let row = |k: &str, v: String| outln!("{k:<28}{v:>14}");
         row(
             "TTFT median (ms)",
             format!("{:.2}", percentile(&ttft, 0.5) * 1e3),
-        );
+        )?;
         row(
             "TTFT max (ms)",
             format!("{:.2}", ttft.last().copied().unwrap_or(f64::NAN) * 1e3),
-        );
+        )?;
         row(
             "prefill tok/s",
             format!(
                 "{:.1}",
                 report["prefill_tokens_per_s"].as_f64().unwrap_or(f64::NAN)
             ),
-        );
+        )?;
         row(
             "TPOT median (ms)",
             format!("{:.3}", percentile(&tpot, 0.5) * 1e3),
-        );
+        )?;
         row(
             "TPOT p99 (ms)",
             format!("{:.3}", percentile(&tpot, 0.99) * 1e3),
-        );
-        row("output tok/s", format!("{:.1}", generated as f64 / total));
+        )?;
+        row("output tok/s", format!("{:.1}", generated as f64 / total))?;
         row(
             "decode tok/s",
             format!("{:.1}", decode_tokens as f64 / decode_time),
-        );
-        row("decode GB/s achieved", format!("{:.1}", achieved / 1e9));
-        row("roofline GB/s (measured)", format!("{:.1}", roofline / 1e9));
+        )?;
+        row("decode GB/s achieved", format!("{:.1}", achieved / 1e9))?;
+        row("roofline GB/s (measured)", format!("{:.1}", roofline / 1e9))?;
         row(
             "roofline fraction",
             format!("{:.1}%", 100.0 * achieved / roofline),
-        );
+        )?;
     }
     Ok(())
 }

@@ -1,16 +1,25 @@
 //! `dayone check`: the same prompts on several backends (and against recorded reference
 //! activations), per-layer max abs / relative differences, logits, greedy-token agreement.
+//!
+//! The judging rule is the golden tests' (`tests/lib.rs`, `check_golden`): the reference's
+//! float32 run is the ground truth for both dtypes; f32 must be within 1e-4 (relative), bf16
+//! within max(2e-2, 1.5 × the reference's own bf16-vs-f32 error on that prompt), since
+//! transformers' own bf16 run is itself that far from its float32 run. In bf16 a near-tie may flip
+//! a greedy token: that step's logits must still be within tolerance, and the comparison of that
+//! prompt stops there, since later steps continue from a different token.
 
-use crate::backend_choice::BackendKind;
-use crate::load;
-use crate::with_backend;
+use crate::backend_choice::{self, BackendArg};
+use crate::load::{self, DTypeArg};
+use crate::{outln, parse, with_backend};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dayone_backend::{Backend, DType};
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::sampling::SamplingParams;
 use dayone_engine::{prompt, EngineConfig};
-use std::path::PathBuf;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 
 /// Flags of `dayone check`.
 #[derive(Args, Debug)]
@@ -18,28 +27,168 @@ pub struct CheckArgs {
     /// Model directory or .gguf file; default: SmolLM2-135M-Instruct.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Comma-separated backends to run (wgsl, cuda).
-    #[arg(long, default_value = "wgsl")]
-    pub backends: String,
-    /// Reference activations recorded by `tests/fixtures/gen_*.py` (`reference.json`); its
-    /// prompts are used when given.
-    #[arg(long)]
+    /// Comma-separated backends to run, each once (wgsl, cuda, cpu, auto).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "wgsl")]
+    pub backends: Vec<BackendArg>,
+    /// Reference outputs whose prompts are used: a `reference.json` of `tests/fixtures/gen_*.py`
+    /// (`cases[]`: `prompt_ids` and `float32`/`bfloat16` hidden states, logits, greedy ids) or
+    /// `smollm2_reference.json` (`prompts[].raw`/`.chat`: `prompt_ids`, `greedy_ids`).
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_ids"])]
     pub reference: Option<PathBuf>,
     /// Prompt text (when no reference is given).
-    #[arg(long, default_value = "The capital of France is")]
+    #[arg(
+        long,
+        default_value = "The capital of France is",
+        conflicts_with = "prompt_ids"
+    )]
     pub prompt: String,
     /// Prompt token ids instead of text, comma-separated.
     #[arg(long)]
     pub prompt_ids: Option<String>,
-    /// f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// Float dtype.
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    pub dtype: DTypeArg,
     /// Greedy tokens generated per prompt for the agreement check.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub tokens: usize,
-    /// Relative tolerance (default: 1e-4 for f32, 2e-2 for bf16).
-    #[arg(long)]
+    /// Relative tolerance, a finite number > 0 (default: 1e-4 for f32; for bf16 max(2e-2, 1.5 ×
+    /// the reference's own bf16-vs-f32 error), the golden tests' rule).
+    #[arg(long, value_parser = parse::positive_finite, allow_negative_numbers = true)]
     pub tolerance: Option<f64>,
+}
+
+/// What a reference recorded in one dtype.
+#[derive(Default)]
+struct RefRun {
+    /// Last-token hidden state per layer (HF `hidden_states` order).
+    hidden: Option<Vec<Vec<f32>>>,
+    /// Logits after the prefill, then after each decode step.
+    logits: Vec<Vec<f32>>,
+    /// Greedy continuation.
+    greedy: Option<Vec<u32>>,
+}
+
+/// One reference prompt.
+struct RefCase {
+    /// Where it came from in the file (`cases[0]`, `prompts[2].chat`).
+    label: String,
+    prompt_ids: Vec<u32>,
+    float32: RefRun,
+    bfloat16: Option<RefRun>,
+}
+
+/// Reads `key` of `v` as a `T`; `Ok(None)` when absent, an error naming file and field when it
+/// has the wrong shape.
+fn field<T: DeserializeOwned>(v: &Value, key: &str, at: &str, file: &Path) -> Result<Option<T>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => serde_json::from_value(x.clone())
+            .map(Some)
+            .with_context(|| {
+                format!(
+                    "{}: {at}.{key} has the wrong type (expected numbers or lists of numbers)",
+                    file.display()
+                )
+            }),
+    }
+}
+
+fn ref_run(v: &Value, at: &str, file: &Path) -> Result<RefRun> {
+    Ok(RefRun {
+        hidden: field(v, "hidden_states", at, file)?,
+        logits: field(v, "logits", at, file)?.unwrap_or_default(),
+        greedy: field(v, "greedy_ids", at, file)?,
+    })
+}
+
+/// Reads a reference file in either layout; refuses one it cannot use.
+fn load_reference(file: &Path) -> Result<Vec<RefCase>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let r: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not valid JSON", file.display()))?;
+    let expected = "expected `cases[]` with `prompt_ids` and `float32` outputs (tests/fixtures/*/reference.json) or `prompts[]` with `raw`/`chat` `prompt_ids` + `greedy_ids` (smollm2_reference.json)";
+    let mut out = Vec::new();
+    if let Some(cases) = r.get("cases") {
+        let Some(cases) = cases.as_array() else {
+            bail!("{}: `cases` is not a list: {expected}", file.display());
+        };
+        for (i, c) in cases.iter().enumerate() {
+            let at = format!("cases[{i}]");
+            let Some(prompt_ids) = field::<Vec<u32>>(c, "prompt_ids", &at, file)? else {
+                bail!("{}: {at} has no `prompt_ids`: {expected}", file.display());
+            };
+            let Some(f) = c.get("float32") else {
+                bail!(
+                    "{}: {at} has no `float32` outputs (the ground truth for both dtypes): {expected}",
+                    file.display()
+                );
+            };
+            let float32 = ref_run(f, &format!("{at}.float32"), file)?;
+            let bfloat16 = c
+                .get("bfloat16")
+                .map(|b| ref_run(b, &format!("{at}.bfloat16"), file))
+                .transpose()?;
+            out.push(RefCase {
+                label: at,
+                prompt_ids,
+                float32,
+                bfloat16,
+            });
+        }
+    } else if let Some(prompts) = r.get("prompts") {
+        let Some(prompts) = prompts.as_array() else {
+            bail!("{}: `prompts` is not a list: {expected}", file.display());
+        };
+        for (i, p) in prompts.iter().enumerate() {
+            for kind in ["raw", "chat"] {
+                let Some(v) = p.get(kind) else { continue };
+                let at = format!("prompts[{i}].{kind}");
+                let ids = field::<Vec<u32>>(v, "prompt_ids", &at, file)?;
+                let greedy = field::<Vec<u32>>(v, "greedy_ids", &at, file)?;
+                let (Some(prompt_ids), Some(greedy)) = (ids, greedy) else {
+                    bail!(
+                        "{}: {at} needs both `prompt_ids` and `greedy_ids`",
+                        file.display()
+                    );
+                };
+                out.push(RefCase {
+                    label: at,
+                    prompt_ids,
+                    float32: RefRun {
+                        greedy: Some(greedy),
+                        ..Default::default()
+                    },
+                    bfloat16: None,
+                });
+            }
+        }
+    } else {
+        bail!(
+            "{}: no `cases` or `prompts` key: {expected}",
+            file.display()
+        );
+    }
+    if out.is_empty() {
+        bail!("{}: no prompts in it: {expected}", file.display());
+    }
+    Ok(out)
+}
+
+/// The reference's own bf16-vs-f32 logits error on a case (largest over the steps where its two
+/// greedy paths still agree): `own_bf16_error` of `tests/lib.rs`. 0 without bf16 outputs.
+fn own_bf16_error(case: &RefCase) -> f64 {
+    let (f, Some(b)) = (&case.float32, &case.bfloat16) else {
+        return 0.0;
+    };
+    let (Some(fg), Some(bg)) = (&f.greedy, &b.greedy) else {
+        return 0.0;
+    };
+    let agree = fg.iter().zip(bg).take_while(|(x, y)| x == y).count();
+    let steps = f.logits.len().min(b.logits.len());
+    (0..steps.min(agree + 1))
+        .map(|i| diff(&b.logits[i], &f.logits[i]).1)
+        .fold(0.0, f64::max)
 }
 
 /// What one backend produced for one prompt.
@@ -47,7 +196,8 @@ struct Run {
     name: String,
     /// Per layer (HF `hidden_states` order), `[N, D]` f32.
     hidden: Vec<Vec<f32>>,
-    logits: Vec<f32>,
+    /// Logits after the prefill, then after each decode step.
+    logits: Vec<Vec<f32>>,
     greedy: Vec<u32>,
 }
 
@@ -63,10 +213,11 @@ fn run_backend<B: Backend>(
         ..Default::default()
     };
     let mut engine = load::engine(b, ckpt, &cfg, true)?;
+    engine.capture_logits = true;
     let name = engine.backend.name();
     let mut runs = Vec::new();
     for p in prompts {
-        let (hidden, logits) = engine.trace_prefill(p)?;
+        let (hidden, _) = engine.trace_prefill(p)?;
         engine.add_request(
             p.clone(),
             SamplingParams {
@@ -75,11 +226,15 @@ fn run_backend<B: Backend>(
                 ..Default::default()
             },
         )?;
-        let greedy = engine
-            .run_to_completion()?
-            .pop()
-            .map(|(_, g)| g)
-            .unwrap_or_default();
+        let mut logits = Vec::new();
+        let mut greedy = Vec::new();
+        while engine.has_unfinished() {
+            let events = engine.step()?;
+            if let (Some(e), Some((_, l))) = (events.first(), engine.last_logits.first()) {
+                greedy.push(e.token);
+                logits.push(l.clone());
+            }
+        }
         runs.push(Run {
             name: name.clone(),
             hidden: hidden.iter().map(|h| h.to_f32()).collect(),
@@ -102,132 +257,185 @@ fn diff(a: &[f32], b: &[f32]) -> (f64, f64) {
     (max_abs, (d / n.max(1e-300)).sqrt())
 }
 
+/// Largest error-to-tolerance ratio seen, and what failed.
+#[derive(Default)]
+struct Verdict {
+    worst: f64,
+    worst_tol: f64,
+    worst_ratio: f64,
+    failures: Vec<String>,
+}
+
+impl Verdict {
+    /// Records a relative error against its tolerance; returns whether it passed.
+    fn judge(&mut self, err: f64, tol: f64, what: impl FnOnce() -> String) -> bool {
+        let ratio = err / tol;
+        if ratio > self.worst_ratio || self.worst_tol == 0.0 {
+            (self.worst, self.worst_tol, self.worst_ratio) = (err, tol, ratio);
+        }
+        if err > tol || err.is_nan() {
+            self.failures
+                .push(format!("{} {err:.3e} > {tol:.2e}", what()));
+            return false;
+        }
+        true
+    }
+}
+
+fn fmt(x: Option<(f64, f64)>) -> String {
+    x.map(|(a, r)| format!("{a:.3e} / {r:.3e}"))
+        .unwrap_or_else(|| "-".into())
+}
+
 /// Runs `dayone check`.
 pub fn run(a: CheckArgs) -> Result<()> {
-    let dtype = load::dtype(&a.dtype)?;
-    let tol = a
-        .tolerance
-        .unwrap_or(if dtype == DType::F32 { 1e-4 } else { 2e-2 });
-    let kinds = a
-        .backends
-        .split(',')
-        .map(|s| BackendKind::parse(s.trim()))
-        .collect::<Result<Vec<_>>>()?;
-    if kinds.is_empty() {
-        bail!("--backends is empty");
+    let dtype = a.dtype.dtype();
+    let kinds = backend_choice::resolve_list(&a.backends)?;
+    if kinds.len() < 2 && a.reference.is_none() {
+        bail!(
+            "nothing to compare: --backends names one backend and no --reference is given: add a second backend (e.g. --backends wgsl,cpu) or --reference FILE"
+        );
     }
+    let reference = a.reference.as_deref().map(load_reference).transpose()?;
+    let given_ids = a.prompt_ids.as_deref().map(prompt::parse_ids).transpose()?;
     let path = load::model_path(a.model.clone())?;
     let ckpt = load::open(&path)?;
-    let reference: Option<serde_json::Value> = match &a.reference {
-        Some(p) => Some(
-            serde_json::from_str(
-                &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-            )
-            .with_context(|| format!("{}: not valid JSON", p.display()))?,
-        ),
-        None => None,
+    let prompts: Vec<Vec<u32>> = match (&reference, given_ids) {
+        (Some(cases), _) => cases.iter().map(|c| c.prompt_ids.clone()).collect(),
+        (None, Some(ids)) => vec![ids],
+        (None, None) => vec![prompt::prompt_ids(&ckpt.assets, &a.prompt, false, None)?],
     };
-    let dkey = if dtype == DType::F32 {
-        "float32"
-    } else {
-        "bfloat16"
+    let dname = match a.dtype {
+        DTypeArg::F32 => "f32",
+        DTypeArg::Bf16 => "bf16",
     };
-    let cases: Vec<serde_json::Value> = reference
-        .as_ref()
-        .and_then(|r| r.get("cases"))
-        .and_then(|c| c.as_array())
-        .cloned()
-        .unwrap_or_default();
-    let prompts: Vec<Vec<u32>> = if !cases.is_empty() {
-        cases
-            .iter()
-            .map(|c| {
-                serde_json::from_value(c["prompt_ids"].clone())
-                    .context("reference: `prompt_ids` must be a list of ids")
-            })
-            .collect::<Result<_>>()?
-    } else if let Some(s) = &a.prompt_ids {
-        vec![prompt::parse_ids(s)?]
-    } else {
-        vec![prompt::prompt_ids(&ckpt.assets, &a.prompt, false, None)?]
-    };
+    let base_tol: f64 = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+    match (&a.reference, a.tolerance) {
+        (_, Some(t)) => outln!("tolerance {t:.2e} (--tolerance)")?,
+        (Some(f), None) if dtype == DType::BF16 => outln!(
+            "reference {}: bf16 judged against its float32 run; tolerance max(2e-2, 1.5 × the reference's own bf16-vs-f32 error), per prompt (logits) and per layer (hidden states)",
+            f.display()
+        )?,
+        (Some(f), None) => outln!(
+            "reference {}: f32 judged against its float32 run; tolerance {base_tol:.0e}",
+            f.display()
+        )?,
+        (None, None) => outln!("tolerance {base_tol:.0e} between backends ({dname})")?,
+    }
     let mut all: Vec<Vec<Run>> = Vec::new();
     for k in &kinds {
         all.push(with_backend!(*k, |b| run_backend(
             b, &ckpt, dtype, &prompts, a.tokens
         ))?);
     }
-    let mut worst: f64 = 0.0;
+    let bf16_rule = dtype == DType::BF16 && a.tolerance.is_none();
+    let mut v = Verdict::default();
     let mut tokens_ok = true;
     for (pi, p) in prompts.iter().enumerate() {
-        println!("prompt {pi}: {} tokens, dtype {}", p.len(), a.dtype);
+        let case = reference.as_ref().map(|r| &r[pi]);
+        let own = case.map(own_bf16_error).unwrap_or(0.0);
+        let tol = match a.tolerance {
+            Some(t) => t,
+            None if bf16_rule => base_tol.max(1.5 * own),
+            None => base_tol,
+        };
+        let label = case.map(|c| format!(" ({})", c.label)).unwrap_or_default();
+        let how = if bf16_rule && case.is_some_and(|c| c.bfloat16.is_some()) {
+            format!(" (max(2e-2, 1.5 × reference bf16-vs-f32 error {own:.2e}))")
+        } else {
+            String::new()
+        };
+        outln!(
+            "prompt {pi}{label}: {} tokens, dtype {dname}, tolerance {tol:.2e}{how}",
+            p.len()
+        )?;
         let first = &all[0][pi];
         let d = first.hidden.first().map(|h| h.len() / p.len()).unwrap_or(0);
-        let case = cases.get(pi).and_then(|c| c.get(dkey));
-        let ref_hidden: Option<Vec<Vec<f32>>> = case
-            .and_then(|c| c.get("hidden_states"))
-            .and_then(|h| serde_json::from_value(h.clone()).ok());
-        let ref_logits: Option<Vec<Vec<f32>>> = case
-            .and_then(|c| c.get("logits"))
-            .and_then(|h| serde_json::from_value(h.clone()).ok());
-        let ref_greedy: Option<Vec<u32>> = case
-            .and_then(|c| c.get("greedy_ids"))
-            .and_then(|h| serde_json::from_value(h.clone()).ok());
-        println!(
+        let ref_f32 = case.map(|c| &c.float32);
+        let ref_bf16 = case.and_then(|c| c.bfloat16.as_ref());
+        outln!(
             "  {:<10} {:>28} {:>28}",
-            "layer", "max|Δ| / rel (vs reference)", "max|Δ| / rel (vs first)"
-        );
+            "layer",
+            "max|Δ| / rel (vs reference)",
+            "max|Δ| / rel (vs first)"
+        )?;
         for l in 0..first.hidden.len() {
+            let ref_h = ref_f32
+                .and_then(|r| r.hidden.as_ref())
+                .and_then(|h| h.get(l));
+            // bf16: this layer's tolerance widens with the reference's own error there.
+            let tol_l = match (bf16_rule, ref_h, ref_bf16.and_then(|r| r.hidden.as_ref())) {
+                (true, Some(f), Some(b)) => b.get(l).map_or(tol, |b| tol.max(1.5 * diff(b, f).1)),
+                _ => tol,
+            };
+            let name = if l == 0 {
+                "embed".to_string()
+            } else {
+                format!("layer {l}")
+            };
             for run in all.iter().map(|r| &r[pi]) {
                 let last = &run.hidden[l][(p.len() - 1) * d..];
-                let vs_ref = ref_hidden
-                    .as_ref()
-                    .and_then(|h| h.get(l))
-                    .map(|h| diff(last, h));
+                let vs_ref = ref_h.map(|h| diff(last, h));
                 let vs_first = diff(&run.hidden[l], &first.hidden[l]);
+                let mut ok = true;
                 if let Some((_, r)) = vs_ref {
-                    worst = worst.max(r);
+                    ok &= v.judge(r, tol_l, || {
+                        format!("prompt {pi} {name} {} vs reference", run.name)
+                    });
                 }
-                worst = worst.max(vs_first.1);
-                let name = if l == 0 {
-                    "embed".to_string()
-                } else {
-                    format!("layer {l}")
-                };
-                let fmt = |x: Option<(f64, f64)>| {
-                    x.map(|(a, r)| format!("{a:.3e} / {r:.3e}"))
-                        .unwrap_or_else(|| "-".into())
-                };
-                println!(
-                    "  {:<10} {:>28} {:>28}  {}",
+                ok &= v.judge(vs_first.1, tol, || {
+                    format!("prompt {pi} {name} {} vs {}", run.name, first.name)
+                });
+                outln!(
+                    "  {:<10} {:>28} {:>28}  {}{}",
                     name,
                     fmt(vs_ref),
                     fmt(Some(vs_first)),
-                    run.name
-                );
+                    run.name,
+                    if ok { "" } else { "  FAIL" }
+                )?;
             }
         }
         for run in all.iter().map(|r| &r[pi]) {
-            let vs_ref = ref_logits
-                .as_ref()
-                .and_then(|l| l.first())
-                .map(|l| diff(&run.logits, l));
-            let vs_first = diff(&run.logits, &first.logits);
-            if let Some((_, r)) = vs_ref {
-                worst = worst.max(r);
+            // Logits at each step up to and including the first greedy divergence from the
+            // reference (later steps continue from a different token).
+            let ref_greedy = ref_f32.and_then(|r| r.greedy.as_ref());
+            let agree_ref =
+                ref_greedy.map(|g| run.greedy.iter().zip(g).take_while(|(x, y)| x == y).count());
+            let ref_logits = ref_f32.map(|r| r.logits.as_slice()).unwrap_or(&[]);
+            let steps = run
+                .logits
+                .len()
+                .min(ref_logits.len())
+                .min(agree_ref.map_or(usize::MAX, |n| n + 1));
+            let mut ok = true;
+            let mut worst_step: Option<(f64, f64)> = None;
+            for (s, (got, want)) in run.logits.iter().zip(ref_logits).take(steps).enumerate() {
+                let e = diff(got, want);
+                ok &= v.judge(e.1, tol, || {
+                    format!("prompt {pi} logits step {s} {} vs reference", run.name)
+                });
+                if worst_step.is_none_or(|w| e.1 > w.1) {
+                    worst_step = Some(e);
+                }
             }
-            worst = worst.max(vs_first.1);
-            let fmt = |x: Option<(f64, f64)>| {
-                x.map(|(a, r)| format!("{a:.3e} / {r:.3e}"))
-                    .unwrap_or_else(|| "-".into())
-            };
-            println!(
-                "  {:<10} {:>28} {:>28}  {}",
+            let vs_first = diff(&run.logits[0], &first.logits[0]);
+            ok &= v.judge(vs_first.1, tol, || {
+                format!("prompt {pi} logits {} vs {}", run.name, first.name)
+            });
+            outln!(
+                "  {:<10} {:>28} {:>28}  {}{}{}",
                 "logits",
-                fmt(vs_ref),
+                fmt(worst_step),
                 fmt(Some(vs_first)),
-                run.name
-            );
+                run.name,
+                if steps > 1 {
+                    format!(" (vs reference: worst of {steps} steps)")
+                } else {
+                    String::new()
+                },
+                if ok { "" } else { "  FAIL" }
+            )?;
         }
         for run in all.iter().map(|r| &r[pi]) {
             let agree_first = run
@@ -236,36 +444,53 @@ pub fn run(a: CheckArgs) -> Result<()> {
                 .zip(&first.greedy)
                 .take_while(|(x, y)| x == y)
                 .count();
-            let agree_ref = ref_greedy.as_ref().map(|g| {
-                format!(
-                    "{}/{}",
+            let ref_greedy = ref_f32.and_then(|r| r.greedy.as_ref());
+            let agree_ref = ref_greedy.map(|g| {
+                (
                     run.greedy.iter().zip(g).take_while(|(x, y)| x == y).count(),
-                    g.len().min(run.greedy.len())
+                    g.len().min(run.greedy.len()),
                 )
             });
-            if agree_first < first.greedy.len()
-                || ref_greedy
-                    .as_ref()
-                    .is_some_and(|g| !run.greedy.iter().zip(g).all(|(x, y)| x == y))
-            {
+            let differs =
+                agree_first < first.greedy.len() || agree_ref.is_some_and(|(n, of)| n < of);
+            // In bf16 a near-tie may flip a token; the logits above judge that step.
+            let note = if differs && dtype == DType::BF16 && a.tolerance.is_none() {
+                "  (bf16 near-tie: not a failure, the logits up to it are judged)"
+            } else if differs {
                 tokens_ok = false;
-            }
-            println!(
-                "  greedy: {}/{} agree with {}, {} with reference  {}",
+                "  DIFFER"
+            } else {
+                ""
+            };
+            outln!(
+                "  greedy: {}/{} agree with {}, {} with reference  {}{note}",
                 agree_first,
                 first.greedy.len(),
                 first.name,
-                agree_ref.unwrap_or_else(|| "-".into()),
+                agree_ref
+                    .map(|(n, of)| format!("{n}/{of}"))
+                    .unwrap_or_else(|| "-".into()),
                 run.name
-            );
+            )?;
         }
     }
-    println!(
-        "worst relative difference {worst:.3e} (tolerance {tol:.1e}); greedy tokens {}",
-        if tokens_ok { "identical" } else { "DIFFER" }
-    );
-    if worst > tol || !tokens_ok {
-        bail!("check failed: worst relative difference {worst:.3e} vs tolerance {tol:.1e}, greedy tokens {}", if tokens_ok { "identical" } else { "differ" });
+    outln!(
+        "worst relative difference {:.3e} (its tolerance {:.2e}); greedy tokens {}",
+        v.worst,
+        v.worst_tol,
+        if tokens_ok { "agree" } else { "DIFFER" }
+    )?;
+    if !v.failures.is_empty() || !tokens_ok {
+        let first_failure = v
+            .failures
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "greedy tokens differ".into());
+        bail!(
+            "check failed: {} comparison(s) past tolerance (first: {first_failure}), greedy tokens {}",
+            v.failures.len(),
+            if tokens_ok { "agree" } else { "differ" }
+        );
     }
     Ok(())
 }

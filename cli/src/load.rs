@@ -12,7 +12,9 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     match given {
         Some(p) => Ok(p),
         None => {
-            dayone_engine::default_model::default_model_path().context("fetching the default model")
+            // The engine's errors say what failed; this says why it was tried at all.
+            dayone_engine::default_model::default_model_path()
+                .context("no --model given and SmolLM2-135M-Instruct is not cached yet")
         }
     }
 }
@@ -49,11 +51,21 @@ pub fn engine<B: Backend>(
     engine
 }
 
-/// Parses `--dtype`.
-pub fn dtype(s: &str) -> Result<DType> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "bf16" => Ok(DType::BF16),
-        other => anyhow::bail!("--dtype must be f32 or bf16, got '{other}'"),
+/// `--dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DTypeArg {
+    /// 32-bit float.
+    F32,
+    /// bfloat16 (backends may compute it in f32).
+    Bf16,
+}
+
+impl DTypeArg {
+    /// The backend dtype.
+    pub fn dtype(self) -> DType {
+        match self {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+        }
     }
 }

@@ -8,6 +8,71 @@ mod generate;
 mod load;
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+
+/// Writes one line to stdout like `println!`, but returns an error with the context "writing to
+/// stdout" (e.g. a full disk) instead of panicking.
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        anyhow::Context::context(
+            writeln!(std::io::stdout(), $($t)*),
+            "writing to stdout",
+        )
+    }};
+}
+
+/// Value parsers shared by the subcommands' numeric flags (clap prefixes their errors with the
+/// flag's name).
+pub mod parse {
+    /// An integer, or why not (negative numbers reach the range check, so the error is about
+    /// the value rather than an unexpected argument).
+    fn integer(s: &str) -> Result<i128, String> {
+        s.trim()
+            .parse::<i128>()
+            .map_err(|_| format!("'{s}' is not an integer"))
+    }
+
+    /// An integer ≥ 1.
+    pub fn at_least_one(s: &str) -> Result<usize, String> {
+        let v = integer(s)?;
+        if v < 1 {
+            return Err(format!("must be at least 1, got {v}"));
+        }
+        usize::try_from(v).map_err(|_| format!("{v} is too large"))
+    }
+
+    /// An integer ≥ 0.
+    pub fn non_negative(s: &str) -> Result<usize, String> {
+        let v = integer(s)?;
+        if v < 0 {
+            return Err(format!("must be 0 or more, got {v}"));
+        }
+        usize::try_from(v).map_err(|_| format!("{v} is too large"))
+    }
+
+    /// An integer in `0..=u64::MAX` (a seed).
+    pub fn seed(s: &str) -> Result<u64, String> {
+        let v = integer(s)?;
+        if v < 0 {
+            return Err(format!("must be 0 or more, got {v}"));
+        }
+        u64::try_from(v).map_err(|_| format!("{v} is too large (at most {})", u64::MAX))
+    }
+
+    /// A finite number > 0 (a relative tolerance).
+    pub fn positive_finite(s: &str) -> Result<f64, String> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a number"))?;
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!("must be a finite number > 0, got {s}"));
+        }
+        Ok(v)
+    }
+}
 
 /// dayone: day-one inference for new LLM architectures, on WGSL (portable) or CUDA.
 #[derive(Parser)]
@@ -49,6 +114,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,dayone_engine=info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .without_time()
         .init();
     let cli = Cli::parse();

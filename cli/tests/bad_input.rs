@@ -275,3 +275,209 @@ fn chat_without_template() {
         &["tokenizer"],
     );
 }
+
+#[test]
+fn request_larger_than_the_kv_cache_is_refused_up_front() {
+    let p = fixture("llama_tiny");
+    fails_with(
+        &gen(
+            p.to_str().unwrap(),
+            &["--prompt-ids", "1,2,3", "--kv-cache-tokens", "16"],
+        ),
+        &[
+            "prompt (3 tokens)",
+            "--max-tokens (128)",
+            "130",
+            "holds 16",
+            "--kv-cache-tokens",
+        ],
+    );
+    // --max-tokens past the context window is clipped to it first (512 − 3 generated tokens).
+    fails_with(
+        &gen(
+            p.to_str().unwrap(),
+            &[
+                "--prompt-ids",
+                "1,2,3",
+                "--kv-cache-tokens",
+                "64",
+                "--max-tokens",
+                "99999999999",
+            ],
+        ),
+        &[
+            "509 generated tokens",
+            "context window of 512",
+            "511 tokens",
+            "holds 64",
+        ],
+    );
+}
+
+#[test]
+fn conflicting_and_dangling_prompt_flags() {
+    let p = fixture("llama_tiny");
+    let p = p.to_str().unwrap();
+    fails_with(
+        &gen(p, &["--prompt", "hi", "--prompt-ids", "1"]),
+        &["--prompt", "--prompt-ids"],
+    );
+    fails_with(
+        &gen(p, &["--chat", "--prompt-ids", "1"]),
+        &["--chat", "--prompt-ids"],
+    );
+    fails_with(
+        &gen(p, &["--system", "be nice", "--prompt-ids", "1"]),
+        &["--system", "--chat"],
+    );
+    fails_with(
+        &gen(p, &["--chat", "--prompt", "hi"]),
+        &["no chat template", "--chat"],
+    );
+    fails_with(
+        &gen(p, &["--prompt-ids", "1,,2"]),
+        &["--prompt-ids", "empty"],
+    );
+}
+
+#[test]
+fn numeric_flags_name_the_flag_for_zero_and_negative_values() {
+    let p = fixture("llama_tiny");
+    let p = p.to_str().unwrap();
+    for (flag, v) in [
+        ("--max-tokens", "-1"),
+        ("--kv-cache-tokens", "0"),
+        ("--kv-cache-tokens", "-5"),
+        ("--top-k", "-1"),
+        ("--seed", "-1"),
+    ] {
+        fails_with(&gen(p, &["--prompt-ids", "1", flag, v]), &[flag, v]);
+    }
+    let bench = |extra: &[&str], want: &[&str]| {
+        let mut args = vec!["bench", "--backend", "wgsl", "--model", p];
+        args.extend_from_slice(extra);
+        fails_with(&args, want);
+    };
+    bench(
+        &["--max-batched-tokens", "0"],
+        &["--max-batched-tokens", "at least 1"],
+    );
+    bench(&["--gen-len", "-3"], &["--gen-len"]);
+    bench(&["--batch", "2,0"], &["--batch"]);
+    bench(&["--prompt-len", "-1"], &["--prompt-len"]);
+}
+
+#[test]
+fn bench_past_the_context_window_is_refused() {
+    let p = fixture("llama_tiny");
+    fails_with(
+        &[
+            "bench",
+            "--backend",
+            "wgsl",
+            "--model",
+            p.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--prompt-len",
+            "500",
+            "--gen-len",
+            "100",
+            "--json",
+        ],
+        &["--prompt-len 500", "--gen-len 100", "context window of 512"],
+    );
+}
+
+#[test]
+fn bad_check_flags() {
+    let p = fixture("llama_tiny");
+    let p = p.to_str().unwrap();
+    let r = fixture("llama_tiny").join("reference.json");
+    let r = r.to_str().unwrap();
+    let check = |extra: &[&str], want: &[&str]| {
+        let mut args = vec!["check", "--model", p, "--reference", r];
+        args.extend_from_slice(extra);
+        fails_with(&args, want);
+    };
+    for t in ["nan", "inf", "-1", "0"] {
+        check(&["--tolerance", t], &["--tolerance", "finite number > 0"]);
+    }
+    check(&["--tokens", "0"], &["--tokens"]);
+    check(&["--backends", "wgsl,wgsl"], &["--backends", "twice"]);
+    check(&["--backends", "wgsl,tpu"], &["--backends", "tpu"]);
+    check(&["--prompt", "hi"], &["--reference", "--prompt"]);
+    check(&["--prompt-ids", "1"], &["--reference", "--prompt-ids"]);
+    fails_with(
+        &[
+            "check",
+            "--model",
+            p,
+            "--backends",
+            "wgsl",
+            "--prompt-ids",
+            "1",
+        ],
+        &["nothing to compare", "--backends", "--reference"],
+    );
+}
+
+#[test]
+fn unusable_reference_files() {
+    let p = fixture("llama_tiny");
+    let d = tempfile::tempdir().unwrap();
+    for (name, body, want) in [
+        ("empty.json", "{}", "`cases`"),
+        ("no_cases.json", r#"{"cases": []}"#, "no prompts"),
+        ("other.json", r#"{"data": [1, 2]}"#, "`prompts`"),
+        (
+            "no_f32.json",
+            r#"{"cases": [{"prompt_ids": [1]}]}"#,
+            "float32",
+        ),
+        (
+            "bad_ids.json",
+            r#"{"cases": [{"prompt_ids": "1,2", "float32": {}}]}"#,
+            "prompt_ids",
+        ),
+        (
+            "raw_no_greedy.json",
+            r#"{"prompts": [{"raw": {"prompt_ids": [1]}}]}"#,
+            "greedy_ids",
+        ),
+    ] {
+        let f = d.path().join(name);
+        std::fs::write(&f, body).unwrap();
+        fails_with(
+            &[
+                "check",
+                "--model",
+                p.to_str().unwrap(),
+                "--reference",
+                f.to_str().unwrap(),
+            ],
+            &[name, want],
+        );
+    }
+}
+
+#[test]
+fn full_stdout_is_a_clear_error() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        return; // not Linux
+    };
+    let p = fixture("llama_tiny");
+    let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(gen(
+            p.to_str().unwrap(),
+            &["--prompt-ids", "1,2", "--max-tokens", "2"],
+        ))
+        .stdout(full)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("error: writing to stdout"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -51,3 +51,101 @@ fn check_fails_on_a_perturbed_reference() {
     assert!(!ok, "a perturbed reference must fail: {text}");
     assert!(text.contains("check failed"), "{text}");
 }
+
+#[test]
+fn check_compares_wgsl_with_the_cpu_backend() {
+    let m = fixture("llama_tiny");
+    let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "check",
+            "--backends",
+            "wgsl,cpu",
+            "--tokens",
+            "4",
+            "--prompt-ids",
+            "1,2,3",
+        ])
+        .arg("--model")
+        .arg(&m)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("cpu-reference") && text.contains("wgsl"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_bf16_uses_the_golden_tolerance_rule() {
+    // The MLA/MoE fixture whose bf16 reference is itself far from its f32 run.
+    let m = fixture("deepseek_v3_nolora");
+    let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "check",
+            "--backends",
+            "wgsl",
+            "--tokens",
+            "8",
+            "--dtype",
+            "bf16",
+            "--model",
+        ])
+        .arg(&m)
+        .arg("--reference")
+        .arg(m.join("reference.json"))
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("judged against its float32 run"), "{text}");
+    assert!(text.contains("1.5 × reference bf16-vs-f32 error"), "{text}");
+}
+
+/// The smollm2_reference.json layout (`prompts[].raw`: prompt and greedy ids, no logits), built
+/// from a fixture's float32 greedy ids.
+fn smollm2_layout(perturb: bool) -> tempfile::TempDir {
+    let m = fixture("qwen3_tiny");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(m.join("reference.json")).unwrap()).unwrap();
+    let prompts: Vec<serde_json::Value> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let mut greedy = c["float32"]["greedy_ids"].clone();
+            if perturb {
+                greedy[2] = (greedy[2].as_u64().unwrap() + 1).into();
+            }
+            serde_json::json!({"raw": {"prompt_ids": c["prompt_ids"], "greedy_ids": greedy}})
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ref.json"),
+        serde_json::json!({ "prompts": prompts }).to_string(),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn check_reads_the_smollm2_reference_layout() {
+    let m = fixture("qwen3_tiny");
+    let good = smollm2_layout(false);
+    let (ok, text) = check(&m, &good.path().join("ref.json"));
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("prompts[0].raw") && text.contains("8/8 with reference"),
+        "{text}"
+    );
+    let bad = smollm2_layout(true);
+    let (ok, text) = check(&m, &bad.path().join("ref.json"));
+    assert!(!ok, "a wrong greedy token must fail: {text}");
+    assert!(text.contains("check failed"), "{text}");
+}

@@ -15,7 +15,11 @@ pub struct EngineConfig {
     /// Requested float dtype for weights and activations (the backend may compute bf16 in f32).
     pub dtype: DType,
     /// Tokens the KV cache holds over all sequences; `None`: the model's context window,
-    /// clamped to 4096..=65536 tokens (million-token configs do not reserve their whole window).
+    /// clamped to 4096..=65536 tokens (million-token configs do not reserve their whole window),
+    /// lowered to what fits when that is more than the device can hold. Either way the cache
+    /// (plus the recurrent state slots) must fit in the device's free memory after the weights
+    /// are loaded, less a headroom of max(10 %, 256 MiB); a requested size that does not fit is
+    /// an error. Backends that cannot report free memory are not checked.
     pub kv_cache_tokens: Option<usize>,
     /// Scheduling limits.
     pub scheduler: SchedulerConfig,
@@ -38,7 +42,8 @@ pub struct TokenEvent {
     pub seq_id: u64,
     /// The new token id.
     pub token: u32,
-    /// Set when the sequence stopped with this token.
+    /// Set when the sequence stopped with this token: `stop` (EOS), `length` (`max_tokens`) or
+    /// `context` (the context window is full); see [`FinishReason::as_str`].
     pub finish: Option<FinishReason>,
 }
 
@@ -80,10 +85,17 @@ impl<B: Backend> Engine<B> {
         let model = load_model(&backend, &config, ckpt, cfg.dtype, progress)?;
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
-        let tokens = cfg
-            .kv_cache_tokens
-            .unwrap_or(config.max_context().clamp(4096, 65536));
-        let num_blocks = tokens.div_ceil(bs);
+        let spec = model.cache_spec();
+        // Sized after the weights are loaded, against what the device still has free.
+        let num_blocks = crate::cache::cache_blocks(&crate::cache::CacheRequest {
+            requested_tokens: cfg.kv_cache_tokens,
+            default_tokens: config.max_context().clamp(4096, 65536),
+            block_size: bs,
+            bytes_per_token: spec.elements_per_token().saturating_mul(act.size()),
+            state_bytes_per_seq: spec.state_elements_per_seq().saturating_mul(4),
+            state_slots: cfg.scheduler.max_num_seqs,
+            free_bytes: backend.free_memory(),
+        })?;
         let cache = KvCache::new(
             &backend,
             &model.cache_spec(),
@@ -141,7 +153,8 @@ impl<B: Backend> Engine<B> {
     /// Queues a request; returns its id.
     ///
     /// Errors: an empty prompt, a token id outside the vocabulary, a prompt that leaves no room in
-    /// the context window, or one the cache can never hold.
+    /// the context window, or one whose prompt plus `max_tokens` (clipped to the context window)
+    /// the KV cache cannot hold at once.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64> {
         params.validate()?;
         if prompt.is_empty() {
@@ -158,9 +171,23 @@ impl<B: Backend> Engine<B> {
                 prompt.len()
             );
         }
+        // Generation stops at the context window, so `max_tokens` is first clipped to it; the
+        // request then needs every token but the last in the cache at once (vLLM likewise
+        // refuses a request longer than its cache rather than failing mid-generation).
         let capacity = self.cache.num_blocks * self.cache.block_size;
-        if prompt.len() + 1 > capacity {
-            bail!("the prompt has {} tokens but the KV cache holds {capacity}: raise --kv-cache-tokens", prompt.len());
+        let room = ctx - prompt.len();
+        let generated = params.max_tokens.min(room);
+        let need = prompt.len() + generated - 1;
+        if need > capacity {
+            let gen = if generated < params.max_tokens {
+                format!("{generated} generated tokens (--max-tokens clipped to the context window of {ctx})")
+            } else {
+                format!("--max-tokens ({generated})")
+            };
+            bail!(
+                "prompt ({} tokens) + {gen} need {need} tokens of KV cache (all but the last token are cached) but it holds {capacity}: raise --kv-cache-tokens or lower --max-tokens",
+                prompt.len()
+            );
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -179,7 +206,14 @@ impl<B: Backend> Engine<B> {
         let chunks = self.scheduler.schedule()?;
         if chunks.is_empty() {
             if self.scheduler.has_unfinished() {
-                bail!("no request fits in the KV cache: raise --kv-cache-tokens");
+                // Unreachable when every request passed `add_request`'s size check (preemption
+                // frees the whole cache for the oldest sequence); reported rather than looping.
+                bail!(
+                    "the scheduler could not place any of {} unfinished requests ({} of {} KV cache blocks free): raise --kv-cache-tokens",
+                    self.scheduler.waiting.len() + self.scheduler.running.len(),
+                    self.scheduler.allocator.num_free(),
+                    self.scheduler.allocator.num_blocks()
+                );
             }
             return Ok(Vec::new());
         }
@@ -315,7 +349,10 @@ impl<B: Backend> Engine<B> {
             .allocator
             .allocate(prompt.len().div_ceil(self.cache.block_size))
         else {
-            bail!("the prompt does not fit in the KV cache");
+            bail!(
+                "the prompt ({} tokens) does not fit in the free KV cache blocks",
+                prompt.len()
+            );
         };
         seq.blocks = blocks;
         self.scheduler.running.push(seq);

@@ -19,13 +19,16 @@ pub fn prompt_ids(
     if text.is_empty() {
         bail!("the prompt is empty: give --prompt TEXT or --prompt-ids");
     }
+    // The chat template first: `--prompt-ids`, the way around a missing tokenizer, excludes --chat.
+    let template = match (chat, assets.chat_template.as_deref()) {
+        (false, _) => None,
+        (true, Some(src)) => Some(src),
+        (true, None) => bail!("this checkpoint has no chat template (tokenizer_config.json, chat_template.jinja or GGUF metadata): drop --chat"),
+    };
     let Some(tok) = assets.tokenizer.as_ref() else {
         bail!("this checkpoint has no tokenizer (tokenizer.json or GGUF vocabulary): pass --prompt-ids");
     };
-    if chat {
-        let Some(src) = assets.chat_template.as_deref() else {
-            bail!("this checkpoint has no chat template (tokenizer_config.json, chat_template.jinja or GGUF metadata): drop --chat");
-        };
+    if let Some(src) = template {
         let mut messages = Vec::new();
         if let Some(s) = system {
             messages.push(ChatMessage {
@@ -60,19 +63,25 @@ pub fn prompt_ids(
 }
 
 /// Parses `--prompt-ids 1,2,3`.
+///
+/// Errors: an empty list, an empty entry (`1,,2`) or an entry that is not a `u32`.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
-    let ids = s
-        .split(',')
+    if s.trim().is_empty() {
+        bail!("--prompt-ids is empty: give comma-separated token ids");
+    }
+    s.split(',')
         .map(|x| x.trim())
-        .filter(|x| !x.is_empty())
-        .map(|x| {
+        .enumerate()
+        .map(|(i, x)| {
+            if x.is_empty() {
+                bail!(
+                    "--prompt-ids: entry {} of '{s}' is empty (expected comma-separated integers)",
+                    i + 1
+                );
+            }
             x.parse::<u32>().with_context(|| {
                 format!("--prompt-ids: '{x}' is not a token id (expected comma-separated integers)")
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    if ids.is_empty() {
-        bail!("--prompt-ids is empty: give comma-separated token ids");
-    }
-    Ok(ids)
+        .collect()
 }

@@ -5,7 +5,7 @@
 //! [`Tokenizer::from_gpt2_vocab`]). [`StreamDecoder`] turns generated ids into text piece by
 //! piece without ever splitting a UTF-8 character.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 /// A tokenizer (from `tokenizer.json` or a GGUF vocabulary).
@@ -25,7 +25,7 @@ impl Tokenizer {
     /// Loads a `tokenizer.json`. Errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+            .map_err(|e| anyhow!("{}: invalid tokenizer file: {e}", path.display()))?;
         Ok(Self { inner })
     }
 
@@ -184,7 +184,23 @@ pub(crate) fn load_optional(path: &Path) -> Result<Option<Tokenizer>> {
     if !path.is_file() {
         return Ok(None);
     }
-    Tokenizer::from_file(path)
-        .map(Some)
-        .with_context(|| format!("{}: invalid tokenizer file", path.display()))
+    // `from_file` names the file already.
+    Tokenizer::from_file(path).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_bad_tokenizer_file_is_named_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        std::fs::write(&p, "{not json").unwrap();
+        let e = format!("{:#}", super::load_optional(&p).unwrap_err());
+        let shown = p.display().to_string();
+        assert_eq!(e.matches(&shown).count(), 1, "{e}");
+        assert!(
+            e.starts_with(&format!("{shown}: invalid tokenizer file: ")),
+            "{e}"
+        );
+    }
 }

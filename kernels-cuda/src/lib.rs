@@ -526,6 +526,13 @@ impl Backend for CudaBackend {
         )
     }
 
+    /// `cuMemGetInfo`'s free bytes plus the bytes the caching allocator holds for reuse.
+    fn free_memory(&self) -> Option<u64> {
+        let (free, _total) = self.ctx.mem_get_info().ok()?;
+        let (_live, cached) = self.pool.usage();
+        Some(free as u64 + cached as u64)
+    }
+
     fn activation_dtype(&self, requested: DType) -> DType {
         match requested {
             DType::F32 => DType::F32,

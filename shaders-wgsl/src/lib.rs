@@ -185,6 +185,8 @@ pub struct WgslBackend {
     name: String,
     max_chunk: u64,
     cpu_kernels: bool,
+    /// The adapter is a CPU (lavapipe): its device memory is host memory.
+    cpu_adapter: bool,
     kda_chunk_min: usize,
     pool: Arc<Pool>,
     pipelines: Pipelines,
@@ -303,6 +305,7 @@ impl WgslBackend {
             queue,
             name,
             max_chunk,
+            cpu_adapter: info.device_type == wgpu::DeviceType::Cpu,
             cpu_kernels: match (opts.kernels, std::env::var(KERNELS_ENV).as_deref()) {
                 (KernelChoice::Cpu, _) | (KernelChoice::Auto, Ok("cpu")) => true,
                 (KernelChoice::Gpu, _) | (KernelChoice::Auto, Ok("gpu")) => false,
@@ -576,6 +579,16 @@ impl Backend for WgslBackend {
 
     fn activation_dtype(&self, _requested: DType) -> DType {
         DType::F32
+    }
+
+    /// A CPU adapter (lavapipe) allocates host memory: the host's `MemAvailable`. wgpu reports
+    /// no free memory for GPU adapters: `None`.
+    fn free_memory(&self) -> Option<u64> {
+        if self.cpu_adapter {
+            dayone_backend::host_available_memory()
+        } else {
+            None
+        }
     }
 
     fn upload(&self, host: &HostTensor) -> Result<WTensor> {

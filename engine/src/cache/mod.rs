@@ -4,8 +4,10 @@
 //! Kwon et al. 2023); a sequence's block table maps its token positions to physical blocks.
 
 mod block_allocator;
+mod sizing;
 
 pub use block_allocator::BlockAllocator;
+pub use sizing::{cache_blocks, human_bytes, usable_bytes, CacheRequest};
 
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType};

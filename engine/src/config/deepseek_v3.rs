@@ -105,6 +105,15 @@ pub struct DeepseekV3Config {
     /// DSA: keys kept per query.
     #[serde(default)]
     pub index_topk: Option<usize>,
+    /// transformers 5's per-layer FFN kinds (`dense` / `sparse`), 0-based; when present it
+    /// decides which layers are MoE (as in transformers' `DeepseekV32Config`), and
+    /// `first_k_dense_replace`/`moe_layer_freq` are not consulted.
+    #[serde(default)]
+    pub mlp_layer_types: Option<Vec<String>>,
+    /// transformers 5's per-layer attention kinds: every entry must be `indexed_attention` for
+    /// `deepseek_v32` (every layer runs DSA) and `full_attention` for `deepseek_v3`.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
 }
 
 fn one() -> f64 {
@@ -145,8 +154,46 @@ impl DeepseekV3Config {
 
     /// Whether layer `i` uses the MoE block (HF: `i >= first_k_dense_replace` and
     /// `i % moe_layer_freq == 0`).
+    ///
+    /// `mlp_layer_types`, when present, decides instead (`sparse` = MoE).
     pub fn is_moe_layer(&self, i: usize) -> bool {
-        i >= self.first_k_dense_replace && i.is_multiple_of(self.moe_layer_freq.max(1))
+        match &self.mlp_layer_types {
+            Some(t) => t.get(i).is_some_and(|x| x == "sparse"),
+            None => i >= self.first_k_dense_replace && i.is_multiple_of(self.moe_layer_freq.max(1)),
+        }
+    }
+
+    /// Checks `layer_types` (every entry `want`) and `mlp_layer_types` (`dense`/`sparse`): one
+    /// entry per layer.
+    fn validate_layer_lists(&self, want: &str) -> Result<()> {
+        let n = self.num_hidden_layers;
+        if let Some(t) = &self.layer_types {
+            if t.len() != n {
+                bail!(
+                    "field `layer_types` has {} entries but num_hidden_layers is {n}",
+                    t.len()
+                );
+            }
+            if let Some((i, x)) = t.iter().enumerate().find(|(_, x)| *x != want) {
+                bail!("field `layer_types`[{i}] is '{x}', but this model runs every layer as '{want}'");
+            }
+        }
+        if let Some(t) = &self.mlp_layer_types {
+            if t.len() != n {
+                bail!(
+                    "field `mlp_layer_types` has {} entries but num_hidden_layers is {n}",
+                    t.len()
+                );
+            }
+            if let Some((i, x)) = t
+                .iter()
+                .enumerate()
+                .find(|(_, x)| *x != "dense" && *x != "sparse")
+            {
+                bail!("field `mlp_layer_types`[{i}] is '{x}' (expected 'dense' or 'sparse')");
+            }
+        }
+        Ok(())
     }
 
     /// Softmax scale `(d_nope + d_rope)^−½`, times `mscale(factor, mscale_all_dim)²` under YaRN
@@ -172,7 +219,8 @@ impl DeepseekV3Config {
 
     /// `validate` for `deepseek_v32`: the V3 checks plus the indexer fields it needs.
     pub fn validate_v32(&self) -> Result<()> {
-        self.validate()?;
+        self.validate_common()?;
+        self.validate_layer_lists("indexed_attention")?;
         let Some((h, d, k)) = self.indexer() else {
             bail!("deepseek_v32 needs index_n_heads, index_head_dim and index_topk");
         };
@@ -186,7 +234,32 @@ impl DeepseekV3Config {
     }
 
     /// Checks the invariants the model code relies on; errors name the field.
+    ///
+    /// transformers' `DeepseekV3Config` has no `mlp_layer_types`; when a `deepseek_v3` config
+    /// carries one anyway it must agree with `first_k_dense_replace` and `moe_layer_freq`.
     pub fn validate(&self) -> Result<()> {
+        self.validate_common()?;
+        self.validate_layer_lists("full_attention")?;
+        if let Some(t) = &self.mlp_layer_types {
+            for (i, x) in t.iter().enumerate() {
+                let derived =
+                    i >= self.first_k_dense_replace && i.is_multiple_of(self.moe_layer_freq.max(1));
+                if (x == "sparse") != derived {
+                    bail!(
+                        "field `mlp_layer_types`[{i}] is '{x}' but first_k_dense_replace ({}) and \
+                         moe_layer_freq ({}) make layer {i} {}",
+                        self.first_k_dense_replace,
+                        self.moe_layer_freq,
+                        if derived { "sparse (MoE)" } else { "dense" }
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks shared by `deepseek_v3` and `deepseek_v32`.
+    fn validate_common(&self) -> Result<()> {
         if self.scoring_func != "sigmoid" {
             bail!(
                 "scoring_func '{}' is not supported (expected 'sigmoid')",
@@ -225,6 +298,7 @@ impl DeepseekV3Config {
         if !self.qk_rope_head_dim.is_multiple_of(2) {
             bail!("qk_rope_head_dim ({}) must be even", self.qk_rope_head_dim);
         }
-        self.rope().validate()
+        self.rope()
+            .validate_as(super::rope::rope_field(self.rope_parameters.is_some()))
     }
 }

@@ -164,6 +164,96 @@ impl KimiLinearConfig {
         self.linear_attn_config.short_conv_kernel_size.unwrap_or(4)
     }
 
+    /// Checks `linear_attn_config.kda_layers` / `full_attn_layers` (1-based, inside the model,
+    /// disjoint, together covering every layer when both are given), `layer_types` and
+    /// `mlp_layer_types` (one known entry per layer), and that `layer_types` agrees with the
+    /// 1-based lists when both are present.
+    fn validate_layer_lists(&self) -> Result<()> {
+        let n = self.num_hidden_layers;
+        let lists = &self.linear_attn_config;
+        for (name, list) in [
+            ("kda_layers", &lists.kda_layers),
+            ("full_attn_layers", &lists.full_attn_layers),
+        ] {
+            for &l in list {
+                if l == 0 || l > n {
+                    bail!(
+                        "field `linear_attn_config.{name}`: layer {l} is outside 1..={n} (the lists are 1-based)"
+                    );
+                }
+            }
+        }
+        if let Some(l) = lists
+            .kda_layers
+            .iter()
+            .find(|l| lists.full_attn_layers.contains(l))
+        {
+            bail!(
+                "layer {l} is in both `linear_attn_config.kda_layers` and `linear_attn_config.full_attn_layers`"
+            );
+        }
+        let both_lists = !lists.kda_layers.is_empty() && !lists.full_attn_layers.is_empty();
+        if both_lists && self.layer_types.is_none() {
+            if let Some(l) = (1..=n)
+                .find(|l| !lists.kda_layers.contains(l) && !lists.full_attn_layers.contains(l))
+            {
+                bail!(
+                    "layer {l} is in neither `linear_attn_config.kda_layers` nor `linear_attn_config.full_attn_layers`"
+                );
+            }
+        }
+        if let Some(t) = &self.layer_types {
+            if t.len() != n {
+                bail!(
+                    "field `layer_types` has {} entries but num_hidden_layers is {n}",
+                    t.len()
+                );
+            }
+            for (i, x) in t.iter().enumerate() {
+                let kda = match x.as_str() {
+                    "linear_attention" => true,
+                    "full_attention" => false,
+                    _ => bail!(
+                        "field `layer_types`[{i}] is '{x}' (expected 'linear_attention' or 'full_attention')"
+                    ),
+                };
+                let l = i + 1;
+                // (list, whether the list makes layer `l` KDA, how it says so)
+                let listed = if lists.kda_layers.contains(&l) {
+                    Some(("kda_layers", true, "lists"))
+                } else if lists.full_attn_layers.contains(&l) {
+                    Some(("full_attn_layers", false, "lists"))
+                } else if !lists.kda_layers.is_empty() && lists.full_attn_layers.is_empty() {
+                    Some(("kda_layers", false, "does not list"))
+                } else {
+                    None
+                };
+                if let Some((field, _, verb)) = listed.filter(|&(_, k, _)| k != kda) {
+                    bail!(
+                        "`layer_types`[{i}] is '{x}' but `linear_attn_config.{field}` {verb} layer {l} \
+                         (1-based): the two fields disagree"
+                    );
+                }
+            }
+        }
+        if let Some(t) = &self.mlp_layer_types {
+            if t.len() != n {
+                bail!(
+                    "field `mlp_layer_types` has {} entries but num_hidden_layers is {n}",
+                    t.len()
+                );
+            }
+            if let Some((i, x)) = t
+                .iter()
+                .enumerate()
+                .find(|(_, x)| *x != "dense" && *x != "sparse")
+            {
+                bail!("field `mlp_layer_types`[{i}] is '{x}' (expected 'dense' or 'sparse')");
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the invariants the model code relies on; errors name the field.
     pub fn validate(&self) -> Result<()> {
         if self.scoring_func != "sigmoid" {
@@ -181,15 +271,7 @@ impl KimiLinearConfig {
         if !self.mla_use_nope {
             bail!("mla_use_nope = false (MLA with RoPE) is not supported for kimi_linear");
         }
-        let lists = &self.linear_attn_config;
-        for &l in lists.kda_layers.iter().chain(&lists.full_attn_layers) {
-            if l == 0 || l > self.num_hidden_layers {
-                bail!(
-                    "linear_attn_config layer {l} is outside 1..={} (the lists are 1-based)",
-                    self.num_hidden_layers
-                );
-            }
-        }
+        self.validate_layer_lists()?;
         if self.n_group == 0 || !self.num_local_experts.is_multiple_of(self.n_group) {
             bail!(
                 "num_experts ({}) must be a multiple of num_expert_group ({})",

@@ -123,6 +123,7 @@ impl LlamaConfig {
         if self.mlp_bias {
             bail!("mlp_bias = true is not supported yet");
         }
-        self.rope().validate()
+        self.rope()
+            .validate_as(super::rope::rope_field(self.rope_parameters.is_some()))
     }
 }

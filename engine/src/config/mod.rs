@@ -20,11 +20,16 @@ fn parse_as<T: serde::de::DeserializeOwned>(
     validate: impl Fn(&T) -> Result<()>,
 ) -> Result<T> {
     let cfg: T = serde_path_to_error::deserialize(value.clone()).map_err(|e| {
-        anyhow::anyhow!(
-            "{origin}: invalid `{model_type}` config: field `{}`: {}",
-            e.path(),
-            e.inner()
-        )
+        // serde names a missing field itself, at the root path `.`: no path to add then.
+        let path = e.path().to_string();
+        if path == "." {
+            anyhow::anyhow!("{origin}: invalid `{model_type}` config: {}", e.inner())
+        } else {
+            anyhow::anyhow!(
+                "{origin}: invalid `{model_type}` config: field `{path}`: {}",
+                e.inner()
+            )
+        }
     })?;
     validate(&cfg).with_context(|| format!("{origin}: invalid `{model_type}` config"))?;
     Ok(cfg)
@@ -40,6 +45,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
 ];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
+// Parsed once per model: the size of the larger variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum ModelConfig {
     /// `model_type: "llama"` (Llama 2/3, SmolLM2, Mistral-style dense decoders).
@@ -101,6 +108,16 @@ impl ModelConfig {
         }
     }
 
+    /// Decoder layers whose tensors a checkpoint may hold: `num_hidden_layers`, plus DeepSeek's
+    /// multi-token-prediction layers stored after them.
+    pub fn stored_layers(&self) -> usize {
+        match self {
+            ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.num_hidden_layers,
+            ModelConfig::DeepseekV3(c) => c.num_hidden_layers + c.num_nextn_predict_layers,
+            ModelConfig::KimiLinear(c) => c.num_hidden_layers,
+        }
+    }
+
     /// Vocabulary size (rows of the logits).
     pub fn vocab_size(&self) -> usize {
         match self {
@@ -108,5 +125,179 @@ impl ModelConfig {
             ModelConfig::DeepseekV3(c) => c.vocab_size,
             ModelConfig::KimiLinear(c) => c.vocab_size,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// A fixture's `config.json` with `edit` applied.
+    fn fixture(name: &str, edit: impl FnOnce(&mut Value)) -> Value {
+        let path = format!(
+            "{}/../tests/fixtures/{name}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        edit(&mut v);
+        v
+    }
+
+    /// The one-line error of parsing `v` (panics when it parses).
+    fn error_of(v: &Value) -> String {
+        format!(
+            "{:#}",
+            ModelConfig::from_json(v, "config.json").unwrap_err()
+        )
+    }
+
+    #[test]
+    fn fixtures_parse() {
+        for name in [
+            "llama_tiny",
+            "qwen3_tiny",
+            "deepseek_v3_tiny",
+            "deepseek_v32_tiny",
+            "kimi_linear_tiny",
+        ] {
+            ModelConfig::from_json(&fixture(name, |_| {}), name).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_missing_field_is_named_once_without_a_root_path() {
+        let v = fixture("llama_tiny", |v| {
+            v.as_object_mut().unwrap().remove("hidden_size");
+        });
+        assert_eq!(
+            error_of(&v),
+            "config.json: invalid `llama` config: missing field `hidden_size`"
+        );
+        let v = fixture("llama_tiny", |v| v["hidden_size"] = json!("wide"));
+        assert!(
+            error_of(&v).contains("field `hidden_size`: invalid type"),
+            "{}",
+            error_of(&v)
+        );
+    }
+
+    #[test]
+    fn rope_factor_must_be_positive() {
+        for f in [0.0, -2.0] {
+            let v = fixture("deepseek_v32_tiny", |v| {
+                v["rope_parameters"]["factor"] = json!(f)
+            });
+            let e = error_of(&v);
+            assert!(
+                e.contains("rope_parameters.factor must be a finite number > 0"),
+                "{e}"
+            );
+        }
+        let v = fixture("deepseek_v3_tiny", |v| {
+            let p = v["rope_parameters"].take();
+            v["rope_scaling"] = p;
+            v["rope_scaling"]["beta_slow"] = json!(0);
+        });
+        let e = error_of(&v);
+        assert!(e.contains("rope_scaling.beta_slow"), "{e}");
+    }
+
+    #[test]
+    fn kimi_layer_lists_must_agree() {
+        let overlap = fixture("kimi_linear_tiny", |v| {
+            v["linear_attn_config"]["kda_layers"] = json!([1, 2, 3]);
+            v.as_object_mut().unwrap().remove("layer_types");
+        });
+        let e = error_of(&overlap);
+        assert!(e.contains("layer 2 is in both `linear_attn_config.kda_layers` and `linear_attn_config.full_attn_layers`"), "{e}");
+
+        let contradict = fixture("kimi_linear_tiny", |v| {
+            v["layer_types"] = json!([
+                "full_attention",
+                "full_attention",
+                "linear_attention",
+                "full_attention"
+            ]);
+        });
+        let e = error_of(&contradict);
+        assert!(e.contains("`layer_types`[0] is 'full_attention' but `linear_attn_config.kda_layers` lists layer 1"), "{e}");
+
+        let short = fixture("kimi_linear_tiny", |v| {
+            v["layer_types"] = json!(["linear_attention", "full_attention"]);
+        });
+        let e = error_of(&short);
+        assert!(
+            e.contains("field `layer_types` has 2 entries but num_hidden_layers is 4"),
+            "{e}"
+        );
+
+        let gap = fixture("kimi_linear_tiny", |v| {
+            v["linear_attn_config"]["kda_layers"] = json!([1]);
+            v.as_object_mut().unwrap().remove("layer_types");
+        });
+        assert!(
+            error_of(&gap).contains("layer 3 is in neither"),
+            "{}",
+            error_of(&gap)
+        );
+
+        let bad_mlp = fixture("kimi_linear_tiny", |v| {
+            v["mlp_layer_types"] = json!(["dense"])
+        });
+        assert!(error_of(&bad_mlp).contains("field `mlp_layer_types` has 1 entries"));
+
+        let outside = fixture("kimi_linear_tiny", |v| {
+            v["linear_attn_config"]["full_attn_layers"] = json!([2, 5]);
+        });
+        assert!(error_of(&outside).contains("field `linear_attn_config.full_attn_layers`: layer 5"));
+    }
+
+    #[test]
+    fn deepseek_layer_types_are_checked_and_mlp_layer_types_honoured() {
+        let ModelConfig::DeepseekV3(c) = ModelConfig::from_json(
+            &fixture("deepseek_v32_tiny", |v| {
+                v["mlp_layer_types"] = json!(["dense", "dense", "sparse"]);
+            }),
+            "x",
+        )
+        .unwrap() else {
+            panic!("not deepseek")
+        };
+        assert_eq!(
+            (0..3).map(|i| c.is_moe_layer(i)).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+
+        let v = fixture("deepseek_v32_tiny", |v| {
+            v["layer_types"][1] = json!("full_attention")
+        });
+        let e = error_of(&v);
+        assert!(
+            e.contains("field `layer_types`[1] is 'full_attention'"),
+            "{e}"
+        );
+        let v = fixture("deepseek_v32_tiny", |v| {
+            v["mlp_layer_types"] = json!(["dense", "sparse"])
+        });
+        assert!(error_of(&v)
+            .contains("field `mlp_layer_types` has 2 entries but num_hidden_layers is 3"));
+        let v = fixture("deepseek_v32_tiny", |v| {
+            v["mlp_layer_types"][2] = json!("moe")
+        });
+        assert!(error_of(&v).contains("field `mlp_layer_types`[2] is 'moe'"));
+
+        // deepseek_v3 derives the pattern; a contradicting list is an error.
+        let v = fixture("deepseek_v3_tiny", |v| {
+            let n = v["num_hidden_layers"].as_u64().unwrap() as usize;
+            v["first_k_dense_replace"] = json!(1);
+            v["mlp_layer_types"] = json!(vec!["dense"; n]);
+        });
+        assert!(
+            error_of(&v)
+                .contains("field `mlp_layer_types`[1] is 'dense' but first_k_dense_replace (1)"),
+            "{}",
+            error_of(&v)
+        );
     }
 }

@@ -45,6 +45,16 @@ pub struct RopeParameters {
     pub truncate: Option<bool>,
 }
 
+/// The `config.json` field the merged RoPE settings come from: `rope_parameters` when present,
+/// else `rope_scaling`.
+pub(crate) fn rope_field(has_rope_parameters: bool) -> &'static str {
+    if has_rope_parameters {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    }
+}
+
 /// YaRN's magnitude correction `0.1 · m · ln(s) + 1` (1 when `s ≤ 1`); Peng et al. 2023.
 pub fn yarn_get_mscale(scale: f64, m: f64) -> f64 {
     if scale <= 1.0 {
@@ -89,32 +99,84 @@ impl RopeParameters {
         }
     }
 
-    /// Errors for an unknown `rope_type` or a missing field it needs.
+    /// Errors for an unknown `rope_type`, a missing field it needs, or a value that would give
+    /// NaN or infinite frequencies; errors name the field under `rope_parameters`.
     pub fn validate(&self) -> Result<()> {
+        self.validate_as("rope_parameters")
+    }
+
+    /// [`RopeParameters::validate`] with errors naming the fields under `field` (`rope_parameters`
+    /// or `rope_scaling`): `factor`, `rope_theta`, `attention_factor` and
+    /// `original_max_position_embeddings` finite and > 0; llama3's
+    /// `high_freq_factor > low_freq_factor > 0`; YaRN's `beta_fast ≥ beta_slow > 0`,
+    /// `mscale`/`mscale_all_dim` finite and ≥ 0.
+    pub fn validate_as(&self, field: &str) -> Result<()> {
+        let positive = [
+            ("factor", self.factor),
+            (
+                "original_max_position_embeddings",
+                self.original_max_position_embeddings,
+            ),
+            ("attention_factor", self.attention_factor),
+            ("low_freq_factor", self.low_freq_factor),
+            ("high_freq_factor", self.high_freq_factor),
+            ("beta_fast", self.beta_fast),
+            ("beta_slow", self.beta_slow),
+        ];
+        for (name, v) in positive {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("{field}.{name} must be a finite number > 0, got {v}");
+                }
+            }
+        }
+        if let Some(t) = self.rope_theta {
+            if !(t.is_finite() && t > 1.0) {
+                bail!("rope_theta must be a finite number > 1, got {t}");
+            }
+        }
+        for (name, v) in [
+            ("mscale", self.mscale),
+            ("mscale_all_dim", self.mscale_all_dim),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!("{field}.{name} must be a finite number ≥ 0, got {v}");
+                }
+            }
+        }
         match self.kind() {
             "default" => Ok(()),
             "linear" => self
                 .factor
                 .map(|_| ())
-                .ok_or_else(|| anyhow::anyhow!("rope_type linear needs `factor`")),
+                .ok_or_else(|| anyhow::anyhow!("{field}: rope_type linear needs `factor`")),
             "llama3" => {
-                if self.factor.is_none()
-                    || self.low_freq_factor.is_none()
-                    || self.high_freq_factor.is_none()
-                    || self.original_max_position_embeddings.is_none()
-                {
-                    bail!("rope_type llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
+                let (Some(_), Some(low), Some(high), Some(_)) = (
+                    self.factor,
+                    self.low_freq_factor,
+                    self.high_freq_factor,
+                    self.original_max_position_embeddings,
+                ) else {
+                    bail!("{field}: rope_type llama3 needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
+                };
+                if high <= low {
+                    bail!("{field}.high_freq_factor ({high}) must be greater than {field}.low_freq_factor ({low})");
                 }
                 Ok(())
             }
             "yarn" => {
                 if self.original_max_position_embeddings.is_none() {
-                    bail!("rope_type yarn needs original_max_position_embeddings");
+                    bail!("{field}: rope_type yarn needs original_max_position_embeddings");
+                }
+                let (fast, slow) = (self.beta_fast.unwrap_or(32.0), self.beta_slow.unwrap_or(1.0));
+                if fast < slow {
+                    bail!("{field}.beta_fast ({fast}) must be at least {field}.beta_slow ({slow})");
                 }
                 Ok(())
             }
             other => bail!(
-                "rope_type '{other}' is not supported (supported: default, linear, llama3, yarn)"
+                "{field}.rope_type '{other}' is not supported (supported: default, linear, llama3, yarn)"
             ),
         }
     }
@@ -270,6 +332,126 @@ mod tests {
             assert!((got - want).abs() <= want * 1e-6, "{f:?}");
         }
         assert_eq!(p.attention_factor(512), 1.0);
+    }
+
+    #[test]
+    fn bad_scaling_values_are_errors_naming_the_field() {
+        let yarn = || RopeParameters {
+            rope_type: Some("yarn".into()),
+            rope_theta: Some(10000.0),
+            factor: Some(4.0),
+            original_max_position_embeddings: Some(64.0),
+            ..Default::default()
+        };
+        assert!(yarn().validate().is_ok());
+        let cases: Vec<(RopeParameters, &str)> = vec![
+            (
+                RopeParameters {
+                    factor: Some(0.0),
+                    ..yarn()
+                },
+                "rope_parameters.factor",
+            ),
+            (
+                RopeParameters {
+                    factor: Some(-2.0),
+                    ..yarn()
+                },
+                "rope_parameters.factor",
+            ),
+            (
+                RopeParameters {
+                    factor: Some(f64::NAN),
+                    ..yarn()
+                },
+                "rope_parameters.factor",
+            ),
+            (
+                RopeParameters {
+                    original_max_position_embeddings: Some(0.0),
+                    ..yarn()
+                },
+                "rope_parameters.original_max_position_embeddings",
+            ),
+            (
+                RopeParameters {
+                    beta_fast: Some(1.0),
+                    beta_slow: Some(32.0),
+                    ..yarn()
+                },
+                "rope_parameters.beta_fast",
+            ),
+            (
+                RopeParameters {
+                    beta_slow: Some(0.0),
+                    ..yarn()
+                },
+                "rope_parameters.beta_slow",
+            ),
+            (
+                RopeParameters {
+                    mscale: Some(-1.0),
+                    ..yarn()
+                },
+                "rope_parameters.mscale",
+            ),
+            (
+                RopeParameters {
+                    mscale_all_dim: Some(f64::INFINITY),
+                    ..yarn()
+                },
+                "rope_parameters.mscale_all_dim",
+            ),
+            (
+                RopeParameters {
+                    attention_factor: Some(0.0),
+                    ..yarn()
+                },
+                "rope_parameters.attention_factor",
+            ),
+            (
+                RopeParameters {
+                    rope_theta: Some(0.0),
+                    ..yarn()
+                },
+                "rope_theta",
+            ),
+            (
+                RopeParameters {
+                    rope_type: Some("llama3".into()),
+                    factor: Some(8.0),
+                    low_freq_factor: Some(4.0),
+                    high_freq_factor: Some(4.0),
+                    original_max_position_embeddings: Some(8192.0),
+                    ..Default::default()
+                },
+                "rope_parameters.high_freq_factor",
+            ),
+            (
+                RopeParameters {
+                    rope_type: Some("linear".into()),
+                    factor: Some(0.0),
+                    ..Default::default()
+                },
+                "rope_parameters.factor",
+            ),
+        ];
+        for (p, field) in cases {
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.starts_with(field), "{field}: {e}");
+            assert!(rope_inv_freq(&p, 8, 10000.0, 512).is_err());
+        }
+        let e = RopeParameters {
+            factor: Some(0.0),
+            ..yarn()
+        }
+        .validate_as("rope_scaling")
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("rope_scaling.factor must be a finite number > 0, got 0"),
+            "{e}"
+        );
     }
 
     #[test]

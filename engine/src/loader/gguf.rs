@@ -28,8 +28,25 @@ pub fn open_gguf(path: &Path) -> Result<Checkpoint> {
             dir.display()
         );
     }
+    if !starts_with_gguf_magic(path)? {
+        bail!(
+            "{}: not a GGUF file (it does not start with the bytes `GGUF`); dayone accepts a \
+             Hugging Face model directory (config.json + *.safetensors) or a .gguf file",
+            path.display()
+        );
+    }
     let file = GgufFile::open(path)?;
     checkpoint_from_gguf(file)
+}
+
+/// Whether the file's first four bytes are `GGUF`. Errors name the file when it cannot be read.
+fn starts_with_gguf_magic(path: &Path) -> Result<bool> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4).read_to_end(&mut head))
+        .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+    Ok(head == b"GGUF")
 }
 
 /// Builds a [`Checkpoint`] from a parsed GGUF file (which may live in memory).
@@ -562,6 +579,24 @@ fn tokenizer_assets(f: &GgufFile) -> Result<TokenizerAssets> {
     };
     let text =
         |i: Option<u32>| i.and_then(|i| tokens.as_ref().and_then(|t| t.get(i as usize).cloned()));
+    if let Some(t) = &tokens {
+        for (key, v) in [
+            ("tokenizer.ggml.bos_token_id", bos_id),
+            ("tokenizer.ggml.eos_token_id", eos_id),
+            ("tokenizer.ggml.eot_token_id", eot_id),
+            (
+                "tokenizer.ggml.padding_token_id",
+                id("tokenizer.ggml.padding_token_id"),
+            ),
+        ] {
+            if let Some(i) = v.filter(|&i| i as usize >= t.len()) {
+                bail!(
+                    "{path}: metadata {key} is {i}, outside the vocabulary (expected an id below {}, the length of tokenizer.ggml.tokens)",
+                    t.len()
+                );
+            }
+        }
+    }
     let mut eos_ids: Vec<u32> = eos_id.into_iter().collect();
     if let Some(e) = eot_id {
         if !eos_ids.contains(&e) {
@@ -582,6 +617,24 @@ fn tokenizer_assets(f: &GgufFile) -> Result<TokenizerAssets> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_that_is_not_gguf_says_what_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in [("README.md", &b"# dayone\n"[..]), ("empty.gguf", &b""[..])] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            let e = format!("{:#}", crate::loader::open(&p).err().unwrap());
+            assert!(e.contains("not a GGUF file"), "{e}");
+            assert!(
+                e.contains(
+                    "a Hugging Face model directory (config.json + *.safetensors) or a .gguf file"
+                ),
+                "{e}"
+            );
+            assert!(!e.contains("magic"), "{e}");
+        }
+    }
 
     #[test]
     fn hand_case_permutation() {

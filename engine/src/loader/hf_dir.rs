@@ -154,6 +154,28 @@ pub fn read_assets(dir: &Path, config: &Value) -> Result<TokenizerAssets> {
         add_bos_cfg = tc.get("add_bos_token").and_then(|v| v.as_bool());
     }
 
+    // Every special id either file spells must be a row of the logits.
+    let vocab = config.get("vocab_size").and_then(Value::as_u64);
+    let mut sources = vec![(config, config_path.as_path())];
+    sources.extend(gc.as_ref().map(|g| (g, gc_path.as_path())));
+    for (json, file) in sources {
+        let Some(v) = vocab else { break };
+        for field in ["eos_token_id", "bos_token_id", "pad_token_id"] {
+            // Only non-negative integers are ids here; other shapes are judged where used.
+            let ids: Vec<u64> = match json.get(field) {
+                Some(Value::Number(n)) => n.as_u64().into_iter().collect(),
+                Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
+                _ => Vec::new(),
+            };
+            if let Some(bad) = ids.into_iter().find(|&i| i >= v) {
+                bail!(
+                    "{}: field {field} is {bad}, outside the vocabulary (expected an id below vocab_size {v})",
+                    file.display()
+                );
+            }
+        }
+    }
+
     // EOS ids: generation_config.json, else config.json, else the EOS token's id.
     let mut eos_ids = match &gc {
         Some(gc) => ids_field(gc.get("eos_token_id"), &gc_path, "eos_token_id")?,
@@ -219,4 +241,43 @@ fn post_processor_adds(t: &Tokenizer, bos: u32) -> bool {
     let with = t.encode("a", true).unwrap_or_default();
     let without = t.encode("a", false).unwrap_or_default();
     with.first() == Some(&bos) && without.first() != Some(&bos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn special_ids_outside_the_vocabulary_are_errors_naming_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = json!({"vocab_size": 256, "eos_token_id": 2, "bos_token_id": 1});
+        assert_eq!(read_assets(dir.path(), &config).unwrap().eos_ids, vec![2]);
+        for (field, value) in [
+            ("eos_token_id", json!(300)),
+            ("eos_token_id", json!([2, 256])),
+            ("bos_token_id", json!(1000)),
+            ("pad_token_id", json!(256)),
+        ] {
+            let mut c = config.clone();
+            c[field] = value;
+            let e = read_assets(dir.path(), &c).unwrap_err().to_string();
+            assert!(e.contains("config.json: field "), "{e}");
+            assert!(e.contains(&format!("{field} is ")), "{e}");
+            assert!(
+                e.contains("outside the vocabulary (expected an id below vocab_size 256)"),
+                "{e}"
+            );
+        }
+        std::fs::write(
+            dir.path().join("generation_config.json"),
+            r#"{"eos_token_id": [2, 999]}"#,
+        )
+        .unwrap();
+        let e = read_assets(dir.path(), &config).unwrap_err().to_string();
+        assert!(
+            e.contains("generation_config.json: field eos_token_id is 999"),
+            "{e}"
+        );
+    }
 }

@@ -67,6 +67,40 @@ pub struct Checkpoint {
     pub assets: TokenizerAssets,
 }
 
+/// The layer indices `i ≥ layers` of tensors named `model.layers.{i}.…`, ascending and
+/// distinct: weights of layers the config does not count, which the model will not load.
+pub fn layers_beyond(names: &[String], layers: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = names
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix("model.layers.")?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .filter(|&i| i >= layers)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Logs a warning when the checkpoint holds tensors of layers beyond the `layers` the config
+/// declares (e.g. `num_hidden_layers` lowered by hand): they are ignored, not an error.
+pub fn warn_layers_beyond(tensors: &dyn TensorSource, layers: usize) {
+    let extra = layers_beyond(&tensors.names(), layers);
+    let which = match extra.as_slice() {
+        [] => return,
+        [one] => format!("layer {one}"),
+        [first, .., last] => format!("layers {first}..={last}"),
+    };
+    tracing::warn!(
+        "{}: holds tensors of {which} but config.json declares {layers} layers; those tensors are ignored",
+        tensors.origin()
+    );
+}
+
 /// Opens a checkpoint: a directory with `config.json` and `*.safetensors`
 /// (or `model.safetensors.index.json` shards), or a `.gguf` file.
 ///
@@ -80,4 +114,27 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         return open_gguf(path);
     }
     hf_dir::open_hf_dir(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layers_beyond;
+
+    #[test]
+    fn layers_beyond_the_config_are_found() {
+        let names: Vec<String> = [
+            "model.embed_tokens.weight",
+            "model.layers.0.mlp.up_proj.weight",
+            "model.layers.1.mlp.up_proj.weight",
+            "model.layers.3.mlp.up_proj.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.10.input_layernorm.weight",
+            "model.layers.x.odd",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(layers_beyond(&names, 2), vec![3, 10]);
+        assert!(layers_beyond(&names, 11).is_empty());
+    }
 }

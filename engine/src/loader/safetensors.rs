@@ -53,6 +53,21 @@ impl std::fmt::Debug for SafetensorsSource {
     }
 }
 
+/// Whether `file` names something inside a directory: non-empty, relative, and made only of
+/// plain components (no `..`, no root, no drive prefix).
+fn is_plain_relative(file: &str) -> bool {
+    let p = Path::new(file);
+    !file.is_empty()
+        && p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        })
+        && p.components()
+            .any(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
 /// Maps a file read-only. Errors name the file.
 pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
@@ -120,6 +135,13 @@ impl SafetensorsSource {
                     index.display()
                 )
             })?;
+            if !is_plain_relative(file) {
+                bail!(
+                    "{}: weight_map[\"{name}\"] is \"{file}\"; expected a file inside the model directory \
+                     (a relative path without `..`)",
+                    index.display()
+                );
+            }
             if !shard_names.iter().any(|s| s == file) {
                 shard_names.push(file.to_string());
             }
@@ -352,5 +374,49 @@ mod fp8_tests {
         assert_eq!(e4m3_to_f32(0x7e), 448.0); // largest normal: 1.75 · 2^8
         assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
         assert!(e4m3_to_f32(0x7f).is_nan());
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_must_stay_inside_the_directory() {
+        for bad in [
+            "../../etc/passwd",
+            "/etc/passwd",
+            "a/../../b.safetensors",
+            "",
+            ".",
+            "..",
+        ] {
+            assert!(!is_plain_relative(bad), "{bad}");
+        }
+        for good in [
+            "model-00001-of-00002.safetensors",
+            "shards/a.safetensors",
+            "./a.safetensors",
+        ] {
+            assert!(is_plain_relative(good), "{good}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join("model.safetensors.index.json");
+        std::fs::write(
+            &index,
+            r#"{"weight_map": {"model.embed_tokens.weight": "../../etc/passwd"}}"#,
+        )
+        .unwrap();
+        let e = SafetensorsSource::open_index(&index)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("weight_map[\"model.embed_tokens.weight\"] is \"../../etc/passwd\""),
+            "{e}"
+        );
+        assert!(
+            e.contains("expected a file inside the model directory"),
+            "{e}"
+        );
     }
 }

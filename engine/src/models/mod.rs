@@ -47,6 +47,7 @@ pub fn load_model<B: Backend>(
     dtype: DType,
     progress: Option<&dyn Fn(usize, usize)>,
 ) -> Result<Box<dyn CausalLm<B>>> {
+    crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
     let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype);
     if let Some(p) = progress {
         w = w.with_progress(p);

@@ -9,8 +9,26 @@ pub enum FinishReason {
     Eos,
     /// It reached `max_tokens`.
     Length,
-    /// It filled the model's context window.
+    /// It filled the model's context window before reaching `max_tokens`.
     ContextFull,
+}
+
+impl FinishReason {
+    /// The name reported to users, after vLLM/OpenAI: `stop` (an end-of-sequence token),
+    /// `length` (`max_tokens` reached) or `context` (the context window is full).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ContextFull => "context",
+        }
+    }
+}
+
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A request in flight.

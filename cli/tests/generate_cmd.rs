@@ -1,0 +1,79 @@
+//! `dayone generate` reports why generation stopped: `finish_reason` in `--output json`, a note
+//! line on stderr when the context window cut the output short.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+/// Runs `generate` on llama_tiny (context window 512) on WGSL; returns (json on stdout, stderr).
+fn generate(ids: &str, extra: &[&str]) -> (serde_json::Value, String) {
+    generate_on("wgsl", ids, extra)
+}
+
+/// Runs `generate` on llama_tiny on `backend`; returns (json on stdout, stderr).
+fn generate_on(backend: &str, ids: &str, extra: &[&str]) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "generate",
+            "--backend",
+            backend,
+            "--output",
+            "json",
+            "--model",
+        ])
+        .arg(fixture("llama_tiny"))
+        .args(["--prompt-ids", ids])
+        .args(extra)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let j = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
+    (j, stderr)
+}
+
+#[test]
+fn max_tokens_reached_is_length() {
+    let (j, stderr) = generate("1,2,3", &["--max-tokens", "5"]);
+    assert_eq!(j["finish_reason"], "length", "{j}");
+    assert_eq!(j["generated_ids"].as_array().unwrap().len(), 5, "{j}");
+    assert!(!stderr.contains("context window"), "{stderr}");
+}
+
+#[test]
+fn context_window_is_reported() {
+    // 510 prompt tokens leave room for 2 of the 4 requested tokens in a 512-token window.
+    let ids: Vec<String> = (0..510).map(|i| (i % 200).to_string()).collect();
+    let (j, stderr) = generate(&ids.join(","), &["--max-tokens", "4"]);
+    assert_eq!(j["finish_reason"], "context", "{j}");
+    assert_eq!(j["generated_ids"].as_array().unwrap().len(), 2, "{j}");
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.starts_with("note:")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(
+        notes[0].contains("context window") && notes[0].contains("512"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn huge_max_tokens_stops_at_the_context_window() {
+    let (j, _) = generate("1,2,3", &["--max-tokens", "99999999999"]);
+    assert_eq!(j["finish_reason"], "context", "{j}");
+    assert_eq!(j["generated_ids"].as_array().unwrap().len(), 509, "{j}");
+}
+
+#[test]
+fn cpu_backend_matches_wgsl() {
+    let (w, _) = generate("1,2,3", &["--max-tokens", "6"]);
+    let (c, _) = generate_on("cpu", "1,2,3", &["--max-tokens", "6"]);
+    assert_eq!(w["generated_ids"], c["generated_ids"]);
+    assert!(c["backend"].as_str().unwrap().contains("cpu"), "{c}");
+}
