@@ -178,21 +178,7 @@ impl DeepseekV3Config {
                 bail!("field `layer_types`[{i}] is '{x}', but this model runs every layer as '{want}'");
             }
         }
-        if let Some(t) = &self.mlp_layer_types {
-            if t.len() != n {
-                bail!(
-                    "field `mlp_layer_types` has {} entries but num_hidden_layers is {n}",
-                    t.len()
-                );
-            }
-            if let Some((i, x)) = t
-                .iter()
-                .enumerate()
-                .find(|(_, x)| *x != "dense" && *x != "sparse")
-            {
-                bail!("field `mlp_layer_types`[{i}] is '{x}' (expected 'dense' or 'sparse')");
-            }
-        }
+        super::check_mlp_layer_types(self.mlp_layer_types.as_deref(), n)?;
         Ok(())
     }
 

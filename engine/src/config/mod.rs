@@ -12,6 +12,26 @@ pub use rope::{rope_inv_freq, RopeParameters};
 
 use anyhow::{bail, Context, Result};
 
+/// transformers' `mlp_layer_types` (DeepSeek-V3.2, Kimi-Linear), when present: one entry per
+/// layer, each `dense` or `sparse` (MoE). Errors name the field.
+pub(crate) fn check_mlp_layer_types(types: Option<&[String]>, n: usize) -> anyhow::Result<()> {
+    let Some(t) = types else { return Ok(()) };
+    if t.len() != n {
+        anyhow::bail!(
+            "field `mlp_layer_types` has {} entries but num_hidden_layers is {n}",
+            t.len()
+        );
+    }
+    if let Some((i, x)) = t
+        .iter()
+        .enumerate()
+        .find(|(_, x)| *x != "dense" && *x != "sparse")
+    {
+        anyhow::bail!("field `mlp_layer_types`[{i}] is '{x}' (expected 'dense' or 'sparse')");
+    }
+    Ok(())
+}
+
 /// Deserialises `value` as `T` (errors name the field path) and validates it.
 fn parse_as<T: serde::de::DeserializeOwned>(
     value: &serde_json::Value,
