@@ -12,64 +12,37 @@
 //!         [--heads 128] [--index-topk 2048] [--iters 20] [--json]`
 
 use anyhow::{bail, Result};
+use clap::Parser;
 use dayone_backend::conformance::Rng;
 use dayone_backend::{Backend, DType, HostTensor, RopeStyle, StepMeta};
 use dayone_engine::layers::{DsaIndexer, Linear, Mla, MlaShape, RmsNorm, Rope};
 use std::time::Instant;
 
+/// Command-line flags.
+#[derive(Parser)]
+#[command(about = "Decode time of one DeepSeek-V3.2 attention layer, dense vs sparse (DSA)")]
 struct Args {
+    /// Backend: cuda, wgsl or cpu.
+    #[arg(long, default_value = "cuda")]
     backend: String,
+    /// Context lengths (tokens already cached per sequence), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8192,32768,131072")]
     contexts: Vec<usize>,
+    /// Batch sizes (sequences per decode step), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
     batch: Vec<usize>,
+    /// Attention heads.
+    #[arg(long, default_value_t = 128)]
     heads: usize,
+    /// Keys the indexer keeps per query.
+    #[arg(long, default_value_t = 2048)]
     index_topk: usize,
-    iters: usize,
+    /// Timed calls per measurement (after one warm-up).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
     json: bool,
-}
-
-fn list(key: &str, v: &str) -> Result<Vec<usize>> {
-    v.split(',')
-        .map(|x| {
-            x.parse()
-                .map_err(|_| anyhow::anyhow!("{key}: '{x}' is not a number"))
-        })
-        .collect()
-}
-
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        backend: "cuda".into(),
-        contexts: vec![8192, 32768, 131072],
-        batch: vec![1],
-        heads: 128,
-        index_topk: 2048,
-        iters: 20,
-        json: false,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let key = argv[i].as_str();
-        if key == "--json" {
-            a.json = true;
-            i += 1;
-            continue;
-        }
-        let Some(v) = argv.get(i + 1) else {
-            bail!("{key} needs a value")
-        };
-        match key {
-            "--backend" => a.backend = v.clone(),
-            "--contexts" => a.contexts = list(key, v)?,
-            "--batch" => a.batch = list(key, v)?,
-            "--heads" => a.heads = list(key, v)?[0],
-            "--index-topk" => a.index_topk = list(key, v)?[0],
-            "--iters" => a.iters = list(key, v)?[0].max(1),
-            other => bail!("unknown flag {other}"),
-        }
-        i += 2;
-    }
-    Ok(a)
 }
 
 /// A `[shape]` host tensor in `dt` of small random values: one random block repeated (drawing
@@ -177,7 +150,7 @@ fn decode_meta(batch: usize, ctx: usize, bs: usize) -> StepMeta {
 }
 
 /// Mean seconds of `f` over `iters` runs after one warm-up.
-fn time<B: Backend>(b: &B, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn time<B: Backend>(b: &B, iters: u64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     b.synchronize()?;
     let t0 = Instant::now();
@@ -303,7 +276,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let a = parse()?;
+    let a = Args::parse();
     match a.backend.as_str() {
         "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),
         "wgsl" => run(dayone_wgsl::WgslBackend::new()?, &a),

@@ -8,72 +8,45 @@
 //!         [--shared 1] [--json]`
 
 use anyhow::{bail, Result};
+use clap::Parser;
 use dayone_backend::conformance::Rng;
 use dayone_backend::{Backend, DType, HostTensor, MoeRouting};
 use std::time::Instant;
 
+/// Command-line flags.
+#[derive(Parser)]
+#[command(about = "Time of one DeepSeek-V3-shaped MoE block at several token counts")]
 struct Args {
+    /// Backend: cuda, wgsl or cpu.
+    #[arg(long, default_value = "cuda")]
     backend: String,
+    /// Token counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,512,8192")]
     tokens: Vec<usize>,
+    /// Residual width D.
+    #[arg(long, default_value_t = 7168)]
     hidden: usize,
+    /// Routed experts E.
+    #[arg(long, default_value_t = 256)]
     experts: usize,
+    /// Expert intermediate width F.
+    #[arg(long, default_value_t = 2048)]
     expert_dim: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8)]
     top_k: usize,
+    /// Expert groups.
+    #[arg(long, default_value_t = 8)]
     groups: usize,
+    /// Groups kept per token.
+    #[arg(long, default_value_t = 4)]
     topk_group: usize,
+    /// Shared experts.
+    #[arg(long, default_value_t = 1)]
     shared: usize,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
     json: bool,
-}
-
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        backend: "cuda".into(),
-        tokens: vec![1, 64, 512, 8192],
-        hidden: 7168,
-        experts: 256,
-        expert_dim: 2048,
-        top_k: 8,
-        groups: 8,
-        topk_group: 4,
-        shared: 1,
-        json: false,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let key = argv[i].as_str();
-        if key == "--json" {
-            a.json = true;
-            i += 1;
-            continue;
-        }
-        let Some(v) = argv.get(i + 1) else {
-            bail!("{key} needs a value")
-        };
-        let num = || {
-            v.parse::<usize>()
-                .map_err(|_| anyhow::anyhow!("{key}: '{v}' is not a number"))
-        };
-        match key {
-            "--backend" => a.backend = v.clone(),
-            "--tokens" => {
-                a.tokens = v
-                    .split(',')
-                    .map(|x| x.parse().map_err(|_| anyhow::anyhow!("--tokens: '{x}'")))
-                    .collect::<Result<_>>()?
-            }
-            "--hidden" => a.hidden = num()?,
-            "--experts" => a.experts = num()?,
-            "--expert-dim" => a.expert_dim = num()?,
-            "--top-k" => a.top_k = num()?,
-            "--groups" => a.groups = num()?,
-            "--topk-group" => a.topk_group = num()?,
-            "--shared" => a.shared = num()?,
-            other => bail!("unknown flag {other}"),
-        }
-        i += 2;
-    }
-    Ok(a)
 }
 
 /// A `[shape]` bf16 host tensor of small random values: one random block repeated (random
@@ -176,7 +149,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let a = parse()?;
+    let a = Args::parse();
     match a.backend.as_str() {
         "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),
         "wgsl" => run(dayone_wgsl::WgslBackend::new()?, &a),

@@ -6,6 +6,7 @@
 //! Usage: `op-bench [--iters N] [--quick]` (WGSL backend; set `XDG_RUNTIME_DIR=/tmp` on lavapipe).
 
 use anyhow::Result;
+use clap::Parser;
 use dayone_backend::conformance::{AttnCase, Rng};
 use dayone_backend::{Backend, DType, HostTensor};
 use std::time::Instant;
@@ -146,27 +147,20 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
     Ok(())
 }
 
+/// Command-line flags.
+#[derive(Parser)]
+#[command(about = "linear and paged_attention micro-benchmarks on the WGSL backend")]
+struct Args {
+    /// Timed calls per shape (matmuls: a quarter).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Fewer, smaller shapes.
+    #[arg(long)]
+    quick: bool,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let mut iters = 20;
-    let mut quick = false;
-    let mut i = 1;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--iters" => {
-                iters = args
-                    .get(i + 1)
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| anyhow::anyhow!("--iters N"))?;
-                i += 1;
-            }
-            "--quick" => quick = true,
-            other => {
-                anyhow::bail!("unknown argument '{other}'; usage: op-bench [--iters N] [--quick]")
-            }
-        }
-        i += 1;
-    }
+    let a = Args::parse();
     let b = dayone_wgsl::WgslBackend::new()?;
-    run(&b, iters, quick)
+    run(&b, a.iters as usize, a.quick)
 }
