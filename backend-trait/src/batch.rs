@@ -90,6 +90,32 @@ impl StepMeta {
         Ok(())
     }
 
+    /// Checks the inputs of [`crate::Backend::dsa_topk`] for this step — `q` `[N, H, d]`, `w`
+    /// `[N, H]`, `k_cache` `[blocks, bs, d]`, `topk ≥ 1` — and the tables
+    /// ([`Self::check_paged`]); returns `(H, d, blocks, bs)`. Errors start with `op`.
+    pub fn check_dsa_topk(
+        &self,
+        op: &str,
+        q: &[usize],
+        w: &[usize],
+        k_cache: &[usize],
+        topk: usize,
+    ) -> Result<(usize, usize, usize, usize)> {
+        let n = self.num_tokens();
+        let (h, d) = match *q {
+            [qn, h, d] if qn == n => (h, d),
+            _ => bail!("{op}: q must have shape [{n}, H, d], got {q:?}"),
+        };
+        ensure!(w == [n, h], "{op}: w must have shape [{n}, {h}], got {w:?}");
+        let (blocks, bs) = match *k_cache {
+            [blocks, bs, kd] if kd == d => (blocks, bs),
+            _ => bail!("{op}: k_cache must have shape [blocks, bs, {d}], got {k_cache:?}"),
+        };
+        ensure!(topk >= 1, "{op}: topk must be at least 1");
+        self.check_paged(op, blocks, bs)?;
+        Ok((h, d, blocks, bs))
+    }
+
     /// Checks the table shapes a varlen attention kernel reads for `num_tokens` query tokens:
     /// exactly `num_tokens` `positions` and `token_seq` entries, `[S + 1]` `query_start` entries,
     /// exactly `[S, max_blocks]` `block_tables` entries, and every `token_seq` entry `< S`.

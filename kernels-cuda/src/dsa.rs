@@ -95,26 +95,9 @@ impl CudaBackend {
         let sfx = dtype_suffix(OP, q.dtype)?;
         let hm = &meta.host;
         let n = hm.num_tokens();
-        let (h, d) = match q.shape[..] {
-            [qn, h, d] if qn == n => (h, d),
-            _ => bail!("{OP}: q must be [{n}, H, d], got {:?}", q.shape),
-        };
-        if w.shape != [n, h] {
-            bail!("{OP}: w must be [{n}, {h}], got {:?}", w.shape);
-        }
-        let (blocks, bs) = match k_cache.shape[..] {
-            [blocks, bs, kd] if kd == d => (blocks, bs),
-            _ => bail!(
-                "{OP}: k_cache must be [blocks, bs, {d}], got {:?}",
-                k_cache.shape
-            ),
-        };
+        let (h, d, blocks, bs) = hm.check_dsa_topk(OP, &q.shape, &w.shape, &k_cache.shape, topk)?;
         check_dtype(OP, "w", w, q.dtype)?;
         check_dtype(OP, "k_cache", k_cache, q.dtype)?;
-        if topk == 0 {
-            bail!("{OP}: topk must be at least 1");
-        }
-        hm.check_paged(OP, blocks, bs)?;
         self.bind()?;
         let out = self.alloc(vec![n, topk], DType::U32)?;
         if n == 0 {

@@ -60,28 +60,12 @@ impl WgslBackend {
         const OP: &str = "dsa_topk";
         let hm = &meta.host;
         let n = hm.num_tokens();
+        let (h, d, _, bs) = hm.check_dsa_topk(OP, &q.shape, &w.shape, &k_cache.shape, topk)?;
+        // The workgroup sort holds at most this many picks.
         ensure!(
-            q.shape.len() == 3 && q.shape[0] == n,
-            "{OP}: q must have shape [{n}, H, d], got {:?}",
-            q.shape
+            topk <= DSA_MAX_TOPK,
+            "{OP}: topk must be at most {DSA_MAX_TOPK} on this backend, got {topk}"
         );
-        let (h, d) = (q.shape[1], q.shape[2]);
-        ensure!(
-            w.shape == [n, h],
-            "{OP}: w must have shape [{n}, {h}], got {:?}",
-            w.shape
-        );
-        ensure!(
-            k_cache.shape.len() == 3 && k_cache.shape[2] == d,
-            "{OP}: k_cache must have shape [blocks, bs, {d}], got {:?}",
-            k_cache.shape
-        );
-        ensure!(
-            (1..=DSA_MAX_TOPK).contains(&topk),
-            "{OP}: topk must be in 1..={DSA_MAX_TOPK}, got {topk}"
-        );
-        let (blocks, bs) = (k_cache.shape[0], k_cache.shape[1]);
-        hm.check_paged(OP, blocks, bs)?;
         let q = &self.f32_of(OP, "q", q)?;
         let w = &self.f32_of(OP, "w", w)?;
         let k_cache = &self.f32_of(OP, "k_cache", k_cache)?;
