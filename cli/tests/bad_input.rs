@@ -314,6 +314,42 @@ fn request_larger_than_the_kv_cache_is_refused_up_front() {
     );
 }
 
+/// A cache larger than the device's free memory is refused before it is allocated, and a size
+/// whose byte count overflows is refused too — never an out-of-memory kill. Runs on the CPU
+/// backend, which always reports (host) free memory.
+#[test]
+fn kv_cache_larger_than_free_memory_is_refused() {
+    let p = fixture("llama_tiny");
+    let p = p.to_str().unwrap();
+    let cpu = |tokens: &'static str| {
+        vec![
+            "generate",
+            "--backend",
+            "cpu",
+            "--model",
+            p,
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "4",
+            "--kv-cache-tokens",
+            tokens,
+        ]
+    };
+    fails_with(
+        &cpu("4000000000"),
+        &[
+            "--kv-cache-tokens 4000000000 needs",
+            "free",
+            "lower --kv-cache-tokens",
+        ],
+    );
+    fails_with(
+        &cpu("18446744073709551615"),
+        &["too large", "--kv-cache-tokens"],
+    );
+}
+
 #[test]
 fn conflicting_and_dangling_prompt_flags() {
     let p = fixture("llama_tiny");
