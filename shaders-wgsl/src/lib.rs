@@ -48,7 +48,7 @@
 //!   (token, key) per invocation over key tiles of 64, then `dsa_select.wgsl`, a workgroup per
 //!   token: 8-pass radix select of the k-th largest (score, ~position) composite, compaction and
 //!   a bitonic sort in workgroup memory; `topk ≤` [`DSA_MAX_TOPK`]) and `sparse_latent_attention`
-//!   (`sparse_mla_attention.wgsl`: `mla_attention.wgsl`'s workgroup kernel iterating over
+//!   (`mla_attention.wgsl`, the dense workgroup kernel, with `topk > 0`: its key loop runs over
 //!   `selected[n]`, skipping `u32::MAX`).
 
 mod buffers;

@@ -51,7 +51,6 @@ const KDA_CHUNK_STATE: &str = include_str!("../shaders/kda_chunk_state.wgsl");
 const LAYER_NORM: &str = include_str!("../shaders/layer_norm.wgsl");
 const DSA_TOPK: &str = include_str!("../shaders/dsa_topk.wgsl");
 const DSA_SELECT: &str = include_str!("../shaders/dsa_select.wgsl");
-const SPARSE_MLA: &str = include_str!("../shaders/sparse_mla_attention.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -160,7 +159,7 @@ spec!(
     MLA,
     "mla_attention.wgsl",
     "mla_attention",
-    [R, R, R, R, R, R, W]
+    [R, R, R, R, R, R, R, W]
 );
 spec!(
     MOE_ROUTE_K,
@@ -268,13 +267,6 @@ spec!(
     "dsa_select.wgsl",
     "dsa_select",
     [R, R, W]
-);
-spec!(
-    SPARSE_MLA_ATTN,
-    SPARSE_MLA,
-    "sparse_mla_attention.wgsl",
-    "sparse_mla_attention",
-    [R, R, R, R, R, R, R, W]
 );
 
 /// A compiled kernel.

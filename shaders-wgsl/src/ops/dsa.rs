@@ -198,6 +198,10 @@ impl WgslBackend {
             (n * h) as u32,
             topk as u32,
         ];
+        if topk == 0 {
+            // Nothing selected: no keys (and `mla_attention.wgsl` reads topk 0 as dense).
+            return dayone_backend::Backend::zeros(self, &[n, h, l], DType::F32);
+        }
         // With R == 0 bind q_lat in q_rope's place (unread).
         let qr = if r == 0 {
             q_lat.single(OP, "q_lat")?
@@ -205,7 +209,7 @@ impl WgslBackend {
             q_rope.single(OP, "q_rope")?
         };
         self.dispatch(
-            &pipelines::SPARSE_MLA_ATTN,
+            &pipelines::MLA_ATTN,
             &p,
             &[
                 q_lat.single(OP, "q_lat")?,

@@ -166,34 +166,30 @@ impl WgslBackend {
         // widths the lanes kernel cannot hold): a workgroup per (token, head) sharing key tiles.
         let lanes =
             self.cpu_kernels && l.is_multiple_of(4) && r.is_multiple_of(4) && l <= 256 && r <= 64;
-        let (spec, g) = if lanes {
-            (
-                &pipelines::MLA_ATTN_LANES,
-                Self::grid(OP, ((n * h) as u64).div_ceil(8))?,
-            )
-        } else {
-            (&pipelines::MLA_ATTN, [h as u32, n as u32, 1])
-        };
         // The lanes kernel binds q_rope as vec4s: with R == 0 bind q_lat in its place (unread).
         let qr = if r == 0 {
             q_lat.single(OP, "q_lat")?
         } else {
             q_rope.single(OP, "q_rope")?
         };
-        self.dispatch(
-            spec,
-            &p,
-            &[
-                q_lat.single(OP, "q_lat")?,
-                qr,
-                cache.single(OP, "cache")?,
-                meta.positions.single(OP, "positions")?,
-                meta.token_seq.single(OP, "token_seq")?,
-                meta.block_tables.single(OP, "block_tables")?,
-                out.single(OP, "output")?,
-            ],
-            g,
-        )?;
+        let mut bufs = vec![
+            q_lat.single(OP, "q_lat")?,
+            qr,
+            cache.single(OP, "cache")?,
+            meta.positions.single(OP, "positions")?,
+            meta.token_seq.single(OP, "token_seq")?,
+            meta.block_tables.single(OP, "block_tables")?,
+        ];
+        if lanes {
+            bufs.push(out.single(OP, "output")?);
+            let g = Self::grid(OP, ((n * h) as u64).div_ceil(8))?;
+            self.dispatch(&pipelines::MLA_ATTN_LANES, &p, &bufs, g)?;
+        } else {
+            // `mla_attention.wgsl` with topk 0 (dense): its `selected` binding is unread.
+            bufs.push(meta.positions.single(OP, "positions")?);
+            bufs.push(out.single(OP, "output")?);
+            self.dispatch(&pipelines::MLA_ATTN, &p, &bufs, [h as u32, n as u32, 1])?;
+        }
         Ok(out)
     }
 }
