@@ -85,6 +85,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
         None
     }
 
+    /// The largest single cache tensor, in bytes, that every op reading or writing a cache
+    /// (`write_kv`, `write_cache`, the paged attentions, `dsa_topk`, `short_conv`, `kda`) can
+    /// take, or `None` when only the device memory limits it. WGSL answers its largest buffer
+    /// chunk (the adapter's largest storage binding, 128 MiB on lavapipe): a larger tensor is
+    /// split by rows, which only `linear` weights and embedding tables may be. The engine caps
+    /// each per-layer cache tensor (`[blocks, block_size, …]`) at it.
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Row gather: `out[i] = table[ids[i]]`.
     /// `table` `[V, D]` float, `ids` `[N]` u32 → `[N, D]` in `table`'s dtype.
     /// Used for token embeddings and for picking the rows that need logits.

@@ -9,7 +9,10 @@ use crate::{
 use anyhow::{ensure, Result};
 use std::sync::{Arc, RwLock};
 
-/// A host tensor behind a shared lock; clones and reshapes share the storage.
+/// A host tensor behind a shared lock; clones and reshapes share the storage. Ops that update a
+/// tensor (`write_kv`, `write_cache`, `short_conv`, `kda`) write the rows they change under the
+/// write lock, and the attention ops read the caches under the read lock, so a step never
+/// copies a cache.
 #[derive(Clone, Debug)]
 pub struct CpuTensor {
     data: Arc<RwLock<HostTensor>>,
@@ -38,6 +41,31 @@ impl CpuTensor {
         let mut t = self.data.read().expect("lock").clone();
         t.shape = self.shape.clone();
         t
+    }
+
+    /// Runs `f` on the data with this view's shape, borrowed under the read lock (no copy unless
+    /// the view's shape differs from the stored one). For the caches, which ops read in part.
+    fn read<R>(&self, f: impl FnOnce(&HostTensor) -> R) -> R {
+        let g = self.data.read().expect("lock");
+        if g.shape == self.shape {
+            f(&g)
+        } else {
+            let mut t = g.clone();
+            drop(g);
+            t.shape = self.shape.clone();
+            f(&t)
+        }
+    }
+
+    /// Runs `f` on the data with this view's shape under the write lock, so that an op updates
+    /// the rows it writes in place (caches, recurrent state) instead of copying the tensor.
+    /// The stored shape is put back afterwards; `f` must keep the dtype and element count.
+    fn write<R>(&self, f: impl FnOnce(&mut HostTensor) -> Result<R>) -> Result<R> {
+        let mut g = self.data.write().expect("lock");
+        let stored = std::mem::replace(&mut g.shape, self.shape.clone());
+        let r = f(&mut g);
+        g.shape = stored;
+        r
     }
 }
 
@@ -159,14 +187,12 @@ impl Backend for CpuBackend {
         v_cache: &CpuTensor,
         meta: &DeviceStepMeta<CpuTensor>,
     ) -> Result<()> {
-        let mut kc = k_cache.host();
-        let mut vc = v_cache.host();
-        reference::write_kv(&k.host(), &v.host(), &mut kc, &mut vc, &meta.host)?;
-        kc.shape = k_cache.data.read().expect("lock").shape.clone();
-        vc.shape = v_cache.data.read().expect("lock").shape.clone();
-        *k_cache.data.write().expect("lock") = kc;
-        *v_cache.data.write().expect("lock") = vc;
-        Ok(())
+        ensure!(
+            !Arc::ptr_eq(&k_cache.data, &v_cache.data),
+            "write_kv: k_cache and v_cache must be different tensors"
+        );
+        let (k, v) = (k.host(), v.host());
+        k_cache.write(|kc| v_cache.write(|vc| reference::write_kv(&k, &v, kc, vc, &meta.host)))
     }
 
     fn paged_attention(
@@ -177,13 +203,11 @@ impl Backend for CpuBackend {
         meta: &DeviceStepMeta<CpuTensor>,
         scale: f32,
     ) -> Result<CpuTensor> {
-        Ok(CpuTensor::new(reference::paged_attention(
-            &q.host(),
-            &k_cache.host(),
-            &v_cache.host(),
-            &meta.host,
-            scale,
-        )?))
+        let q = q.host();
+        let out = k_cache.read(|kc| {
+            v_cache.read(|vc| reference::paged_attention(&q, kc, vc, &meta.host, scale))
+        })?;
+        Ok(CpuTensor::new(out))
     }
 
     fn argmax(&self, x: &CpuTensor) -> Result<CpuTensor> {
@@ -204,11 +228,8 @@ impl Backend for CpuBackend {
         col: usize,
         meta: &DeviceStepMeta<CpuTensor>,
     ) -> Result<()> {
-        let mut c = cache.host();
-        reference::write_cache(&x.host(), &mut c, col, &meta.host)?;
-        c.shape = cache.data.read().expect("lock").shape.clone();
-        *cache.data.write().expect("lock") = c;
-        Ok(())
+        let x = x.host();
+        cache.write(|c| reference::write_cache(&x, c, col, &meta.host))
     }
 
     fn paged_latent_attention(
@@ -219,13 +240,10 @@ impl Backend for CpuBackend {
         meta: &DeviceStepMeta<CpuTensor>,
         scale: f32,
     ) -> Result<CpuTensor> {
-        Ok(CpuTensor::new(reference::paged_latent_attention(
-            &q_lat.host(),
-            &q_rope.host(),
-            &cache.host(),
-            &meta.host,
-            scale,
-        )?))
+        let (q_lat, q_rope) = (q_lat.host(), q_rope.host());
+        let out = cache
+            .read(|c| reference::paged_latent_attention(&q_lat, &q_rope, c, &meta.host, scale))?;
+        Ok(CpuTensor::new(out))
     }
 
     fn moe_route(
@@ -264,10 +282,8 @@ impl Backend for CpuBackend {
         state: &CpuTensor,
         meta: &DeviceStepMeta<CpuTensor>,
     ) -> Result<CpuTensor> {
-        let mut st = state.host();
-        let y = reference::short_conv(&x.host(), &w.host(), &mut st, &meta.host)?;
-        st.shape = state.data.read().expect("lock").shape.clone();
-        *state.data.write().expect("lock") = st;
+        let (x, w) = (x.host(), w.host());
+        let y = state.write(|st| reference::short_conv(&x, &w, st, &meta.host))?;
         Ok(CpuTensor::new(y))
     }
 
@@ -284,21 +300,11 @@ impl Backend for CpuBackend {
         state: &CpuTensor,
         meta: &DeviceStepMeta<CpuTensor>,
     ) -> Result<CpuTensor> {
-        let mut st = state.host();
-        let o = reference::kda(
-            &q.host(),
-            &k.host(),
-            &v.host(),
-            &a.host(),
-            &b.host(),
-            &a_log.host(),
-            &dt_bias.host(),
-            lower_bound,
-            &mut st,
-            &meta.host,
-        )?;
-        st.shape = state.data.read().expect("lock").shape.clone();
-        *state.data.write().expect("lock") = st;
+        let inputs = [q, k, v, a, b, a_log, dt_bias].map(CpuTensor::host);
+        let [q, k, v, a, b, a_log, dt_bias] = &inputs;
+        let o = state.write(|st| {
+            reference::kda(q, k, v, a, b, a_log, dt_bias, lower_bound, st, &meta.host)
+        })?;
         Ok(CpuTensor::new(o))
     }
 
@@ -341,14 +347,9 @@ impl Backend for CpuBackend {
         scale: f32,
         topk: usize,
     ) -> Result<CpuTensor> {
-        Ok(CpuTensor::new(reference::dsa_topk(
-            &q.host(),
-            &w.host(),
-            &k_cache.host(),
-            &meta.host,
-            scale,
-            topk,
-        )?))
+        let (q, w) = (q.host(), w.host());
+        let out = k_cache.read(|kc| reference::dsa_topk(&q, &w, kc, &meta.host, scale, topk))?;
+        Ok(CpuTensor::new(out))
     }
 
     fn sparse_latent_attention(
@@ -360,21 +361,18 @@ impl Backend for CpuBackend {
         scale: f32,
         selected: &CpuTensor,
     ) -> Result<CpuTensor> {
-        Ok(CpuTensor::new(reference::sparse_latent_attention(
-            &q_lat.host(),
-            &q_rope.host(),
-            &cache.host(),
-            &meta.host,
-            scale,
-            &selected.host(),
-        )?))
+        let (q_lat, q_rope, selected) = (q_lat.host(), q_rope.host(), selected.host());
+        let out = cache.read(|c| {
+            reference::sparse_latent_attention(&q_lat, &q_rope, c, &meta.host, scale, &selected)
+        })?;
+        Ok(CpuTensor::new(out))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::CpuBackend;
-    use crate::conformance;
+    use super::{CpuBackend, CpuTensor};
+    use crate::{conformance, Backend, DType, HostTensor, StepMeta};
 
     /// The reference backend passes the suite (a sanity check of the checks themselves: input
     /// construction, e.g. the routing-margin resampling, and shape bookkeeping).
@@ -388,5 +386,60 @@ mod tests {
     #[test]
     fn cpu_dsa_ops() {
         conformance::check_dsa_ops(&CpuBackend).unwrap();
+    }
+
+    /// `write_kv` and `write_cache` change only the addressed rows, in the cache's own storage
+    /// (no copy of the cache), seen by every view of it; a bad slot leaves the cache unchanged.
+    #[test]
+    fn cache_writes_are_in_place() {
+        let b = CpuBackend;
+        let (kc, vc) = (
+            b.zeros(&[4, 2, 1, 3], DType::F32).unwrap(),
+            b.zeros(&[4, 2, 1, 3], DType::F32).unwrap(),
+        );
+        let view = b.reshape(&kc, &[8, 3]).unwrap();
+        let ptr = |t: &CpuTensor| t.data.read().unwrap().data.as_ptr();
+        let before = (ptr(&kc), ptr(&vc));
+        let k = b
+            .upload(&HostTensor::from_f32(vec![1, 1, 3], &[1.0, 2.0, 3.0]).unwrap())
+            .unwrap();
+        let v = b
+            .upload(&HostTensor::from_f32(vec![1, 1, 3], &[4.0, 5.0, 6.0]).unwrap())
+            .unwrap();
+        let meta = |slot: u32| {
+            b.upload_meta(StepMeta {
+                positions: vec![0],
+                token_seq: vec![0],
+                slot_mapping: vec![slot],
+                block_tables: vec![0],
+                seq_lens: vec![1],
+                query_start: vec![0, 1],
+                logit_rows: vec![0],
+                state_slots: vec![0],
+                max_blocks: 1,
+                block_size: 2,
+                max_seq_len: 1,
+            })
+            .unwrap()
+        };
+        b.write_kv(&k, &v, &kc, &vc, &meta(5)).unwrap();
+        assert_eq!((ptr(&kc), ptr(&vc)), before);
+        let mut want = vec![0f32; 24];
+        want[15..18].copy_from_slice(&[1.0, 2.0, 3.0]);
+        assert_eq!(b.download(&view).unwrap().to_f32(), want);
+        assert_eq!(b.download(&view).unwrap().shape, [8, 3]);
+        assert_eq!(b.download(&kc).unwrap().shape, [4, 2, 1, 3]);
+        assert!(b.write_kv(&k, &v, &kc, &vc, &meta(8)).is_err());
+        assert!(b.write_kv(&k, &v, &kc, &kc, &meta(0)).is_err());
+        assert_eq!(b.download(&kc).unwrap().to_f32(), want);
+        // write_cache at a column offset, through the [blocks, bs, W] view of the same storage.
+        let lat = b.reshape(&kc, &[4, 2, 3]).unwrap();
+        let x = b
+            .upload(&HostTensor::from_f32(vec![1, 2], &[7.0, 8.0]).unwrap())
+            .unwrap();
+        b.write_cache(&x, &lat, 1, &meta(0)).unwrap();
+        want[1..3].copy_from_slice(&[7.0, 8.0]);
+        assert_eq!(b.download(&kc).unwrap().to_f32(), want);
+        assert_eq!(ptr(&kc), before.0);
     }
 }

@@ -137,6 +137,37 @@ impl HostTensor {
         }
     }
 
+    /// The values widened to f32 like [`HostTensor::to_f32`], borrowed without a copy when the
+    /// tensor is f32 (and its bytes are 4-byte aligned, as the allocator gives them).
+    pub fn f32_values(&self) -> std::borrow::Cow<'_, [f32]> {
+        if self.dtype == DType::F32 {
+            if let Ok(v) = bytemuck::try_cast_slice::<u8, f32>(&self.data) {
+                return std::borrow::Cow::Borrowed(v);
+            }
+        }
+        std::borrow::Cow::Owned(self.to_f32())
+    }
+
+    /// Updates the values in place through `f` (given all `numel` values as f32). An f32 tensor
+    /// with aligned bytes is changed where it lies, without a copy; otherwise the values are
+    /// decoded, updated and stored back as `out_dtype` (f32, bf16 or f16). `f` should check its
+    /// input before writing: what it wrote before an error stays written.
+    pub fn update_f32<R>(
+        &mut self,
+        out_dtype: DType,
+        f: impl FnOnce(&mut [f32]) -> Result<R>,
+    ) -> Result<R> {
+        if self.dtype == DType::F32 {
+            if let Ok(v) = bytemuck::try_cast_slice_mut::<u8, f32>(&mut self.data) {
+                return f(v);
+            }
+        }
+        let mut v = self.to_f32();
+        let r = f(&mut v)?;
+        *self = Self::from_f32_as(self.shape.clone(), &v, out_dtype)?;
+        Ok(r)
+    }
+
     /// Values as u32 (only for `U32`/`I32` tensors; i32 reinterpreted).
     pub fn to_u32(&self) -> Result<Vec<u32>> {
         match self.dtype {

@@ -245,18 +245,23 @@ pub fn write_kv(
             "write_kv: slot_mapping must have {n} entries, got {}",
             meta.slot_mapping.len()
         );
-        let sv = src.to_f32();
-        let mut cv = cache.to_f32();
-        let row = hkv * hd;
-        for t in 0..n {
-            let slot = meta.slot_mapping[t] as usize;
+        for &slot in &meta.slot_mapping {
             ensure!(
-                slot < blocks * bs,
+                (slot as usize) < blocks * bs,
                 "write_kv: slot {slot} outside the cache ({blocks}×{bs})"
             );
-            cv[slot * row..(slot + 1) * row].copy_from_slice(&sv[t * row..(t + 1) * row]);
         }
-        *cache = HostTensor::from_f32_as(cache.shape.clone(), &cv, cache.dtype)?;
+        let sv = src.f32_values();
+        let row = hkv * hd;
+        // Only the written rows are touched (the cache is not copied).
+        let dtype = cache.dtype;
+        cache.update_f32(dtype, |cv| {
+            for (t, &slot) in meta.slot_mapping.iter().enumerate() {
+                let slot = slot as usize;
+                cv[slot * row..(slot + 1) * row].copy_from_slice(&sv[t * row..(t + 1) * row]);
+            }
+            Ok(())
+        })?;
     }
     Ok(())
 }
@@ -314,7 +319,8 @@ pub fn paged_attention(
         "paged_attention: positions and token_seq must have {n} entries"
     );
     let group = h / hkv;
-    let (qv, kv, vv) = (q.to_f32(), k_cache.to_f32(), v_cache.to_f32());
+    // The caches are read where they lie (f32), not copied.
+    let (qv, kv, vv) = (q.to_f32(), k_cache.f32_values(), v_cache.f32_values());
     let mut out = vec![0f32; n * h * hdv];
     for t in 0..n {
         let s = meta.token_seq[t] as usize;
@@ -445,18 +451,22 @@ pub fn write_cache(
         meta.slot_mapping.len() == n,
         "write_cache: slot_mapping must have {n} entries"
     );
-    let xv = x.to_f32();
-    let mut cv = cache.to_f32();
-    for t in 0..n {
-        let slot = meta.slot_mapping[t] as usize;
+    for &slot in &meta.slot_mapping {
         ensure!(
-            slot < blocks * bs,
+            (slot as usize) < blocks * bs,
             "write_cache: slot {slot} outside the cache ({blocks}×{bs})"
         );
-        cv[slot * width + col..slot * width + col + w].copy_from_slice(&xv[t * w..(t + 1) * w]);
     }
-    *cache = HostTensor::from_f32_as(cache.shape.clone(), &cv, cache.dtype)?;
-    Ok(())
+    let xv = x.f32_values();
+    // Only the written columns of the written rows are touched (the cache is not copied).
+    let dtype = cache.dtype;
+    cache.update_f32(dtype, |cv| {
+        for (t, &slot) in meta.slot_mapping.iter().enumerate() {
+            let base = slot as usize * width + col;
+            cv[base..base + w].copy_from_slice(&xv[t * w..(t + 1) * w]);
+        }
+        Ok(())
+    })
 }
 
 /// One head of latent attention over `rows` (`[L + R]` each): softmax over
@@ -514,7 +524,7 @@ pub fn paged_latent_attention(
     );
     let bs = cache.shape[1];
     let w = l + r;
-    let (qv, rv, cv) = (q_lat.to_f32(), q_rope.to_f32(), cache.to_f32());
+    let (qv, rv, cv) = (q_lat.to_f32(), q_rope.to_f32(), cache.f32_values());
     let mut out = vec![0f32; n * h * l];
     for t in 0..n {
         let rows: Vec<&[f32]> = causal_slots(meta, t, bs)
@@ -745,35 +755,39 @@ pub fn short_conv(
         meta.state_slots.len() == meta.seq_lens.len(),
         "short_conv: state_slots must have one entry per sequence"
     );
-    let (xv, wv) = (x.to_f32(), w.to_f32());
-    let mut sv = state.to_f32();
-    let h = width - 1;
-    let mut y = vec![0f32; n * c];
-    for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
-        let slot = meta.state_slots[s] as usize;
+    for &slot in &meta.state_slots {
         ensure!(
-            slot < state.shape[0],
+            (slot as usize) < state.shape[0],
             "short_conv: state slot {slot} out of range"
         );
-        for ch in 0..c {
-            let base = (slot * c + ch) * h;
-            let mut stream: Vec<f32> = if fresh {
-                vec![0.0; h]
-            } else {
-                sv[base..base + h].to_vec()
-            };
-            stream.extend(rows.clone().map(|t| xv[t * c + ch]));
-            for (i, t) in rows.clone().enumerate() {
-                let acc: f64 = (0..width)
-                    .map(|j| wv[ch * width + j] as f64 * stream[i + j] as f64)
-                    .sum();
-                y[t * c + ch] = (acc / (1.0 + (-acc).exp())) as f32;
-            }
-            let tail = &stream[stream.len() - h..];
-            sv[base..base + h].copy_from_slice(tail);
-        }
     }
-    *state = HostTensor::from_f32(state.shape.clone(), &sv)?;
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let h = width - 1;
+    let mut y = vec![0f32; n * c];
+    // The state is updated where it lies (only the step's slots are touched).
+    state.update_f32(DType::F32, |sv| {
+        for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
+            let slot = meta.state_slots[s] as usize;
+            for ch in 0..c {
+                let base = (slot * c + ch) * h;
+                let mut stream: Vec<f32> = if fresh {
+                    vec![0.0; h]
+                } else {
+                    sv[base..base + h].to_vec()
+                };
+                stream.extend(rows.clone().map(|t| xv[t * c + ch]));
+                for (i, t) in rows.clone().enumerate() {
+                    let acc: f64 = (0..width)
+                        .map(|j| wv[ch * width + j] as f64 * stream[i + j] as f64)
+                        .sum();
+                    y[t * c + ch] = (acc / (1.0 + (-acc).exp())) as f32;
+                }
+                let tail = &stream[stream.len() - h..];
+                sv[base..base + h].copy_from_slice(tail);
+            }
+        }
+        Ok(())
+    })?;
     HostTensor::from_f32_as(vec![n, c], &y, dt)
 }
 
@@ -833,65 +847,73 @@ pub fn kda(
         a_log.to_f32(),
         dt_bias.to_f32(),
     );
-    let mut sv = state.to_f32();
+    for &slot in &meta.state_slots {
+        ensure!(
+            (slot as usize) < state.shape[0],
+            "kda: state slot {slot} out of range"
+        );
+    }
     let mut o = vec![0f32; n * h * vd];
     let scale = 1.0 / (kd as f64).sqrt();
-    for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
-        let slot = meta.state_slots[s] as usize;
-        ensure!(slot < state.shape[0], "kda: state slot {slot} out of range");
-        for hh in 0..h {
-            let base = (slot * h + hh) * kd * vd;
-            let mut st: Vec<f64> = if fresh {
-                vec![0.0; kd * vd]
-            } else {
-                sv[base..base + kd * vd].iter().map(|&x| x as f64).collect()
-            };
-            for t in rows.clone() {
-                let row = (t * h + hh) * kd;
-                let l2 = |x: &[f32]| -> Vec<f64> {
-                    let norm = (x.iter().map(|&e| e as f64 * e as f64).sum::<f64>() + 1e-6).sqrt();
-                    x.iter().map(|&e| e as f64 / norm).collect()
+    // The state is updated where it lies (only the step's slots are touched).
+    state.update_f32(DType::F32, |sv| {
+        for (s, (rows, fresh)) in seq_rows(meta).into_iter().enumerate() {
+            let slot = meta.state_slots[s] as usize;
+            for hh in 0..h {
+                let base = (slot * h + hh) * kd * vd;
+                let mut st: Vec<f64> = if fresh {
+                    vec![0.0; kd * vd]
+                } else {
+                    sv[base..base + kd * vd].iter().map(|&x| x as f64).collect()
                 };
-                let qn: Vec<f64> = l2(&qv[row..row + kd])
-                    .into_iter()
-                    .map(|e| e * scale)
-                    .collect();
-                let kn = l2(&kv[row..row + kd]);
-                let decay: Vec<f64> = (0..kd)
-                    .map(|d| {
-                        let x = av[row + d] as f64 + dtb[hh * kd + d] as f64;
-                        let rate = (alog[hh] as f64).exp();
-                        let g = match lower_bound {
-                            Some(lb) => lb as f64 / (1.0 + (-(rate * x)).exp()),
-                            None => -rate * if x > 20.0 { x } else { x.exp().ln_1p() },
-                        };
-                        g.exp()
-                    })
-                    .collect();
-                let beta = 1.0 / (1.0 + (-(bv[t * h + hh] as f64)).exp());
-                for d in 0..kd {
-                    for e in 0..vd {
-                        st[d * vd + e] *= decay[d];
-                    }
-                }
-                let vrow = (t * h + hh) * vd;
-                for e in 0..vd {
-                    let kv_mem: f64 = (0..kd).map(|d| st[d * vd + e] * kn[d]).sum();
-                    let delta = (vv[vrow + e] as f64 - kv_mem) * beta;
+                for t in rows.clone() {
+                    let row = (t * h + hh) * kd;
+                    let l2 = |x: &[f32]| -> Vec<f64> {
+                        let norm =
+                            (x.iter().map(|&e| e as f64 * e as f64).sum::<f64>() + 1e-6).sqrt();
+                        x.iter().map(|&e| e as f64 / norm).collect()
+                    };
+                    let qn: Vec<f64> = l2(&qv[row..row + kd])
+                        .into_iter()
+                        .map(|e| e * scale)
+                        .collect();
+                    let kn = l2(&kv[row..row + kd]);
+                    let decay: Vec<f64> = (0..kd)
+                        .map(|d| {
+                            let x = av[row + d] as f64 + dtb[hh * kd + d] as f64;
+                            let rate = (alog[hh] as f64).exp();
+                            let g = match lower_bound {
+                                Some(lb) => lb as f64 / (1.0 + (-(rate * x)).exp()),
+                                None => -rate * if x > 20.0 { x } else { x.exp().ln_1p() },
+                            };
+                            g.exp()
+                        })
+                        .collect();
+                    let beta = 1.0 / (1.0 + (-(bv[t * h + hh] as f64)).exp());
                     for d in 0..kd {
-                        st[d * vd + e] += kn[d] * delta;
+                        for e in 0..vd {
+                            st[d * vd + e] *= decay[d];
+                        }
+                    }
+                    let vrow = (t * h + hh) * vd;
+                    for e in 0..vd {
+                        let kv_mem: f64 = (0..kd).map(|d| st[d * vd + e] * kn[d]).sum();
+                        let delta = (vv[vrow + e] as f64 - kv_mem) * beta;
+                        for d in 0..kd {
+                            st[d * vd + e] += kn[d] * delta;
+                        }
+                    }
+                    for e in 0..vd {
+                        o[vrow + e] = (0..kd).map(|d| st[d * vd + e] * qn[d]).sum::<f64>() as f32;
                     }
                 }
-                for e in 0..vd {
-                    o[vrow + e] = (0..kd).map(|d| st[d * vd + e] * qn[d]).sum::<f64>() as f32;
+                for (dst, src) in sv[base..base + kd * vd].iter_mut().zip(&st) {
+                    *dst = *src as f32;
                 }
-            }
-            for (dst, src) in sv[base..base + kd * vd].iter_mut().zip(&st) {
-                *dst = *src as f32;
             }
         }
-    }
-    *state = HostTensor::from_f32(state.shape.clone(), &sv)?;
+        Ok(())
+    })?;
     HostTensor::from_f32_as(vec![n, h, vd], &o, dt)
 }
 
@@ -988,7 +1010,7 @@ pub fn dsa_topk(
     );
     ensure!(topk >= 1, "dsa_topk: topk must be at least 1");
     let bs = k_cache.shape[1];
-    let (qv, wv, kv) = (q.to_f32(), w.to_f32(), k_cache.to_f32());
+    let (qv, wv, kv) = (q.to_f32(), w.to_f32(), k_cache.f32_values());
     let hscale = 1.0 / (h as f64).sqrt();
     let mut out = Vec::with_capacity(n * topk);
     for t in 0..n {
@@ -1053,7 +1075,7 @@ pub fn sparse_latent_attention(
     let (qv, rv, cv, sel) = (
         q_lat.to_f32(),
         q_rope.to_f32(),
-        cache.to_f32(),
+        cache.f32_values(),
         selected.to_u32()?,
     );
     let mut out = vec![0f32; n * h * l];

@@ -328,7 +328,15 @@ fn run_one<B: Backend>(
             a.gen_len
         )?;
         outln!("{:<28}{:>14}", "metric", "value")?;
-        let row = |k: &str, v: String| outln!("{k:<28}{v:>14}");
+        // Undefined figures (no decode step with --gen-len 1, …) print as "-", not NaN.
+        let row = |k: &str, v: String| {
+            let v = if v.contains("NaN") || v.contains("inf") {
+                "-".to_string()
+            } else {
+                v
+            };
+            outln!("{k:<28}{v:>14}")
+        };
         row(
             "TTFT median (ms)",
             format!("{:.2}", percentile(&ttft, 0.5) * 1e3),

@@ -164,9 +164,10 @@ fn generate<B: Backend>(
     let decode_tokens = generated.len().saturating_sub(1);
     let prompt_tps = ids.len() as f64 / ttft.as_secs_f64().max(1e-9);
     let decode_tps = decode_tokens as f64 / decode.as_secs_f64().max(1e-9);
+    // `None` (JSON null) without a tokenizer: the ids are the output then.
     let text = match tok {
-        Some(t) => t.decode(&generated, true)?,
-        None => String::new(),
+        Some(t) => Some(t.decode(&generated, true)?),
+        None => None,
     };
     let finish_reason = finish.map(|f| f.as_str()).unwrap_or("unknown");
     if output == OutputArg::Text {

@@ -12,8 +12,14 @@ fn fixture(name: &str) -> PathBuf {
 
 /// Runs `dayone` with `args`; asserts failure with exactly one stderr line containing each of `want`.
 fn fails_with(args: &[&str], want: &[&str]) {
+    fails_with_env(args, &[], want);
+}
+
+/// [`fails_with`] with extra environment variables.
+fn fails_with_env(args: &[&str], env: &[(&str, &str)], want: &[&str]) {
     let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_BACKTRACE", "1")
         .env("XDG_RUNTIME_DIR", "/tmp")
         .output()
@@ -347,6 +353,50 @@ fn kv_cache_larger_than_free_memory_is_refused() {
     fails_with(
         &cpu("18446744073709551615"),
         &["too large", "--kv-cache-tokens"],
+    );
+}
+
+/// On WGSL a cache tensor must fit in one storage binding (the cache ops cannot bind a tensor
+/// split across buffers): a larger `--kv-cache-tokens` is refused when the engine is built,
+/// naming the largest capacity that works, not at the first step. The binding is pinned to
+/// lavapipe's 128 MiB so that GPU adapters with larger bindings give the same figures.
+#[test]
+fn kv_cache_tensor_larger_than_one_binding_is_refused() {
+    let env = [("DAYONE_WGSL_MAX_CHUNK_BYTES", "134217728")];
+    // llama_tiny: K and V `[blocks, 16, 2, 16]` f32, 128 B per token each → 1048576 tokens.
+    let p = fixture("llama_tiny");
+    let start = std::time::Instant::now();
+    fails_with_env(
+        &gen(
+            p.to_str().unwrap(),
+            &["--prompt-ids", "1,5", "--kv-cache-tokens", "3000000"],
+        ),
+        &env,
+        &[
+            "--kv-cache-tokens 3000000 is too large",
+            "at most 1048576 tokens on this backend",
+            "one cache tensor may not exceed 128.0 MiB",
+        ],
+    );
+    // Refused before the cache is allocated or a step runs (those take far longer on lavapipe).
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    // deepseek_v32_tiny: the latent cache `[blocks, 16, 40]` f32, 160 B per token.
+    let p = fixture("deepseek_v32_tiny");
+    fails_with_env(
+        &gen(
+            p.to_str().unwrap(),
+            &["--prompt-ids", "1,5", "--kv-cache-tokens", "1000000"],
+        ),
+        &env,
+        &[
+            "--kv-cache-tokens 1000000 is too large",
+            "at most 838848 tokens on this backend",
+            "one cache tensor may not exceed 128.0 MiB",
+        ],
     );
 }
 

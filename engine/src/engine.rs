@@ -92,9 +92,16 @@ impl<B: Backend> Engine<B> {
             default_tokens: config.max_context().clamp(4096, 65536),
             block_size: bs,
             bytes_per_token: spec.elements_per_token().saturating_mul(act.size()),
+            largest_tensor_bytes_per_token: spec
+                .largest_tensor_elements_per_token()
+                .saturating_mul(act.size()),
             state_bytes_per_seq: spec.state_elements_per_seq().saturating_mul(4),
+            largest_state_tensor_bytes_per_seq: spec
+                .largest_state_tensor_elements_per_seq()
+                .saturating_mul(4),
             state_slots: cfg.scheduler.max_num_seqs,
             free_bytes: backend.free_memory(),
+            max_tensor_bytes: backend.max_buffer_bytes(),
         })?;
         let cache = KvCache::new(
             &backend,

@@ -591,6 +591,12 @@ impl Backend for WgslBackend {
         }
     }
 
+    /// The largest buffer chunk ([`WgslBackend::max_chunk_bytes`]): a cache tensor above it would
+    /// be split by rows, which the cache ops cannot bind.
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        Some(self.max_chunk)
+    }
+
     fn upload(&self, host: &HostTensor) -> Result<WTensor> {
         let numel = host.numel();
         let want = numel * host.dtype.size();

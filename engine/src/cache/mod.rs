@@ -94,6 +94,55 @@ impl CacheSpec {
             .sum()
     }
 
+    /// Elements per token of the largest single cache tensor of any layer, matching how
+    /// [`KvCache::new`] allocates: keys (`kv_heads · k_dim`) and values (`kv_heads · v_dim`)
+    /// separately, the latent row (`width`) and the indexer key row (`index_width`) separately.
+    /// A tensor of `blocks` blocks holds `blocks · block_size` times this many elements.
+    pub fn largest_tensor_elements_per_token(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match *l {
+                LayerCacheSpec::PagedKv {
+                    kv_heads,
+                    k_dim,
+                    v_dim,
+                } => kv_heads * k_dim.max(v_dim),
+                LayerCacheSpec::PagedLatent { width } => width,
+                LayerCacheSpec::PagedLatentIndexed { width, index_width } => width.max(index_width),
+                LayerCacheSpec::Recurrent { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// f32 values per sequence of the largest single state tensor of any layer: one
+    /// convolution history (`conv_channels · conv_taps`) or the recurrent state
+    /// (`heads · k_dim · v_dim`). A tensor of `slots` slots holds `slots` times this many.
+    pub fn largest_state_tensor_elements_per_seq(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match *l {
+                LayerCacheSpec::Recurrent {
+                    convs,
+                    conv_channels,
+                    conv_taps,
+                    heads,
+                    k_dim,
+                    v_dim,
+                } => {
+                    let conv = if convs > 0 {
+                        conv_channels * conv_taps
+                    } else {
+                        0
+                    };
+                    conv.max(heads * k_dim * v_dim)
+                }
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// f32 values each sequence keeps in state slots over all layers.
     pub fn state_elements_per_seq(&self) -> usize {
         self.layers

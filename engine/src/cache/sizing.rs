@@ -32,21 +32,33 @@ pub struct CacheRequest {
     pub block_size: usize,
     /// Cache bytes per token over all layers.
     pub bytes_per_token: usize,
+    /// Bytes per token of the largest single cache tensor of one layer (e.g. the keys
+    /// `[blocks, block_size, kv_heads, k_dim]` of a layer: `kv_heads · k_dim · dtype size`);
+    /// see [`crate::cache::CacheSpec::largest_tensor_elements_per_token`].
+    pub largest_tensor_bytes_per_token: usize,
     /// Recurrent-state bytes per sequence over all layers (0 without recurrent layers).
     pub state_bytes_per_seq: usize,
+    /// Bytes per sequence of the largest single state tensor of one layer (`[slots, …]` f32);
+    /// see [`crate::cache::CacheSpec::largest_state_tensor_elements_per_seq`].
+    pub largest_state_tensor_bytes_per_seq: usize,
     /// State slots allocated (the scheduler's `max_num_seqs`).
     pub state_slots: usize,
     /// The device's free bytes after the weights are loaded ([`dayone_backend::Backend::free_memory`]).
     pub free_bytes: Option<u64>,
+    /// The largest bytes one cache tensor may take on this backend
+    /// ([`dayone_backend::Backend::max_buffer_bytes`]); `None`: no limit but the memory.
+    pub max_tensor_bytes: Option<u64>,
 }
 
 /// Cache blocks to allocate.
 ///
 /// Rule: a requested capacity is `⌈tokens / block_size⌉` blocks and must fit, together with the
-/// recurrent state slots, in [`usable_bytes`] of the free memory (an error otherwise, naming
-/// both figures). The default capacity is `default_tokens`, lowered to what fits in the usable
-/// memory when it does not. When the backend cannot tell its free memory only arithmetic
-/// overflow and the 2³² block-id limit are checked.
+/// recurrent state slots, in [`usable_bytes`] of the free memory, and each single cache tensor
+/// (`blocks · block_size · largest_tensor_bytes_per_token` bytes) must fit in
+/// `max_tensor_bytes` (an error otherwise, naming the figures and the largest capacity that
+/// works). The default capacity is `default_tokens`, lowered (with a warning) to what fits
+/// both limits when it does not. When the backend cannot tell its free memory only the tensor
+/// limit, arithmetic overflow and the 2³² block-id limit are checked.
 pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
     if r.block_size == 0 {
         bail!("the KV cache block size must be positive");
@@ -58,6 +70,18 @@ pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
             r.state_slots
         );
     };
+    if let Some(max_tensor) = r.max_tensor_bytes {
+        let one = (r.largest_state_tensor_bytes_per_seq as u64).checked_mul(r.state_slots as u64);
+        if one.is_none_or(|b| b > max_tensor) {
+            bail!(
+                "the recurrent state of {} sequences needs {} in one tensor but one cache tensor \
+                 may not exceed {} on this backend: allow fewer concurrent sequences",
+                r.state_slots,
+                one.map_or_else(|| "more than 2^64 bytes".into(), human_bytes),
+                byte_count(max_tensor)
+            );
+        }
+    }
     let per_block = (r.bytes_per_token as u64).checked_mul(r.block_size as u64);
     let Some(per_block) = per_block else {
         bail!("the KV cache needs more than 2^64 bytes per block");
@@ -69,6 +93,25 @@ pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
     };
     let usable = r.free_bytes.map(usable_bytes);
     let max_blocks = u32::MAX as usize;
+    // Blocks the largest cache tensor allows, with the limit, when the backend has one and the
+    // model keeps per-token cache.
+    let tensor_cap = r.max_tensor_bytes.and_then(|max_tensor| {
+        let largest_per_block =
+            (r.largest_tensor_bytes_per_token as u64).saturating_mul(r.block_size as u64);
+        let blocks = max_tensor.checked_div(largest_per_block)?;
+        Some((blocks.min(max_blocks as u64) as usize, max_tensor))
+    });
+    let one_block_too_large = |max_tensor: u64| {
+        anyhow::anyhow!(
+            "one KV cache block ({} tokens) needs {} in its largest cache tensor but one cache \
+             tensor may not exceed {} on this backend",
+            r.block_size,
+            human_bytes(
+                (r.largest_tensor_bytes_per_token as u64).saturating_mul(r.block_size as u64)
+            ),
+            byte_count(max_tensor)
+        )
+    };
     match r.requested_tokens {
         Some(0) => bail!("--kv-cache-tokens must be at least 1"),
         Some(tokens) => {
@@ -84,6 +127,21 @@ pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
                     max_blocks.saturating_mul(r.block_size)
                 );
             };
+            if let Some((cap, max_tensor)) = tensor_cap {
+                if cap == 0 {
+                    return Err(one_block_too_large(max_tensor));
+                }
+                if blocks > cap {
+                    bail!(
+                        "--kv-cache-tokens {tokens} is too large: at most {} tokens on this \
+                         backend: one cache tensor may not exceed {} ({} per token in the \
+                         largest): lower --kv-cache-tokens",
+                        cap * r.block_size,
+                        byte_count(max_tensor),
+                        byte_count(r.largest_tensor_bytes_per_token as u64)
+                    );
+                }
+            }
             if let (Some(free), Some(usable)) = (r.free_bytes, usable) {
                 if bytes > usable {
                     bail!(
@@ -98,45 +156,71 @@ pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
             Ok(blocks)
         }
         None => {
-            let blocks = r.default_tokens.div_ceil(r.block_size).clamp(1, max_blocks);
-            let (Some(free), Some(usable)) = (r.free_bytes, usable) else {
-                return Ok(blocks);
-            };
-            if need(blocks).is_some_and(|b| b <= usable) {
-                return Ok(blocks);
+            let default = r.default_tokens.div_ceil(r.block_size).clamp(1, max_blocks);
+            let mut blocks = default;
+            let mut reason = String::new();
+            if let Some((cap, max_tensor)) = tensor_cap {
+                if cap == 0 {
+                    return Err(one_block_too_large(max_tensor));
+                }
+                if cap < blocks {
+                    blocks = cap;
+                    reason = format!(
+                        "so that no cache tensor exceeds {}, the largest this backend can bind",
+                        byte_count(max_tensor)
+                    );
+                }
             }
-            if state >= usable {
-                bail!(
-                    "the recurrent state of {} sequences needs {} but the device has {} free \
-                     ({} usable after headroom): allow fewer concurrent sequences",
-                    r.state_slots,
-                    human_bytes(state),
-                    human_bytes(free),
-                    human_bytes(usable)
+            if let (Some(free), Some(usable)) = (r.free_bytes, usable) {
+                if need(blocks).is_none_or(|b| b > usable) {
+                    if state >= usable {
+                        bail!(
+                            "the recurrent state of {} sequences needs {} but the device has {} \
+                             free ({} usable after headroom): allow fewer concurrent sequences",
+                            r.state_slots,
+                            human_bytes(state),
+                            human_bytes(free),
+                            human_bytes(usable)
+                        );
+                    }
+                    // A model without per-token cache (per_block 0) keeps the default.
+                    let fit = (usable - state)
+                        .checked_div(per_block)
+                        .map_or(blocks, |f| f.min(blocks as u64) as usize);
+                    if fit == 0 {
+                        bail!(
+                            "one KV cache block ({} tokens) needs {} but the device has {} free \
+                             ({} usable after headroom)",
+                            r.block_size,
+                            human_bytes(per_block),
+                            human_bytes(free),
+                            human_bytes(usable)
+                        );
+                    }
+                    blocks = fit;
+                    reason = format!("to fit the {} the device has free", human_bytes(free));
+                }
+            }
+            if blocks < default {
+                tracing::warn!(
+                    "KV cache lowered from {} to {} tokens {reason}",
+                    default * r.block_size,
+                    blocks * r.block_size
                 );
             }
-            // A model without per-token cache (per_block 0) keeps the default.
-            let fit = (usable - state)
-                .checked_div(per_block)
-                .map_or(blocks, |f| f.min(blocks as u64) as usize);
-            if fit == 0 {
-                bail!(
-                    "one KV cache block ({} tokens) needs {} but the device has {} free \
-                     ({} usable after headroom)",
-                    r.block_size,
-                    human_bytes(per_block),
-                    human_bytes(free),
-                    human_bytes(usable)
-                );
-            }
-            tracing::warn!(
-                "KV cache lowered from {} to {} tokens to fit the {} the device has free",
-                blocks * r.block_size,
-                fit * r.block_size,
-                human_bytes(free)
-            );
-            Ok(fit)
+            Ok(blocks)
         }
+    }
+}
+
+/// An exact byte count for small sizes: `128 B`, `2.0 KiB`, else [`human_bytes`].
+fn byte_count(b: u64) -> String {
+    if b < 1 << 10 {
+        format!("{b} B")
+    } else if b < 1 << 20 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        human_bytes(b)
     }
 }
 
@@ -152,9 +236,12 @@ mod tests {
             default_tokens: 4096,
             block_size: 16,
             bytes_per_token: 256,
+            largest_tensor_bytes_per_token: 64,
             state_bytes_per_seq: 0,
+            largest_state_tensor_bytes_per_seq: 0,
             state_slots: 256,
             free_bytes: free,
+            max_tensor_bytes: None,
         }
     }
 
@@ -208,6 +295,84 @@ mod tests {
         assert_eq!(cache_blocks(&r).unwrap(), (768 - 256) / 16);
         // Nothing fits: an error, not a zero-block cache.
         r.bytes_per_token = 1 << 30;
+        assert!(cache_blocks(&r).is_err());
+    }
+
+    /// llama_tiny on lavapipe: K and V are `[blocks, 16, 2, 16]` f32 each, 128 B per token,
+    /// and one storage binding holds 128 MiB.
+    fn binding_limited(tokens: Option<usize>) -> CacheRequest {
+        CacheRequest {
+            bytes_per_token: 2 * 2 * 128,
+            largest_tensor_bytes_per_token: 128,
+            max_tensor_bytes: Some(128 << 20),
+            ..req(tokens, Some(64 * GIB))
+        }
+    }
+
+    #[test]
+    fn a_request_larger_than_one_tensor_names_the_largest_that_works() {
+        // 3M tokens fit in 64 GiB free but one K tensor would be 366 MiB.
+        let e = cache_blocks(&binding_limited(Some(3_000_000)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--kv-cache-tokens 3000000 is too large"),
+            "{e}"
+        );
+        assert!(e.contains("at most 1048576 tokens on this backend"), "{e}");
+        assert!(
+            e.contains("one cache tensor may not exceed 128.0 MiB (128 B per token"),
+            "{e}"
+        );
+        assert!(e.ends_with("lower --kv-cache-tokens"), "{e}");
+        // The largest that works is granted; one more block is not.
+        assert_eq!(
+            cache_blocks(&binding_limited(Some(1 << 20))).unwrap(),
+            (1 << 20) / 16
+        );
+        assert!(cache_blocks(&binding_limited(Some((1 << 20) + 1))).is_err());
+        // Without a per-tensor limit only the memory counts.
+        let mut r = binding_limited(Some(3_000_000));
+        r.max_tensor_bytes = None;
+        assert_eq!(cache_blocks(&r).unwrap(), 3_000_000 / 16);
+    }
+
+    #[test]
+    fn the_default_shrinks_to_the_largest_tensor() {
+        let mut r = binding_limited(None);
+        r.default_tokens = 3_000_000;
+        assert_eq!(cache_blocks(&r).unwrap(), (1 << 20) / 16);
+        // The tighter of the two limits wins: 512 MiB free leave 256 MiB, 524288 tokens.
+        r.free_bytes = Some(512 << 20);
+        assert_eq!(cache_blocks(&r).unwrap(), (256 << 20) / 512 / 16);
+        // A default under both limits is kept.
+        r.default_tokens = 4096;
+        assert_eq!(cache_blocks(&r).unwrap(), 256);
+    }
+
+    #[test]
+    fn a_block_or_a_state_tensor_above_the_limit_is_an_error() {
+        for tokens in [None, Some(16)] {
+            let mut r = binding_limited(tokens);
+            r.largest_tensor_bytes_per_token = 16 << 20; // 16 tokens: 256 MiB
+            let e = cache_blocks(&r).unwrap_err().to_string();
+            assert!(
+                e.contains("one KV cache block (16 tokens) needs 256.0 MiB"),
+                "{e}"
+            );
+            assert!(e.contains("may not exceed 128.0 MiB"), "{e}");
+        }
+        let mut r = binding_limited(None);
+        r.state_bytes_per_seq = 2 << 20;
+        r.largest_state_tensor_bytes_per_seq = 1 << 20; // 256 slots: 256 MiB
+        let e = cache_blocks(&r).unwrap_err().to_string();
+        assert!(
+            e.contains("recurrent state of 256 sequences needs 256.0 MiB"),
+            "{e}"
+        );
+        r.state_slots = 128;
+        assert!(cache_blocks(&r).is_ok());
+        r.largest_state_tensor_bytes_per_seq = usize::MAX;
         assert!(cache_blocks(&r).is_err());
     }
 

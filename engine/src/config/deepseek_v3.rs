@@ -141,15 +141,11 @@ fn default_eps() -> f64 {
 impl DeepseekV3Config {
     /// RoPE settings merged from `rope_parameters`, `rope_scaling` and `rope_theta`.
     pub fn rope(&self) -> RopeParameters {
-        let mut p = self
-            .rope_parameters
-            .clone()
-            .or_else(|| self.rope_scaling.clone())
-            .unwrap_or_default();
-        if p.rope_theta.is_none() {
-            p.rope_theta = self.rope_theta;
-        }
-        p
+        super::rope::merge_rope(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+        )
     }
 
     /// Whether layer `i` uses the MoE block (HF: `i >= first_k_dense_replace` and
@@ -284,7 +280,10 @@ impl DeepseekV3Config {
         if !self.qk_rope_head_dim.is_multiple_of(2) {
             bail!("qk_rope_head_dim ({}) must be even", self.qk_rope_head_dim);
         }
-        self.rope()
-            .validate_as(super::rope::rope_field(self.rope_parameters.is_some()))
+        super::rope::validate_rope_sources(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+        )
     }
 }

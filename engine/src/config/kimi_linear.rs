@@ -175,11 +175,14 @@ impl KimiLinearConfig {
             ("kda_layers", &lists.kda_layers),
             ("full_attn_layers", &lists.full_attn_layers),
         ] {
-            for &l in list {
+            for (i, &l) in list.iter().enumerate() {
                 if l == 0 || l > n {
                     bail!(
                         "field `linear_attn_config.{name}`: layer {l} is outside 1..={n} (the lists are 1-based)"
                     );
+                }
+                if list[..i].contains(&l) {
+                    bail!("field `linear_attn_config.{name}` lists layer {l} twice");
                 }
             }
         }
@@ -263,6 +266,13 @@ impl KimiLinearConfig {
                 "num_experts ({}) must be a multiple of num_expert_group ({})",
                 self.num_local_experts,
                 self.n_group
+            );
+        }
+        if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_local_experts {
+            bail!(
+                "num_experts_per_token ({}) must be in 1..=num_experts ({})",
+                self.num_experts_per_tok,
+                self.num_local_experts
             );
         }
         if self.conv_width() < 1 {

@@ -82,15 +82,11 @@ impl LlamaConfig {
 
     /// The RoPE settings, merging `rope_parameters`, `rope_scaling` and `rope_theta`.
     pub fn rope(&self) -> RopeParameters {
-        let mut p = self
-            .rope_parameters
-            .clone()
-            .or_else(|| self.rope_scaling.clone())
-            .unwrap_or_default();
-        if p.rope_theta.is_none() {
-            p.rope_theta = self.rope_theta;
-        }
-        p
+        super::rope::merge_rope(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+        )
     }
 
     /// Checks the invariants the model code relies on; errors name the field.
@@ -123,7 +119,10 @@ impl LlamaConfig {
         if self.mlp_bias {
             bail!("mlp_bias = true is not supported yet");
         }
-        self.rope()
-            .validate_as(super::rope::rope_field(self.rope_parameters.is_some()))
+        super::rope::validate_rope_sources(
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+            self.rope_theta,
+        )
     }
 }

@@ -224,6 +224,26 @@ mod tests {
     }
 
     #[test]
+    fn kimi_duplicate_layers_and_expert_counts_are_errors() {
+        let dup = fixture("kimi_linear_tiny", |v| {
+            v["linear_attn_config"]["kda_layers"] = json!([1, 1, 3]);
+            v.as_object_mut().unwrap().remove("layer_types");
+        });
+        let e = error_of(&dup);
+        assert!(
+            e.contains("`linear_attn_config.kda_layers` lists layer 1 twice"),
+            "{e}"
+        );
+        for k in [0, 9] {
+            let bad = fixture("kimi_linear_tiny", |v| {
+                v["num_experts_per_token"] = json!(k);
+            });
+            let e = error_of(&bad);
+            assert!(e.contains("num_experts_per_token"), "{e}");
+        }
+    }
+
+    #[test]
     fn kimi_layer_lists_must_agree() {
         let overlap = fixture("kimi_linear_tiny", |v| {
             v["linear_attn_config"]["kda_layers"] = json!([1, 2, 3]);

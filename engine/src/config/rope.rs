@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 /// `rope_parameters` / `rope_scaling` of a `config.json`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct RopeParameters {
     /// `default`, `linear`, `llama3` (older configs call it `type`).
     #[serde(default, alias = "type")]
@@ -43,6 +43,56 @@ pub struct RopeParameters {
     /// `yarn`: round the correction range outwards (default true).
     #[serde(default)]
     pub truncate: Option<bool>,
+}
+
+/// A config's RoPE settings from its three possible sources: `rope_parameters` (transformers ≥ 5)
+/// when present, else the legacy `rope_scaling`; `rope_theta` at the top level fills a missing θ.
+pub(crate) fn merge_rope(
+    parameters: Option<&RopeParameters>,
+    scaling: Option<&RopeParameters>,
+    theta: Option<f64>,
+) -> RopeParameters {
+    let mut p = parameters.or(scaling).cloned().unwrap_or_default();
+    if p.rope_theta.is_none() {
+        p.rope_theta = theta;
+    }
+    p
+}
+
+/// Validates the merged RoPE settings and every source, so that a value shadowed by another
+/// field can neither be wrong nor silently differ: `rope_scaling` beside `rope_parameters` must
+/// say the same (θ aside), a top-level `rope_theta` beside `rope_parameters.rope_theta` must equal
+/// it, and each is checked on its own. Errors name the fields.
+pub(crate) fn validate_rope_sources(
+    parameters: Option<&RopeParameters>,
+    scaling: Option<&RopeParameters>,
+    theta: Option<f64>,
+) -> Result<()> {
+    if let Some(t) = theta {
+        if !(t.is_finite() && t > 1.0) {
+            bail!("rope_theta must be a finite number > 1, got {t}");
+        }
+    }
+    if let Some(s) = scaling {
+        s.validate_as("rope_scaling")?;
+    }
+    if let (Some(p), Some(s)) = (parameters, scaling) {
+        let without_theta = |r: &RopeParameters| RopeParameters {
+            rope_theta: None,
+            ..r.clone()
+        };
+        if without_theta(p) != without_theta(s) {
+            bail!(
+                "`rope_parameters` and `rope_scaling` disagree ({p:?} vs {s:?}); keep one of them"
+            );
+        }
+    }
+    if let (Some(pt), Some(t)) = (parameters.and_then(|p| p.rope_theta), theta) {
+        if pt != t {
+            bail!("`rope_theta` ({t}) and `rope_parameters.rope_theta` ({pt}) disagree; keep one");
+        }
+    }
+    merge_rope(parameters, scaling, theta).validate_as(rope_field(parameters.is_some()))
 }
 
 /// The `config.json` field the merged RoPE settings come from: `rope_parameters` when present,
@@ -264,6 +314,36 @@ pub fn rope_inv_freq(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shadowed_rope_sources_must_agree_and_be_valid() {
+        let yarn = |factor| RopeParameters {
+            rope_type: Some("yarn".into()),
+            factor: Some(factor),
+            rope_theta: Some(10000.0),
+            original_max_position_embeddings: Some(4096.0),
+            ..Default::default()
+        };
+        let ok = validate_rope_sources(Some(&yarn(4.0)), None, None);
+        assert!(ok.is_ok(), "{ok:?}");
+        // rope_scaling beside rope_parameters: the same settings (θ aside) pass, others fail.
+        let scaling = RopeParameters {
+            rope_theta: None,
+            ..yarn(4.0)
+        };
+        assert!(validate_rope_sources(Some(&yarn(4.0)), Some(&scaling), None).is_ok());
+        let e = validate_rope_sources(Some(&yarn(4.0)), Some(&yarn(8.0)), None).unwrap_err();
+        assert!(e.to_string().contains("disagree"), "{e}");
+        // A bad shadowed rope_scaling or top-level rope_theta is an error too.
+        let e = validate_rope_sources(None, Some(&yarn(0.0)), None).unwrap_err();
+        assert!(e.to_string().contains("rope_scaling.factor"), "{e}");
+        let e = validate_rope_sources(Some(&yarn(4.0)), None, Some(-1.0)).unwrap_err();
+        assert!(e.to_string().contains("rope_theta"), "{e}");
+        let e = validate_rope_sources(Some(&yarn(4.0)), None, Some(500000.0)).unwrap_err();
+        assert!(e.to_string().contains("disagree"), "{e}");
+        // Legacy configs: rope_theta at the top level with rope_scaling only.
+        assert!(validate_rope_sources(None, Some(&scaling), Some(10000.0)).is_ok());
+    }
 
     #[test]
     fn default_frequencies_fall_geometrically() {
