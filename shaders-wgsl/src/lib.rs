@@ -808,7 +808,7 @@ impl Backend for WgslBackend {
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
     ) -> Result<WTensor> {
-        self.paged_latent_attention_impl(q_lat, q_rope, cache, meta, scale)
+        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale, None)
     }
 
     fn moe_route(
@@ -894,6 +894,6 @@ impl Backend for WgslBackend {
         scale: f32,
         selected: &WTensor,
     ) -> Result<WTensor> {
-        self.sparse_latent_attention_impl(q_lat, q_rope, cache, meta, scale, selected)
+        self.latent_attention_impl(q_lat, q_rope, cache, meta, scale, Some(selected))
     }
 }

@@ -1,4 +1,5 @@
-//! DeepSeek-V3.2 sparse attention (DSA) ops: `layer_norm`, `dsa_topk`, `sparse_latent_attention`.
+//! DeepSeek-V3.2 sparse attention (DSA) ops: `layer_norm`, `dsa_topk` (`sparse_latent_attention`
+//! is the latent attention of `mla.rs` over a selection list).
 
 use crate::{
     f32_param, pipelines, WTensor, WgslBackend, DSA_MAX_TOPK, DSA_SCORE_BYTES, MAX_GROUPS,
@@ -132,97 +133,6 @@ impl WgslBackend {
             )?;
             tok0 += g;
         }
-        Ok(out)
-    }
-
-    pub(crate) fn sparse_latent_attention_impl(
-        &self,
-        q_lat: &WTensor,
-        q_rope: &WTensor,
-        cache: &WTensor,
-        meta: &DeviceStepMeta<WTensor>,
-        scale: f32,
-        selected: &WTensor,
-    ) -> Result<WTensor> {
-        const OP: &str = "sparse_latent_attention";
-        let hm = &meta.host;
-        let n = hm.num_tokens();
-        ensure!(
-            q_lat.shape.len() == 3 && q_lat.shape[0] == n,
-            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
-            q_lat.shape
-        );
-        let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
-        ensure!(
-            q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
-            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
-            q_rope.shape
-        );
-        let r = q_rope.shape[2];
-        ensure!(
-            cache.shape.len() == 3 && cache.shape[2] == l + r,
-            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
-            cache.shape
-        );
-        ensure!(
-            selected.shape.len() == 2 && selected.shape[0] == n,
-            "{OP}: selected must have shape [{n}, topk], got {:?}",
-            selected.shape
-        );
-        Self::u32_in(OP, "selected", selected)?;
-        let topk = selected.shape[1];
-        let (blocks, bs) = (cache.shape[0], cache.shape[1]);
-        ensure!(
-            l > 0 && l <= 512 && l + r <= 1024,
-            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
-        );
-        hm.check_paged(OP, blocks, bs)?;
-        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
-        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
-        Self::float_in(OP, "cache", cache)?;
-        let out = self.alloc(&[n, h, l], DType::F32)?;
-        if n == 0 || h == 0 {
-            return Ok(out);
-        }
-        ensure!(
-            h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
-            "{OP}: more than 65535 heads or tokens"
-        );
-        let p = [
-            h as u32,
-            l as u32,
-            r as u32,
-            bs as u32,
-            hm.max_blocks as u32,
-            f32_param(scale),
-            (n * h) as u32,
-            topk as u32,
-        ];
-        if topk == 0 {
-            // Nothing selected: no keys (and `mla_attention.wgsl` reads topk 0 as dense).
-            return dayone_backend::Backend::zeros(self, &[n, h, l], DType::F32);
-        }
-        // With R == 0 bind q_lat in q_rope's place (unread).
-        let qr = if r == 0 {
-            q_lat.single(OP, "q_lat")?
-        } else {
-            q_rope.single(OP, "q_rope")?
-        };
-        self.dispatch(
-            &pipelines::MLA_ATTN,
-            &p,
-            &[
-                q_lat.single(OP, "q_lat")?,
-                qr,
-                cache.single(OP, "cache")?,
-                meta.positions.single(OP, "positions")?,
-                meta.token_seq.single(OP, "token_seq")?,
-                meta.block_tables.single(OP, "block_tables")?,
-                selected.single(OP, "selected")?,
-                out.single(OP, "output")?,
-            ],
-            [h as u32, n as u32, 1],
-        )?;
         Ok(out)
     }
 }

@@ -1,4 +1,5 @@
-//! DeepSeek-V3 multi-head latent attention: `head_linear`, `write_cache`, `paged_latent_attention`.
+//! DeepSeek-V3 multi-head latent attention: `head_linear`, `write_cache`, and latent attention
+//! (`paged_latent_attention`, and `sparse_latent_attention` for DeepSeek-V3.2).
 
 use crate::{f32_param, pipelines, WTensor, WgslBackend, MAX_GROUPS};
 use anyhow::{bail, ensure, Result};
@@ -107,50 +108,74 @@ impl WgslBackend {
         )
     }
 
-    pub(crate) fn paged_latent_attention_impl(
+    /// MLA absorbed attention over the latent cache: dense over every causal key, or, with
+    /// `selected` `[N, topk]` u32 (DSA), over the listed positions only (`mla_attention.wgsl`
+    /// takes both; the CPU-adapter lanes kernel is dense only).
+    pub(crate) fn latent_attention_impl(
         &self,
         q_lat: &WTensor,
         q_rope: &WTensor,
         cache: &WTensor,
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
+        selected: Option<&WTensor>,
     ) -> Result<WTensor> {
-        const OP: &str = "paged_latent_attention";
+        let op = if selected.is_some() {
+            "sparse_latent_attention"
+        } else {
+            "paged_latent_attention"
+        };
         let hm = &meta.host;
         let n = hm.num_tokens();
         ensure!(
             q_lat.shape.len() == 3 && q_lat.shape[0] == n,
-            "{OP}: q_lat must have shape [{n}, H, L], got {:?}",
+            "{op}: q_lat must have shape [{n}, H, L], got {:?}",
             q_lat.shape
         );
         let (h, l) = (q_lat.shape[1], q_lat.shape[2]);
         ensure!(
             q_rope.shape.len() == 3 && q_rope.shape[..2] == [n, h],
-            "{OP}: q_rope must have shape [{n}, {h}, R], got {:?}",
+            "{op}: q_rope must have shape [{n}, {h}, R], got {:?}",
             q_rope.shape
         );
         let r = q_rope.shape[2];
         ensure!(
             cache.shape.len() == 3 && cache.shape[2] == l + r,
-            "{OP}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
+            "{op}: cache must have shape [blocks, bs, {l} + {r}], got {:?}",
             cache.shape
         );
+        let topk = match selected {
+            Some(sel) => {
+                ensure!(
+                    sel.shape.len() == 2 && sel.shape[0] == n,
+                    "{op}: selected must have shape [{n}, topk], got {:?}",
+                    sel.shape
+                );
+                Self::u32_in(op, "selected", sel)?;
+                sel.shape[1]
+            }
+            None => 0,
+        };
         let (blocks, bs) = (cache.shape[0], cache.shape[1]);
         ensure!(
             l > 0 && l <= 512 && l + r <= 1024,
-            "{OP}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
+            "{op}: needs 0 < L <= 512 and L + R <= 1024, got L {l}, R {r}"
         );
-        hm.check_paged(OP, blocks, bs)?;
-        let q_lat = &self.f32_of(OP, "q_lat", q_lat)?;
-        let q_rope = &self.f32_of(OP, "q_rope", q_rope)?;
-        Self::float_in(OP, "cache", cache)?;
+        hm.check_paged(op, blocks, bs)?;
+        let q_lat = &self.f32_of(op, "q_lat", q_lat)?;
+        let q_rope = &self.f32_of(op, "q_rope", q_rope)?;
+        Self::float_in(op, "cache", cache)?;
+        if selected.is_some() && topk == 0 {
+            // Nothing selected: no keys (and `mla_attention.wgsl` reads topk 0 as dense).
+            return dayone_backend::Backend::zeros(self, &[n, h, l], DType::F32);
+        }
         let out = self.alloc(&[n, h, l], DType::F32)?;
         if n == 0 || h == 0 {
             return Ok(out);
         }
         ensure!(
             h as u64 <= MAX_GROUPS && n as u64 <= MAX_GROUPS,
-            "{OP}: more than 65535 heads or tokens"
+            "{op}: more than 65535 heads or tokens"
         );
         let p = [
             h as u32,
@@ -160,34 +185,41 @@ impl WgslBackend {
             hm.max_blocks as u32,
             f32_param(scale),
             (n * h) as u32,
-            0,
+            topk as u32,
         ];
         // CPU adapters: one invocation per (token, head), vec4 loads, no barriers; GPUs (and
         // widths the lanes kernel cannot hold): a workgroup per (token, head) sharing key tiles.
-        let lanes =
-            self.cpu_kernels && l.is_multiple_of(4) && r.is_multiple_of(4) && l <= 256 && r <= 64;
+        let lanes = selected.is_none()
+            && self.cpu_kernels
+            && l.is_multiple_of(4)
+            && r.is_multiple_of(4)
+            && l <= 256
+            && r <= 64;
         // The lanes kernel binds q_rope as vec4s: with R == 0 bind q_lat in its place (unread).
         let qr = if r == 0 {
-            q_lat.single(OP, "q_lat")?
+            q_lat.single(op, "q_lat")?
         } else {
-            q_rope.single(OP, "q_rope")?
+            q_rope.single(op, "q_rope")?
         };
         let mut bufs = vec![
-            q_lat.single(OP, "q_lat")?,
+            q_lat.single(op, "q_lat")?,
             qr,
-            cache.single(OP, "cache")?,
-            meta.positions.single(OP, "positions")?,
-            meta.token_seq.single(OP, "token_seq")?,
-            meta.block_tables.single(OP, "block_tables")?,
+            cache.single(op, "cache")?,
+            meta.positions.single(op, "positions")?,
+            meta.token_seq.single(op, "token_seq")?,
+            meta.block_tables.single(op, "block_tables")?,
         ];
         if lanes {
-            bufs.push(out.single(OP, "output")?);
-            let g = Self::grid(OP, ((n * h) as u64).div_ceil(8))?;
+            bufs.push(out.single(op, "output")?);
+            let g = Self::grid(op, ((n * h) as u64).div_ceil(8))?;
             self.dispatch(&pipelines::MLA_ATTN_LANES, &p, &bufs, g)?;
         } else {
-            // `mla_attention.wgsl` with topk 0 (dense): its `selected` binding is unread.
-            bufs.push(meta.positions.single(OP, "positions")?);
-            bufs.push(out.single(OP, "output")?);
+            // Dense: topk 0, the `selected` binding is unread (positions stand in).
+            bufs.push(match selected {
+                Some(sel) => sel.single(op, "selected")?,
+                None => meta.positions.single(op, "positions")?,
+            });
+            bufs.push(out.single(op, "output")?);
             self.dispatch(&pipelines::MLA_ATTN, &p, &bufs, [h as u32, n as u32, 1])?;
         }
         Ok(out)
