@@ -121,24 +121,8 @@ impl CacheSpec {
     pub fn largest_state_tensor_elements_per_seq(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| match *l {
-                LayerCacheSpec::Recurrent {
-                    convs,
-                    conv_channels,
-                    conv_taps,
-                    heads,
-                    k_dim,
-                    v_dim,
-                } => {
-                    let conv = if convs > 0 {
-                        conv_channels * conv_taps
-                    } else {
-                        0
-                    };
-                    conv.max(heads * k_dim * v_dim)
-                }
-                _ => 0,
-            })
+            .filter_map(LayerCacheSpec::state_tensors)
+            .map(|(convs, conv, state)| if convs > 0 { conv.max(state) } else { state })
             .max()
             .unwrap_or(0)
     }
@@ -147,18 +131,28 @@ impl CacheSpec {
     pub fn state_elements_per_seq(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| match *l {
-                LayerCacheSpec::Recurrent {
-                    convs,
-                    conv_channels,
-                    conv_taps,
-                    heads,
-                    k_dim,
-                    v_dim,
-                } => convs * conv_channels * conv_taps + heads * k_dim * v_dim,
-                _ => 0,
-            })
+            .filter_map(LayerCacheSpec::state_tensors)
+            .map(|(convs, conv, state)| convs * conv + state)
             .sum()
+    }
+}
+
+impl LayerCacheSpec {
+    /// A recurrent layer's per-sequence state tensors: (number of convolution histories, f32
+    /// values of one history `conv_channels · conv_taps`, f32 values of the recurrent state
+    /// `heads · k_dim · v_dim`); `None` for paged layers.
+    fn state_tensors(&self) -> Option<(usize, usize, usize)> {
+        match *self {
+            LayerCacheSpec::Recurrent {
+                convs,
+                conv_channels,
+                conv_taps,
+                heads,
+                k_dim,
+                v_dim,
+            } => Some((convs, conv_channels * conv_taps, heads * k_dim * v_dim)),
+            _ => None,
+        }
     }
 }
 
