@@ -150,7 +150,9 @@ fn bench<B: Backend>(
             max_prefill_chunk: a.max_batched_tokens,
             max_num_seqs: max_batch,
             block_size: 16,
+            ..Default::default()
         },
+        ..Default::default()
     };
     let mut engine = load::engine(b, ckpt, &cfg, a.json)?;
     let act = engine.backend.activation_dtype(dtype);

@@ -119,6 +119,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         dtype,
         kv_cache_tokens: a.kv_cache_tokens,
         scheduler: SchedulerConfig::default(),
+        ..Default::default()
     };
     with_backend!(kind, |b| generate(b, &ckpt, &cfg, ids, params, a.output))
 }

@@ -23,6 +23,19 @@ pub struct EngineConfig {
     pub kv_cache_tokens: Option<usize>,
     /// Scheduling limits.
     pub scheduler: SchedulerConfig,
+    /// Prefix caching across requests (`--no-prefix-caching` turns it off).
+    pub prefix_caching: bool,
+    /// Host-memory tier for evicted blocks and swapped-out sequences, in bytes (0: none).
+    pub host_cache_bytes: u64,
+    /// Recurrent-state checkpoints (KDA layers) every this many prompt tokens, a multiple of the
+    /// block size; 0: only at the ends of prefill steps, the last block boundary of a prompt and
+    /// where a prompt leaves a cached prefix.
+    pub state_checkpoint_interval: usize,
+    /// State checkpoint slots kept for prefix caching of recurrent layers; `None`: as many as
+    /// `max_num_seqs`.
+    pub state_checkpoints: Option<usize>,
+    /// Caps the model's context window (`--max-model-len`); `None`: the config's window.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -31,6 +44,11 @@ impl Default for EngineConfig {
             dtype: DType::F32,
             kv_cache_tokens: None,
             scheduler: SchedulerConfig::default(),
+            prefix_caching: true,
+            host_cache_bytes: 0,
+            state_checkpoint_interval: 0,
+            state_checkpoints: None,
+            max_model_len: None,
         }
     }
 }

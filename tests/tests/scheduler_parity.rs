@@ -21,7 +21,9 @@ fn config(chunk: usize, block_size: usize) -> EngineConfig {
             max_prefill_chunk: chunk,
             max_num_seqs: 16,
             block_size,
+            ..Default::default()
         },
+        ..Default::default()
     }
 }
 

@@ -23,6 +23,15 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Tokens per cache block.
     pub block_size: usize,
+    /// Prompts longer than this many tokens wait in the long-request queue (0: one queue for all).
+    pub long_prefill_threshold: usize,
+    /// Most long prompts (see `long_prefill_threshold`) prefilling at once.
+    pub max_long_partial_prefills: usize,
+    /// Most prompt tokens of long prompts in one step, so that short requests keep their time to
+    /// first token while a long prompt prefills (0: no cap beyond `max_prefill_chunk`).
+    pub long_prefill_token_cap: usize,
+    /// Most requests waiting (both queues together); a full queue refuses new requests at once.
+    pub max_queued_requests: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -32,6 +41,10 @@ impl Default for SchedulerConfig {
             max_prefill_chunk: 2048,
             max_num_seqs: 256,
             block_size: 16,
+            long_prefill_threshold: 32768,
+            max_long_partial_prefills: 1,
+            long_prefill_token_cap: 1024,
+            max_queued_requests: 1024,
         }
     }
 }
