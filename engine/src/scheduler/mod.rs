@@ -217,6 +217,7 @@ mod tests {
             max_prefill_chunk: 8,
             max_num_seqs: 4,
             block_size: 4,
+            ..Default::default()
         };
         let mut s = Scheduler::new(cfg, 16).unwrap();
         s.add(seq(0, 20));
@@ -241,6 +242,7 @@ mod tests {
             max_prefill_chunk: 6,
             max_num_seqs: 4,
             block_size: 4,
+            ..Default::default()
         };
         let mut s = Scheduler::new(cfg, 16).unwrap();
         s.add(seq(0, 3));
@@ -265,6 +267,7 @@ mod tests {
             max_prefill_chunk: 64,
             max_num_seqs: 4,
             block_size: 4,
+            ..Default::default()
         };
         let mut s = Scheduler::new(cfg, 3).unwrap();
         s.add(seq(0, 4));
