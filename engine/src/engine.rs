@@ -220,6 +220,13 @@ impl<B: Backend> Engine<B> {
         Ok(id)
     }
 
+    /// Aborts request `id` (waiting or running): its blocks and state slot are freed at once.
+    /// Returns whether it was still unfinished. Call between steps (the engine is single-threaded;
+    /// [`crate::service`] serialises aborts from other threads).
+    pub fn abort(&mut self, id: u64) -> Result<bool> {
+        Ok(self.scheduler.abort(id)?.is_some())
+    }
+
     /// Whether requests remain.
     pub fn has_unfinished(&self) -> bool {
         self.scheduler.has_unfinished()

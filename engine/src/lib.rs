@@ -13,6 +13,7 @@ pub mod models;
 pub mod prompt;
 pub mod sampling;
 pub mod scheduler;
+pub mod service;
 pub mod tokenizer;
 pub mod weights;
 

@@ -181,6 +181,29 @@ impl Scheduler {
         Ok(out)
     }
 
+    /// Removes sequence `id` wherever it is (waiting or running), freeing its blocks and state
+    /// slot at once; `None` when no such sequence is unfinished.
+    pub fn abort(&mut self, id: u64) -> Result<Option<Sequence>> {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let mut seq = self.waiting.remove(i).expect("position found");
+            self.allocator.release(&seq.blocks)?;
+            seq.blocks.clear();
+            seq.finished = Some(FinishReason::Abort);
+            return Ok(Some(seq));
+        }
+        let Some(i) = self.running.iter().position(|s| s.id == id) else {
+            return Ok(None);
+        };
+        let mut seq = self.running.remove(i);
+        self.allocator.release(&seq.blocks)?;
+        seq.blocks.clear();
+        if let Some(slot) = seq.slot.take() {
+            self.free_slots.push(slot);
+        }
+        seq.finished = Some(FinishReason::Abort);
+        Ok(Some(seq))
+    }
+
     /// Removes finished sequences from `running`, returning their blocks to the allocator.
     pub fn reap_finished(&mut self) -> Result<Vec<Sequence>> {
         let mut done = Vec::new();

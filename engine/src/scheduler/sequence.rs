@@ -11,16 +11,19 @@ pub enum FinishReason {
     Length,
     /// It filled the model's context window before reaching `max_tokens`.
     ContextFull,
+    /// The caller aborted it ([`crate::Engine::abort`]).
+    Abort,
 }
 
 impl FinishReason {
     /// The name reported to users, after vLLM/OpenAI: `stop` (an end-of-sequence token),
-    /// `length` (`max_tokens` reached) or `context` (the context window is full).
+    /// `length` (`max_tokens` reached) `context` (the context window is full) or `abort` (the caller aborted it).
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Eos => "stop",
             FinishReason::Length => "length",
             FinishReason::ContextFull => "context",
+            FinishReason::Abort => "abort",
         }
     }
 }
