@@ -387,6 +387,50 @@ pub trait Backend: Send + Sync + Sized + 'static {
             host: meta,
         })
     }
+
+    /// Copies whole rows of dimension 0 in place: for each `(src, dst)` of `pairs`,
+    /// `t[dst, ...] = t[src, ...]`, bytes verbatim in any dtype. `t` `[R, ...]`; e.g. a recurrent
+    /// state `[slots, H, K, V]` into a checkpoint slot and back, or cache blocks
+    /// `[blocks, bs, ...]`.
+    ///
+    /// Semantics: every source row is read before any row is written, so `t'[dst] = t[src]`
+    /// with `t` the tensor before the call — pairs may chain or swap (`[(0, 1), (1, 0)]` swaps
+    /// rows 0 and 1); rows not named as a `dst` keep their bytes; `src == dst` is a no-op.
+    /// Queued like other ops (ordered after earlier work on `t`). Contiguous runs are copied
+    /// in one device copy each; the tensor is never downloaded.
+    ///
+    /// Errors, before anything is copied: an index `≥ R` (naming the index and `R`), a `dst`
+    /// that appears twice. Checks and run planning: [`crate::rows::plan_copy`].
+    fn copy_rows(&self, _t: &Self::Tensor, _pairs: &[(u32, u32)]) -> Result<()> {
+        anyhow::bail!(
+            "copy_rows is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// Gathers rows of dimension 0 to the host: `t` `[R, ...]` → `[rows.len(), ...]` with
+    /// `out[i] = t[rows[i]]`, in `t`'s stored dtype ([`TensorInfo::dtype`]), bytes verbatim
+    /// (so [`Backend::write_rows`] of the result restores exactly these device bytes). Rows may
+    /// repeat. Waits for pending work on `t`; reads only the named rows (one copy per
+    /// contiguous run). Errors: an index `≥ R` (naming the index and `R`).
+    fn read_rows(&self, _t: &Self::Tensor, _rows: &[u32]) -> Result<HostTensor> {
+        anyhow::bail!(
+            "read_rows is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// The inverse of [`Backend::read_rows`], in place: `t[rows[i]] = src[i]` for `t`
+    /// `[R, ...]` and `src` `[rows.len(), ...]` of `t`'s dtype, bytes verbatim; one copy per
+    /// contiguous run, ordered after earlier work on `t` and before later work. `src` may be
+    /// dropped when the call returns. Errors, before anything is written: `src` of another
+    /// shape or dtype (naming both shapes), an index `≥ R` (naming it and `R`), a row twice.
+    fn write_rows(&self, _t: &Self::Tensor, _rows: &[u32], _src: &HostTensor) -> Result<()> {
+        anyhow::bail!(
+            "write_rows is not implemented on the {} backend",
+            self.name()
+        )
+    }
 }
 
 /// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that

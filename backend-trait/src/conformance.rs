@@ -11,7 +11,7 @@
 //! dayone_backend::conformance::check_all(&MyBackend::new()?)?;
 //! ```
 
-use crate::{reference, Backend, DType, HostTensor, RopeStyle, StepMeta, TensorInfo};
+use crate::{reference, rows, Backend, DType, HostTensor, RopeStyle, StepMeta, TensorInfo};
 use anyhow::{bail, ensure, Context, Result};
 
 /// Tolerance (relative to `max |ref|`) for f32 activations.
@@ -117,7 +117,8 @@ fn run<B: Backend>(b: &B, t: &B::Tensor) -> Result<HostTensor> {
 }
 
 /// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one
-/// (the MLA and MoE ops through [`check_mla_moe`], the KDA-layer ops through [`check_kda_ops`]).
+/// (the MLA and MoE ops through [`check_mla_moe`], the KDA-layer ops through [`check_kda_ops`],
+/// the row copies through [`check_row_ops`]).
 pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     let mut dts = vec![b.activation_dtype(DType::F32)];
     let low = b.activation_dtype(DType::BF16);
@@ -139,6 +140,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     }
     check_mla_moe(b)?;
     check_kda_ops(b)?;
+    check_row_ops(b)?;
     Ok(())
 }
 
@@ -1555,5 +1557,275 @@ pub fn check_sparse_latent_attention<B: Backend>(b: &B, dt: DType) -> Result<()>
             }
         }
     }
+    Ok(())
+}
+
+/// The bytes of `t` after `copy_rows(pairs)` on rows of `t.shape[0]`, written straight from
+/// the semantics (`t'[dst] = t[src]`, every read before any write), independently of
+/// [`crate::rows`].
+fn copied_bytes(t: &HostTensor, pairs: &[(u32, u32)]) -> Vec<u8> {
+    let rb = t.data.len() / t.shape[0].max(1);
+    let mut out = t.data.clone();
+    for &(s, d) in pairs {
+        let (s, d) = (s as usize * rb, d as usize * rb);
+        out[d..d + rb].copy_from_slice(&t.data[s..s + rb]);
+    }
+    out
+}
+
+/// Row `i` of `t` (dim 0) as bytes.
+fn row_bytes_of(t: &HostTensor, i: usize) -> &[u8] {
+    let rb = t.data.len() / t.shape[0].max(1);
+    &t.data[i * rb..(i + 1) * rb]
+}
+
+/// Fails with `op [case]` and the first differing row unless `got` has `want`'s shape, dtype
+/// and bytes.
+fn same_bytes(op: &str, case: &str, got: &HostTensor, want: &HostTensor) -> Result<()> {
+    ensure!(
+        got.shape == want.shape && got.dtype == want.dtype,
+        "{op} [{case}]: got {:?} {}, expected {:?} {}",
+        got.shape,
+        got.dtype,
+        want.shape,
+        want.dtype
+    );
+    if got.data != want.data {
+        let row = (0..want.shape[0])
+            .find(|&i| row_bytes_of(got, i) != row_bytes_of(want, i))
+            .unwrap_or(0);
+        bail!("{op} [{case}]: bytes differ, first in row {row}");
+    }
+    Ok(())
+}
+
+/// `copy_rows`, `read_rows` and `write_rows` (whole rows of dim 0, bytes verbatim) on f32, bf16
+/// (`[5, 3, 4]`; and `[5, 2, 8]`, which the WGSL backend keeps packed) and f16 tensors, plus a
+/// u32 round trip and the error cases ([`check_row_errors`]). Expected bytes come from the
+/// tensor as downloaded before the op, so they hold for any storage dtype.
+pub fn check_row_ops<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(23);
+    let cases: [(DType, &[usize]); 4] = [
+        (DType::F32, &[5, 3, 4]),
+        (DType::BF16, &[5, 3, 4]),
+        (DType::BF16, &[5, 2, 8]),
+        (DType::F16, &[5, 3, 4]),
+    ];
+    for (dt, shape) in cases {
+        let h = rand_tensor(&mut rng, shape, dt, 2.0)?;
+        check_copy_rows(b, &h)?;
+        check_read_write_rows(b, &h, &mut rng)?;
+    }
+    let ids: Vec<u32> = (0..30).map(|_| rng.next_u64() as u32).collect();
+    check_read_write_rows(b, &HostTensor::from_u32(vec![6, 5], &ids)?, &mut rng)?;
+    check_row_errors(b)
+}
+
+/// `copy_rows` on fresh uploads of `h`: chains, a cycle, a swap, overlapping shifted runs,
+/// disjoint runs, no-ops, nothing; and rows of a finer view (`[R·S1, ...]`) of the same memory.
+pub fn check_copy_rows<B: Backend>(b: &B, h: &HostTensor) -> Result<()> {
+    let cases: [(&str, &[(u32, u32)]); 7] = [
+        (
+            "chain through rows 3 and 0, a no-op",
+            &[(0, 3), (3, 1), (4, 4), (2, 0)],
+        ),
+        ("cycle 0→1→2→0", &[(0, 1), (1, 2), (2, 0)]),
+        ("swap 1 and 4", &[(1, 4), (4, 1)]),
+        (
+            "run 0..3 shifted to 1..4 (overlapping)",
+            &[(0, 1), (1, 2), (2, 3)],
+        ),
+        ("run 3..5 to 0..2 (disjoint)", &[(3, 0), (4, 1)]),
+        ("scattered, descending", &[(4, 2), (0, 3), (1, 0)]),
+        ("no pairs", &[]),
+    ];
+    for (case, pairs) in cases {
+        let t = b.upload(h)?;
+        let before = run(b, &t)?;
+        b.copy_rows(&t, pairs)
+            .with_context(|| format!("copy_rows {} {:?} [{case}]", h.dtype, h.shape))?;
+        let want = HostTensor::new(
+            before.shape.clone(),
+            before.dtype,
+            copied_bytes(&before, pairs),
+        )?;
+        same_bytes(
+            "copy_rows",
+            &format!("{} {:?}: {case}", h.dtype, h.shape),
+            &run(b, &t)?,
+            &want,
+        )?;
+    }
+    // A finer view: rows of `[R·S1, rest]` address parts of the original rows.
+    let t = b.upload(h)?;
+    let fine = rows::rows_shape(&h.shape[1..], h.shape[0] * h.shape[1]);
+    let v = b.reshape(&t, &fine)?;
+    let before = run(b, &v)?;
+    let last = fine[0] as u32 - 1;
+    let pairs = [(last, 0), (0, last), (1, 2)];
+    b.copy_rows(&v, &pairs)?;
+    let want = HostTensor::new(fine.clone(), before.dtype, copied_bytes(&before, &pairs))?;
+    same_bytes(
+        "copy_rows",
+        &format!("{} view {fine:?} of {:?}", h.dtype, h.shape),
+        &run(b, &v)?,
+        &want,
+    )
+}
+
+/// `read_rows` gathers the named rows verbatim (repeats allowed, none at all); `write_rows`
+/// stores arbitrary bit patterns (NaN payloads included) byte for byte, leaves other rows
+/// alone, and a read from one tensor written into another restores the bytes exactly.
+pub fn check_read_write_rows<B: Backend>(b: &B, h: &HostTensor, rng: &mut Rng) -> Result<()> {
+    let case = format!("{} {:?}", h.dtype, h.shape);
+    let t = b.upload(h)?;
+    let stored = run(b, &t)?;
+    let (dt, rest) = (stored.dtype, &h.shape[1..]);
+    ensure!(
+        t.dtype() == dt,
+        "read_rows [{case}]: tensor reports dtype {}, downloads as {dt}",
+        t.dtype()
+    );
+    // Gather with a repeat.
+    let rows = [4u32, 0, 1, 1];
+    let got = b
+        .read_rows(&t, &rows)
+        .with_context(|| format!("read_rows [{case}]"))?;
+    let mut bytes = Vec::new();
+    for &r in &rows {
+        bytes.extend_from_slice(row_bytes_of(&stored, r as usize));
+    }
+    let want = HostTensor::new(rows::rows_shape(&h.shape, rows.len()), dt, bytes)?;
+    same_bytes("read_rows", &format!("{case} rows {rows:?}"), &got, &want)?;
+    let none = b.read_rows(&t, &[])?;
+    ensure!(
+        none.shape == rows::rows_shape(&h.shape, 0) && none.data.is_empty(),
+        "read_rows [{case}, no rows]: got shape {:?} with {} bytes",
+        none.shape,
+        none.data.len()
+    );
+    // Arbitrary bit patterns into rows 3 and 1, then back.
+    let n = 2 * rest.iter().product::<usize>() * dt.size();
+    let noise: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+    let src = HostTensor::new(rows::rows_shape(&h.shape, 2), dt, noise)?;
+    b.write_rows(&t, &[3, 1], &src)
+        .with_context(|| format!("write_rows [{case}]"))?;
+    let mut want = stored.clone();
+    let rb = src.data.len() / 2;
+    want.data[3 * rb..4 * rb].copy_from_slice(&src.data[..rb]);
+    want.data[rb..2 * rb].copy_from_slice(&src.data[rb..]);
+    same_bytes(
+        "write_rows",
+        &format!("{case} rows [3, 1]"),
+        &run(b, &t)?,
+        &want,
+    )?;
+    let back = b.read_rows(&t, &[3, 1])?;
+    same_bytes("write_rows then read_rows", &case, &back, &src)?;
+    // Device → host → another device tensor, as a host cache tier stores and restores blocks.
+    let saved = b.read_rows(&t, &[2, 3, 4])?;
+    let other = b.upload(h)?;
+    b.write_rows(&other, &[0, 1, 2], &saved)?;
+    same_bytes(
+        "read_rows then write_rows into another tensor",
+        &case,
+        &b.read_rows(&other, &[0, 1, 2])?,
+        &saved,
+    )?;
+    let mut want = stored.clone();
+    want.data[..saved.data.len()].copy_from_slice(&saved.data);
+    same_bytes(
+        "write_rows into another tensor (rows 3, 4 untouched)",
+        &case,
+        &run(b, &other)?,
+        &want,
+    )
+}
+
+/// Bad indices, a repeated destination, a mismatched `src` and a 0-d tensor are errors naming
+/// the index and the row count (or both shapes); a failed call changes nothing.
+pub fn check_row_errors<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(29);
+    let h = rand_tensor(&mut rng, &[5, 3, 4], DType::F32, 1.0)?;
+    let t = b.upload(&h)?;
+    let before = run(b, &t)?;
+    let expect_err = |what: &str, r: Result<()>, needles: &[&str]| -> Result<()> {
+        let Err(e) = r else {
+            bail!("{what}: accepted, expected an error");
+        };
+        let msg = format!("{e:#}");
+        for n in needles {
+            ensure!(
+                msg.contains(n),
+                "{what}: error '{msg}' does not mention '{n}'"
+            );
+        }
+        Ok(())
+    };
+    expect_err(
+        "copy_rows src 7 of 5 rows",
+        b.copy_rows(&t, &[(0, 1), (7, 2)]),
+        &["row 7", "5 rows"],
+    )?;
+    expect_err(
+        "copy_rows dst 5 of 5 rows",
+        b.copy_rows(&t, &[(0, 1), (2, 5)]),
+        &["row 5", "5 rows"],
+    )?;
+    expect_err(
+        "copy_rows dst 2 twice",
+        b.copy_rows(&t, &[(0, 2), (1, 3), (4, 2)]),
+        &["row 2", "more than once"],
+    )?;
+    expect_err(
+        "copy_rows dst 2 twice (once as a no-op)",
+        b.copy_rows(&t, &[(2, 2), (4, 2)]),
+        &["row 2", "more than once"],
+    )?;
+    expect_err(
+        "read_rows row 9 of 5 rows",
+        b.read_rows(&t, &[1, 9]).map(|_| ()),
+        &["row 9", "5 rows"],
+    )?;
+    let two = HostTensor::from_f32(vec![2, 3, 4], &[0.5; 24])?;
+    expect_err(
+        "write_rows 2 rows of src for 1 index",
+        b.write_rows(&t, &[0], &two),
+        &["[2, 3, 4]", "[1, 3, 4]"],
+    )?;
+    let transposed = HostTensor::from_f32(vec![2, 4, 3], &[0.5; 24])?;
+    expect_err(
+        "write_rows src [2, 4, 3]",
+        b.write_rows(&t, &[0, 1], &transposed),
+        &["[2, 4, 3]", "[2, 3, 4]"],
+    )?;
+    let ints = HostTensor::from_u32(vec![2, 3, 4], &[1; 24])?;
+    expect_err(
+        "write_rows u32 src into an f32 tensor",
+        b.write_rows(&t, &[0, 1], &ints),
+        &["u32", "f32"],
+    )?;
+    expect_err(
+        "write_rows row 6 of 5 rows",
+        b.write_rows(&t, &[0, 6], &two),
+        &["row 6", "5 rows"],
+    )?;
+    expect_err(
+        "write_rows row 3 twice",
+        b.write_rows(&t, &[3, 3], &two),
+        &["row 3", "more than once"],
+    )?;
+    same_bytes(
+        "rows ops after rejected calls",
+        "tensor unchanged",
+        &run(b, &t)?,
+        &before,
+    )?;
+    let scalar = b.upload(&HostTensor::from_f32(vec![], &[1.0])?)?;
+    expect_err(
+        "copy_rows on a 0-d tensor",
+        b.copy_rows(&scalar, &[]),
+        &["at least one dimension"],
+    )?;
     Ok(())
 }

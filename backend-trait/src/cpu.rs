@@ -4,7 +4,7 @@
 //! speed. bf16 activations are computed in f32 (`activation_dtype(BF16) = F32`).
 
 use crate::{
-    reference, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
+    reference, rows, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
 };
 use anyhow::{ensure, Result};
 use std::sync::{Arc, RwLock};
@@ -366,6 +366,32 @@ impl Backend for CpuBackend {
             reference::sparse_latent_attention(&q_lat, &q_rope, c, &meta.host, scale, &selected)
         })?;
         Ok(CpuTensor::new(out))
+    }
+
+    /// In place in the shared storage, rows of this view's shape ([`rows::copy_rows_bytes`]).
+    fn copy_rows(&self, t: &CpuTensor, pairs: &[(u32, u32)]) -> Result<()> {
+        let mut g = t.data.write().expect("lock");
+        let layout = rows::RowLayout::of("copy_rows", &t.shape, g.dtype)?;
+        let plan = rows::plan_copy("copy_rows", pairs, &t.shape)?;
+        rows::copy_rows_bytes(&mut g.data, layout.row_bytes, &plan);
+        Ok(())
+    }
+
+    fn read_rows(&self, t: &CpuTensor, indices: &[u32]) -> Result<HostTensor> {
+        let g = t.data.read().expect("lock");
+        let layout = rows::RowLayout::of("read_rows", &t.shape, g.dtype)?;
+        let runs = rows::plan_read("read_rows", indices, &t.shape)?;
+        let mut out = vec![0u8; indices.len() * layout.row_bytes];
+        rows::move_rows_bytes(&g.data, &mut out, layout.row_bytes, &runs);
+        HostTensor::new(rows::rows_shape(&t.shape, indices.len()), g.dtype, out)
+    }
+
+    fn write_rows(&self, t: &CpuTensor, indices: &[u32], src: &HostTensor) -> Result<()> {
+        let mut g = t.data.write().expect("lock");
+        let layout = rows::RowLayout::of("write_rows", &t.shape, g.dtype)?;
+        let runs = rows::plan_write("write_rows", indices, &t.shape, g.dtype, src)?;
+        rows::move_rows_bytes(&src.data, &mut g.data, layout.row_bytes, &runs);
+        Ok(())
     }
 }
 
