@@ -14,6 +14,7 @@ pub mod prompt;
 pub mod sampling;
 pub mod scheduler;
 pub mod service;
+pub mod serving_config;
 pub mod tokenizer;
 pub mod weights;
 
