@@ -121,37 +121,61 @@ pub fn cache_blocks(r: &CacheRequest) -> Result<usize> {
             } else {
                 "KV cache"
             };
-            let Some(bytes) = need(blocks).filter(|_| blocks <= max_blocks) else {
-                bail!(
-                    "--kv-cache-tokens {tokens} is too large (at most {} tokens): lower --kv-cache-tokens",
-                    max_blocks.saturating_mul(r.block_size)
-                );
-            };
+            if let Some((0, max_tensor)) = tensor_cap {
+                return Err(one_block_too_large(max_tensor));
+            }
+            // One limit, stated the same way whichever of the three a request exceeds: the
+            // smallest of the 2^32 block ids, the largest bindable tensor and the free memory.
+            let mut limit = (max_blocks, "block ids are 32-bit".to_string());
             if let Some((cap, max_tensor)) = tensor_cap {
-                if cap == 0 {
-                    return Err(one_block_too_large(max_tensor));
-                }
-                if blocks > cap {
-                    bail!(
-                        "--kv-cache-tokens {tokens} is too large: at most {} tokens on this \
-                         backend: one cache tensor may not exceed {} ({} per token in the \
-                         largest): lower --kv-cache-tokens",
-                        cap * r.block_size,
-                        byte_count(max_tensor),
-                        byte_count(r.largest_tensor_bytes_per_token as u64)
+                if cap < limit.0 {
+                    limit = (
+                        cap,
+                        format!(
+                            "one cache tensor may not exceed {} ({} per token in the largest)",
+                            byte_count(max_tensor),
+                            byte_count(r.largest_tensor_bytes_per_token as u64)
+                        ),
                     );
                 }
             }
             if let (Some(free), Some(usable)) = (r.free_bytes, usable) {
-                if bytes > usable {
-                    bail!(
-                        "--kv-cache-tokens {tokens} needs {} of {what} but the device has {} free \
-                         ({} usable after headroom): lower --kv-cache-tokens",
-                        human_bytes(bytes),
-                        human_bytes(free),
-                        human_bytes(usable)
+                let fit = usable
+                    .checked_sub(state)
+                    .map_or(0, |u| u.checked_div(per_block).unwrap_or(u64::MAX));
+                if fit < limit.0 as u64 {
+                    limit = (
+                        fit as usize,
+                        format!(
+                            "the device has {} free, {} usable after headroom, for {} per token{}",
+                            human_bytes(free),
+                            human_bytes(usable),
+                            byte_count(r.bytes_per_token as u64),
+                            if state > 0 {
+                                format!(" after {} of recurrent state", human_bytes(state))
+                            } else {
+                                String::new()
+                            }
+                        ),
                     );
                 }
+            }
+            let bytes = need(blocks);
+            if blocks > limit.0 || bytes.is_none() {
+                let needs = bytes.map_or_else(|| "more than 2^64 bytes".into(), human_bytes);
+                bail!(
+                    "--kv-cache-tokens {tokens} is too large (needs {needs} of {what}): at most {} \
+                     tokens on this backend ({}): lower --kv-cache-tokens",
+                    limit.0.saturating_mul(r.block_size),
+                    limit.1
+                );
+            }
+            if !tokens.is_multiple_of(r.block_size) {
+                tracing::info!(
+                    "--kv-cache-tokens {tokens} rounded up to {} ({blocks} blocks of {} tokens)",
+                    blocks * r.block_size,
+                    r.block_size
+                );
             }
             Ok(blocks)
         }
@@ -260,11 +284,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.starts_with("--kv-cache-tokens 100000000 needs 23.8 GiB of KV cache"),
+            e.starts_with("--kv-cache-tokens 100000000 is too large (needs 23.8 GiB of KV cache)"),
             "{e}"
         );
         assert!(e.contains("11.2 GiB free"), "{e}");
         assert!(e.ends_with("lower --kv-cache-tokens"), "{e}");
+        // The limit: (11.2 GiB − 1.12 GiB headroom) / (256 B × 16) blocks of 16 tokens.
+        let usable = free - free / 10;
+        let at_most = usable / (256 * 16) * 16;
+        assert!(e.contains(&format!("at most {at_most} tokens")), "{e}");
     }
 
     #[test]
@@ -374,6 +402,29 @@ mod tests {
         assert!(cache_blocks(&r).is_ok());
         r.largest_state_tensor_bytes_per_seq = usize::MAX;
         assert!(cache_blocks(&r).is_err());
+    }
+
+    #[test]
+    fn every_too_large_request_states_the_same_limit() {
+        // The binding limit (1048576 tokens) is tighter than the block ids and the memory:
+        // a request just past it and one past the 2^32 block ids name the same figure.
+        let limit = |tokens| {
+            cache_blocks(&binding_limited(Some(tokens)))
+                .unwrap_err()
+                .to_string()
+        };
+        for tokens in [3_000_000, 1 << 40, usize::MAX] {
+            let e = limit(tokens);
+            assert!(e.contains("at most 1048576 tokens on this backend"), "{e}");
+        }
+        // Memory tighter than the binding: 512 MiB free leave 256 MiB, 524288 tokens.
+        let mut r = binding_limited(Some(600_000));
+        r.free_bytes = Some(512 << 20);
+        let e = cache_blocks(&r).unwrap_err().to_string();
+        assert!(e.contains("at most 524288 tokens"), "{e}");
+        r.requested_tokens = Some(1 << 40);
+        let e = cache_blocks(&r).unwrap_err().to_string();
+        assert!(e.contains("at most 524288 tokens"), "{e}");
     }
 
     #[test]
