@@ -1,0 +1,345 @@
+//! `dayone info`: what a checkpoint is and what it needs, from its config and tensor headers
+//! alone (no weights are read): architecture, parameters, stored dtypes or quantisation,
+//! context window, layer types, cache bytes per token, memory for weights + cache.
+//!
+//! The per-layer cache layout is derived from the config by the same rules the models use
+//! (`engine/src/models/*.rs`, `cache_spec`): paged K/V for attention layers, one latent row (plus
+//! the DSA indexer key row) for MLA layers, per-sequence state for KDA layers. A CLI test checks
+//! the figures against the loaded engine's [`dayone_engine::Engine::cache_bytes_per_token`].
+
+use crate::{load, outln};
+use anyhow::Result;
+use clap::Args;
+use dayone_engine::cache::{human_bytes, CacheSpec, LayerCacheSpec};
+use dayone_engine::config::ModelConfig;
+use dayone_engine::loader::{Checkpoint, GgufFile, SafetensorsSource};
+use dayone_engine::scheduler::SchedulerConfig;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Flags of `dayone info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// Model directory or .gguf file; default: SmolLM2-135M-Instruct.
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The engine's default cache capacity for a context window (`EngineConfig::kv_cache_tokens`:
+/// the window clamped to 4096..=65536 tokens).
+fn default_cache_tokens(ctx: usize) -> usize {
+    ctx.clamp(4096, 65536)
+}
+
+/// Per-layer cache specs from the config, by the rules of the models' `cache_spec`.
+pub fn cache_spec(c: &ModelConfig) -> CacheSpec {
+    match c {
+        ModelConfig::Llama(l) | ModelConfig::Qwen3(l) => CacheSpec::paged_kv(
+            l.num_hidden_layers,
+            l.kv_heads(),
+            l.head_dim(),
+            l.head_dim(),
+        ),
+        ModelConfig::DeepseekV3(d) => {
+            let width = d.kv_lora_rank + d.qk_rope_head_dim;
+            let layer = match d.indexer() {
+                Some((_, index_width, _)) => {
+                    LayerCacheSpec::PagedLatentIndexed { width, index_width }
+                }
+                None => LayerCacheSpec::PagedLatent { width },
+            };
+            CacheSpec {
+                layers: vec![layer; d.num_hidden_layers],
+            }
+        }
+        ModelConfig::KimiLinear(k) => CacheSpec {
+            layers: (0..k.num_hidden_layers)
+                .map(|i| {
+                    if k.is_kda_layer(i) {
+                        LayerCacheSpec::Recurrent {
+                            convs: 3,
+                            conv_channels: k.kda_heads() * k.kda_head_dim(),
+                            conv_taps: k.conv_width() - 1,
+                            heads: k.kda_heads(),
+                            k_dim: k.kda_head_dim(),
+                            v_dim: k.kda_head_dim(),
+                        }
+                    } else {
+                        LayerCacheSpec::PagedLatent {
+                            width: k.kv_lora_rank + k.qk_rope_head_dim,
+                        }
+                    }
+                })
+                .collect(),
+        },
+    }
+}
+
+/// One line per kind of layer: `30 × attention (paged K/V, 3 KV heads × 64)`.
+fn layer_types(c: &ModelConfig, spec: &CacheSpec) -> Vec<String> {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for (i, l) in spec.layers.iter().enumerate() {
+        let mixer = match *l {
+            LayerCacheSpec::PagedKv {
+                kv_heads, k_dim, ..
+            } => {
+                format!("attention (paged K/V, {kv_heads} KV heads × {k_dim})")
+            }
+            LayerCacheSpec::PagedLatent { width } => format!("MLA (latent {width} per token)"),
+            LayerCacheSpec::PagedLatentIndexed { width, index_width } => {
+                format!("MLA + DSA indexer (latent {width} + index key {index_width} per token)")
+            }
+            LayerCacheSpec::Recurrent { heads, k_dim, .. } => {
+                format!("KDA linear attention ({heads} heads × {k_dim}, state per sequence)")
+            }
+        };
+        let ffn = match c {
+            ModelConfig::DeepseekV3(d) if d.is_moe_layer(i) => format!(
+                "MoE {} of {} experts",
+                d.num_experts_per_tok, d.n_routed_experts
+            ),
+            ModelConfig::KimiLinear(k) if k.is_moe_layer(i) => format!(
+                "MoE {} of {} experts",
+                k.num_experts_per_tok, k.num_local_experts
+            ),
+            _ => "dense MLP".to_string(),
+        };
+        let kind = format!("{mixer}, {ffn}");
+        match kinds.last_mut() {
+            Some((k, n)) if *k == kind => *n += 1,
+            _ => kinds.push((kind, 1)),
+        }
+    }
+    kinds
+        .into_iter()
+        .map(|(k, n)| format!("{n} × {k}"))
+        .collect()
+}
+
+/// Stored dtype (or GGUF quantisation type) → (parameters, bytes on disk).
+fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    if ckpt.path.is_file() {
+        let g = GgufFile::open(&ckpt.path)?;
+        for t in &g.tensors {
+            let e = out.entry(t.ggml_type.name()).or_default();
+            e.0 += t.numel() as u64;
+            e.1 += t.nbytes as u64;
+        }
+    } else {
+        let s = SafetensorsSource::open_dir(&ckpt.path)?;
+        for n in ckpt.tensors.names() {
+            let (Some(dt), Some(shape)) = (s.raw_dtype(&n), ckpt.tensors.shape(&n)) else {
+                continue;
+            };
+            let e = out.entry(format!("{dt:?}")).or_default();
+            e.0 += shape.iter().product::<usize>() as u64;
+            e.1 += s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
+        }
+    }
+    Ok(out)
+}
+
+/// `1.23 B`, `134.5 M`, `52.3 K`.
+fn human_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1} M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1} K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+/// Everything `info` reports, as JSON (the text table is printed from it).
+pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
+    let origin = ckpt.path.join("config.json");
+    let cfg = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
+    let names = ckpt.tensors.names();
+    let numel = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        names
+            .iter()
+            .filter(|n| !n.ends_with("_scale_inv") && keep(n))
+            .filter_map(|n| ckpt.tensors.shape(n))
+            .map(|s| s.iter().product::<usize>() as u64)
+            .sum()
+    };
+    let is_expert = |n: &str| n.contains(".experts.");
+    let params = numel(&|_| true);
+    let experts = numel(&is_expert);
+    let (e, k) = match &cfg {
+        ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
+        ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
+        _ => (0, 0),
+    };
+    let active = if e > 0 {
+        params - experts + (experts as f64 * k as f64 / e as f64) as u64
+    } else {
+        params
+    };
+    let spec = cache_spec(&cfg);
+    let ctx = cfg.max_context();
+    let cache_tokens = default_cache_tokens(ctx);
+    let slots = SchedulerConfig::default().max_num_seqs;
+    let stored = stored_types(ckpt)?;
+    let mut memory = serde_json::Map::new();
+    for (dtype, size) in [("f32", 4u64), ("bf16", 2u64)] {
+        let weights = params * size;
+        let cache = spec.elements_per_token() as u64 * size * cache_tokens as u64;
+        let state = spec.state_elements_per_seq() as u64 * 4 * slots as u64;
+        memory.insert(
+            dtype.into(),
+            json!({
+                "weights_bytes": weights,
+                "cache_bytes": cache,
+                "state_bytes": state,
+                "total_bytes": weights + cache + state,
+            }),
+        );
+    }
+    let model_type = ckpt
+        .config
+        .get("model_type")
+        .cloned()
+        .unwrap_or(Value::Null);
+    Ok(json!({
+        "model": ckpt.path.display().to_string(),
+        "model_type": model_type,
+        "architectures": ckpt.config.get("architectures").cloned().unwrap_or(Value::Null),
+        "format": if ckpt.path.is_file() { "gguf" } else { "safetensors" },
+        "parameters": params,
+        "active_parameters": active,
+        "stored_types": stored.iter().map(|(t, (n, b))| (t.clone(), json!({"parameters": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        "quantization_config": ckpt.config.get("quantization_config").cloned().unwrap_or(Value::Null),
+        "context_window": ctx,
+        "vocab_size": cfg.vocab_size(),
+        "layers": spec.layers.len(),
+        "hidden_size": ckpt.config.get("hidden_size").cloned().unwrap_or(Value::Null),
+        "layer_types": layer_types(&cfg, &spec),
+        "cache_bytes_per_token": {
+            "f32": spec.elements_per_token() * 4,
+            "bf16": spec.elements_per_token() * 2,
+        },
+        "state_bytes_per_sequence": spec.state_elements_per_seq() * 4,
+        "default_cache_tokens": cache_tokens,
+        "state_slots": slots,
+        "memory": memory,
+        "has_tokenizer": ckpt.assets.tokenizer.is_some(),
+        "has_chat_template": ckpt.assets.chat_template.is_some(),
+    }))
+}
+
+/// Runs `dayone info`.
+pub fn run(a: InfoArgs) -> Result<()> {
+    let path = load::model_path(a.model.clone())?;
+    let ckpt = load::open(&path)?;
+    let j = describe(&ckpt)?;
+    if a.json {
+        return outln!("{j}");
+    }
+    let u = |k: &str| j[k].as_u64().unwrap_or(0);
+    let row = |k: &str, v: String| outln!("{k:<14}{v}");
+    row("model", j["model"].as_str().unwrap_or("").to_string())?;
+    let arch = match j["architectures"].as_array().and_then(|a| a.first()) {
+        Some(a) => format!(
+            "{} ({})",
+            j["model_type"].as_str().unwrap_or("?"),
+            a.as_str().unwrap_or("?")
+        ),
+        None => j["model_type"].as_str().unwrap_or("?").to_string(),
+    };
+    row(
+        "architecture",
+        format!("{arch}, {}", j["format"].as_str().unwrap_or("")),
+    )?;
+    let mut params = format!("{} ({})", human_count(u("parameters")), u("parameters"));
+    if u("active_parameters") != u("parameters") {
+        params += &format!(", {} active per token", human_count(u("active_parameters")));
+    }
+    row("parameters", params)?;
+    let total = u("parameters").max(1) as f64;
+    let types: Vec<String> = j["stored_types"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(t, v)| {
+            format!(
+                "{t} {:.0}% ({})",
+                100.0 * v["parameters"].as_f64().unwrap_or(0.0) / total,
+                human_bytes(v["bytes"].as_u64().unwrap_or(0))
+            )
+        })
+        .collect();
+    row("stored as", types.join(", "))?;
+    if !j["quantization_config"].is_null() {
+        row("quantization", j["quantization_config"].to_string())?;
+    }
+    row(
+        "context",
+        format!(
+            "{} tokens (vocabulary {})",
+            u("context_window"),
+            u("vocab_size")
+        ),
+    )?;
+    row("layers", format!("{}", u("layers")))?;
+    for t in j["layer_types"].as_array().into_iter().flatten() {
+        row("", format!("  {}", t.as_str().unwrap_or("")))?;
+    }
+    let cbt = &j["cache_bytes_per_token"];
+    row(
+        "cache",
+        format!(
+            "{} B per token in f32, {} B in bf16",
+            cbt["f32"].as_u64().unwrap_or(0),
+            cbt["bf16"].as_u64().unwrap_or(0)
+        ),
+    )?;
+    if u("state_bytes_per_sequence") > 0 {
+        row(
+            "state",
+            format!(
+                "{} per sequence (f32)",
+                human_bytes(u("state_bytes_per_sequence"))
+            ),
+        )?;
+    }
+    for dtype in ["f32", "bf16"] {
+        let m = &j["memory"][dtype];
+        let b = |k: &str| human_bytes(m[k].as_u64().unwrap_or(0));
+        let state = if m["state_bytes"].as_u64().unwrap_or(0) > 0 {
+            format!(
+                " + state {} ({} sequences)",
+                b("state_bytes"),
+                u("state_slots")
+            )
+        } else {
+            String::new()
+        };
+        row(
+            &format!("memory {dtype}"),
+            format!(
+                "{} = weights {} + cache {} ({} tokens){state}",
+                b("total_bytes"),
+                b("weights_bytes"),
+                b("cache_bytes"),
+                u("default_cache_tokens"),
+            ),
+        )?;
+    }
+    row(
+        "tokenizer",
+        match (
+            j["has_tokenizer"].as_bool(),
+            j["has_chat_template"].as_bool(),
+        ) {
+            (Some(true), Some(true)) => "yes, with a chat template".into(),
+            (Some(true), _) => "yes, no chat template".into(),
+            _ => "none (use --prompt-ids)".into(),
+        },
+    )?;
+    Ok(())
+}
