@@ -10,6 +10,7 @@ pub mod engine;
 pub mod layers;
 pub mod loader;
 pub mod models;
+pub mod needle;
 pub mod prompt;
 pub mod sampling;
 pub mod scheduler;
