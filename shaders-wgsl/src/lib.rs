@@ -896,4 +896,17 @@ impl Backend for WgslBackend {
     ) -> Result<WTensor> {
         self.latent_attention_impl(q_lat, q_rope, cache, meta, scale, Some(selected))
     }
+
+    /// Buffer-to-buffer copies, staged where wgpu forbids a copy within one buffer (`ops/rows.rs`).
+    fn copy_rows(&self, t: &WTensor, pairs: &[(u32, u32)]) -> Result<()> {
+        self.copy_rows_impl(t, pairs)
+    }
+
+    fn read_rows(&self, t: &WTensor, rows: &[u32]) -> Result<HostTensor> {
+        self.read_rows_impl(t, rows)
+    }
+
+    fn write_rows(&self, t: &WTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
+        self.write_rows_impl(t, rows, src)
+    }
 }

@@ -8,3 +8,4 @@ mod kda;
 mod linear;
 mod mla;
 mod moe;
+mod rows;
