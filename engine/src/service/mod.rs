@@ -1,2 +1,269 @@
-//! The engine as a service: a handle that other threads use to submit and abort requests while
-//! one thread owns the engine and steps it. (Being written; see the module's owner.)
+//! The engine as a service: an [`EngineHandle`] that any thread uses to submit and abort
+//! requests while one thread owns the [`Engine`] and steps it (mistral.rs's `Sender<Request>`
+//! with a per-request response channel; vLLM's `AsyncLLM` over its engine core).
+//!
+//! ```no_run
+//! # fn demo(ckpt: dayone_engine::loader::Checkpoint) -> anyhow::Result<()> {
+//! use dayone_engine::service::{EngineHandle, Request, StreamEvent};
+//! use dayone_engine::{sampling::SamplingParams, Engine, EngineConfig};
+//! use std::time::Duration;
+//!
+//! let handle = EngineHandle::start(move || {
+//!     Engine::new(dayone_backend::cpu::CpuBackend, &ckpt, &EngineConfig::default(), None)
+//! })?;
+//! let mut stream = handle.submit(Request::new(vec![1, 2, 3], SamplingParams::default()))?;
+//! while let Some(event) = stream.recv_timeout(Duration::from_secs(60))? {
+//!     match event {
+//!         StreamEvent::Token { token, .. } => print!("{token} "),
+//!         StreamEvent::Finished { reason, .. } => println!("[{reason}]"),
+//!         StreamEvent::Error(msg) => anyhow::bail!(msg),
+//!     }
+//! }
+//! handle.shutdown(Duration::from_secs(5));
+//! # Ok(()) }
+//! ```
+//!
+//! The engine thread loops: take every pending command (waiting for one only when no request is
+//! unfinished) → [`Engine::step`] → send each token to its request. Requests are validated by
+//! [`Engine::add_request`] on that thread and its error comes back from
+//! [`EngineHandle::submit`] unchanged. A finished or aborted request has freed its cache blocks
+//! and state slot by the time its [`StreamEvent::Finished`] is sent. When a step fails, every
+//! in-flight request gets [`StreamEvent::Error`] and later calls fail with
+//! `engine stopped: <the step's error>`.
+//!
+//! Text output: [`TextStream`] turns the token events into text deltas.
+
+mod detok;
+mod request;
+mod status;
+#[cfg(test)]
+mod tests;
+mod thread;
+
+pub use detok::TextStream;
+pub use request::{Completion, Request, RequestStream, RequestTiming, StreamEvent};
+
+use crate::Engine;
+use anyhow::{anyhow, Context, Result};
+use dayone_backend::Backend;
+use status::{Shared, Status};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use thread::{Command, EngineLoop, Stepper};
+
+/// How long the drop of the last [`EngineHandle`] lets in-flight requests finish before it
+/// aborts them (call [`EngineHandle::shutdown`] to choose).
+pub const SHUTDOWN_GRACE_ON_DROP: Duration = Duration::from_secs(5);
+
+/// What the model accepts, read once at load (no round trip to the engine thread).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// The context window in tokens (prompt + generated).
+    pub max_context: usize,
+    /// Token ids are below this.
+    pub vocab_size: usize,
+    /// Token ids that end generation (unless `ignore_eos`).
+    pub eos_ids: Vec<u32>,
+}
+
+/// A snapshot of the engine's state ([`EngineHandle::stats`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests submitted and not yet finished (waiting or running).
+    pub requests: usize,
+    /// Free KV cache blocks (all of them when no request is in flight).
+    pub free_blocks: usize,
+    /// All KV cache blocks.
+    pub total_blocks: usize,
+}
+
+/// A handle to an engine running on its own thread. Cheap to clone, usable from any thread;
+/// not generic over the backend. The engine shuts down when [`EngineHandle::shutdown`] is
+/// called or the last clone is dropped (waiting up to [`SHUTDOWN_GRACE_ON_DROP`]).
+#[derive(Clone)]
+pub struct EngineHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    model: ModelInfo,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl EngineHandle {
+    /// Spawns the engine thread, which runs `build` (so neither the backend nor the engine need
+    /// be `Send`); returns once the engine is loaded. Errors: `build`'s error, unchanged (or a
+    /// panic in it, with its message), or a thread that cannot be spawned.
+    pub fn start<B, F>(build: F) -> Result<Self>
+    where
+        B: Backend,
+        F: FnOnce() -> Result<Engine<B>> + Send + 'static,
+    {
+        Self::start_stepper(move || {
+            let engine = build()?;
+            let model = ModelInfo {
+                max_context: engine.config.max_context(),
+                vocab_size: engine.config.vocab_size(),
+                eos_ids: engine.eos_ids().to_vec(),
+            };
+            Ok((engine, model))
+        })
+    }
+
+    /// [`EngineHandle::start`] over anything the loop can step (the unit tests' double).
+    fn start_stepper<S, F>(build: F) -> Result<Self>
+    where
+        S: Stepper,
+        F: FnOnce() -> Result<(S, ModelInfo)> + Send + 'static,
+    {
+        let (commands, rx) = channel::<Command>();
+        let (loaded_tx, loaded) = channel::<Result<ModelInfo>>();
+        let status = Arc::new(Status::new());
+        let thread_status = status.clone();
+        let thread = std::thread::Builder::new()
+            .name("dayone-engine".into())
+            .spawn(move || {
+                let ran = catch_unwind(AssertUnwindSafe(|| match build() {
+                    Ok((engine, model)) => {
+                        let _ = loaded_tx.send(Ok(model));
+                        EngineLoop::new(engine).run(&rx)
+                    }
+                    Err(e) => {
+                        let why = format!("it failed to load: {e:#}");
+                        let _ = loaded_tx.send(Err(e));
+                        why
+                    }
+                }));
+                let why = ran.unwrap_or_else(|p| {
+                    let msg = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "(no message)".into());
+                    format!("the engine thread panicked: {msg}")
+                });
+                thread_status.stop(why);
+            })
+            .context("spawning the engine thread")?;
+        let loaded = loaded.recv();
+        let model = match loaded {
+            Ok(Ok(model)) => model,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(anyhow!(status.stopped_message()));
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                shared: Arc::new(Shared { commands, status }),
+                model,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// What the model accepts (context window, vocabulary size, stop ids).
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.inner.model
+    }
+
+    /// Queues `request` and returns its stream. Errors, synchronously: the engine's validation
+    /// error for the request (empty prompt, a token id outside the vocabulary, a prompt longer
+    /// than the context window, more tokens than the cache holds, bad sampling parameters;
+    /// [`Engine::add_request`]'s text, unchanged), `engine is shutting down`, or
+    /// `engine stopped: <reason>`.
+    pub fn submit(&self, request: Request) -> Result<RequestStream> {
+        let (tx, rx) = channel();
+        let id = self.submit_with(request, move |event| tx.send(event).is_ok())?;
+        Ok(RequestStream::new(id, rx, self.inner.shared.clone()))
+    }
+
+    /// Like [`EngineHandle::submit`], but each event is passed to `on_event`, called on the
+    /// engine thread (so it must not block: forward to a channel, e.g. an async one). When it
+    /// returns `false` (its receiver is gone) the request is aborted. Returns the request id.
+    pub fn submit_with(
+        &self,
+        request: Request,
+        on_event: impl FnMut(StreamEvent) -> bool + Send + 'static,
+    ) -> Result<u64> {
+        let arrival = Instant::now();
+        let shared = &self.inner.shared;
+        shared.status.check_accepting()?;
+        let (reply, replied) = channel();
+        shared.send(Command::Submit {
+            request,
+            arrival,
+            sink: Box::new(on_event),
+            reply,
+        })?;
+        replied
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow!(shared.status.stopped_message())))
+    }
+
+    /// Aborts request `id` from any thread: its stream ends with
+    /// [`StreamEvent::Finished`] with [`crate::scheduler::FinishReason::Abort`], and its blocks
+    /// and state slot are freed before the engine's next step. A request that has already
+    /// finished is left alone. Errors: `engine stopped: <reason>`.
+    pub fn abort(&self, id: u64) -> Result<()> {
+        self.inner.shared.abort(id)
+    }
+
+    /// A snapshot of the engine's state, taken between steps (after every command sent before
+    /// it from the same thread). Errors: `engine stopped: <reason>`.
+    pub fn stats(&self) -> Result<EngineStats> {
+        let shared = &self.inner.shared;
+        let (reply, replied) = channel();
+        shared.send(Command::Stats(reply))?;
+        replied
+            .recv()
+            .map_err(|_| anyhow!(shared.status.stopped_message()))
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish for up to `grace`, aborts the rest
+    /// (their streams end with `Abort`) and joins the engine thread. Later calls fail with
+    /// `engine stopped: it was shut down`. Calling it again, or from another clone, waits for
+    /// the same end.
+    pub fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown(grace);
+    }
+}
+
+impl Inner {
+    fn shutdown(&self, grace: Duration) {
+        let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(t) = thread.take() else {
+            return;
+        };
+        self.shared.status.begin_shutdown();
+        // Fails only when the thread has already ended (after an engine error).
+        let _ = self.shared.send(Command::Shutdown { grace });
+        if t.thread().id() == std::thread::current().id() {
+            return; // dropped from an event callback on the engine thread: it ends by itself
+        }
+        // The thread catches panics, so joining cannot fail.
+        let _ = t.join();
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown(SHUTDOWN_GRACE_ON_DROP);
+    }
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("model", &self.inner.model)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,275 @@
+//! The engine thread: owns the engine and loops — drain commands (waiting for one when idle),
+//! run one step, route each token to its request's sink.
+
+use super::request::{Request, RequestTiming, StreamEvent};
+use super::EngineStats;
+use crate::sampling::SamplingParams;
+use crate::scheduler::FinishReason;
+use crate::{Engine, TokenEvent};
+use anyhow::Result;
+use dayone_backend::Backend;
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::{Duration, Instant};
+
+/// Where a request's events go; runs on the engine thread, must not block. Returns `false`
+/// once nobody listens (the request is then aborted).
+pub(crate) type Sink = Box<dyn FnMut(StreamEvent) -> bool + Send>;
+
+/// A message to the engine thread.
+pub(crate) enum Command {
+    /// Queue a request; the id (or `add_request`'s error) goes back on `reply`.
+    Submit {
+        request: Request,
+        arrival: Instant,
+        sink: Sink,
+        reply: Sender<Result<u64>>,
+    },
+    /// Abort a request (no-op when it has finished).
+    Abort(u64),
+    /// Send a snapshot of the engine's state.
+    Stats(Sender<EngineStats>),
+    /// Stop accepting; finish in-flight requests within `grace`, then abort the rest and end.
+    Shutdown { grace: Duration },
+}
+
+/// A step's token for one request: what the loop reads of a [`TokenEvent`].
+pub(crate) struct Produced {
+    pub(crate) seq_id: u64,
+    pub(crate) token: u32,
+    pub(crate) finish: Option<FinishReason>,
+}
+
+/// What the loop needs of an engine: [`Engine`]'s public API (a test double stands in for it
+/// in the unit tests, so the loop's failure paths are tested without a model).
+pub(crate) trait Stepper {
+    fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64>;
+    fn step(&mut self) -> Result<Vec<Produced>>;
+    fn abort(&mut self, id: u64) -> Result<bool>;
+    fn has_unfinished(&self) -> bool;
+    fn stats(&self, requests: usize) -> EngineStats;
+}
+
+impl<B: Backend> Stepper for Engine<B> {
+    fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64> {
+        Engine::add_request(self, prompt, params)
+    }
+    fn step(&mut self) -> Result<Vec<Produced>> {
+        let events = Engine::step(self)?;
+        Ok(events
+            .into_iter()
+            .map(|e: TokenEvent| Produced {
+                seq_id: e.seq_id,
+                token: e.token,
+                finish: e.finish,
+            })
+            .collect())
+    }
+    fn abort(&mut self, id: u64) -> Result<bool> {
+        Engine::abort(self, id)
+    }
+    fn has_unfinished(&self) -> bool {
+        Engine::has_unfinished(self)
+    }
+    fn stats(&self, requests: usize) -> EngineStats {
+        // The spot for the engine's metrics snapshot (engine/src/metrics.rs, another task): add
+        // a field to `EngineStats` and fill it here from the engine.
+        EngineStats {
+            requests,
+            free_blocks: self.free_blocks(),
+            total_blocks: self.total_blocks(),
+        }
+    }
+}
+
+/// A request the engine is working on.
+struct Active {
+    sink: Sink,
+    arrival: Instant,
+    first_token: Option<Instant>,
+    prompt_tokens: usize,
+    generated: usize,
+}
+
+impl Active {
+    fn finish(mut self, reason: FinishReason, now: Instant) {
+        let event = StreamEvent::Finished {
+            reason,
+            prompt_tokens: self.prompt_tokens,
+            generated_tokens: self.generated,
+            timing: RequestTiming {
+                arrival: self.arrival,
+                first_token: self.first_token,
+                finished: now,
+            },
+        };
+        (self.sink)(event);
+    }
+}
+
+/// The loop's state.
+pub(crate) struct EngineLoop<S: Stepper> {
+    engine: S,
+    active: HashMap<u64, Active>,
+    /// Set by `Shutdown`: requests still running then are aborted.
+    deadline: Option<Instant>,
+}
+
+impl<S: Stepper> EngineLoop<S> {
+    pub(crate) fn new(engine: S) -> Self {
+        Self {
+            engine,
+            active: HashMap::new(),
+            deadline: None,
+        }
+    }
+
+    /// Runs until shut down or failed; returns why it stopped (what later submits report).
+    pub(crate) fn run(mut self, commands: &Receiver<Command>) -> String {
+        match self.serve(commands) {
+            Ok(()) => "it was shut down".to_string(),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                for (_, mut a) in self.active.drain() {
+                    (a.sink)(StreamEvent::Error(msg.clone()));
+                }
+                msg
+            }
+        }
+    }
+
+    fn serve(&mut self, commands: &Receiver<Command>) -> Result<()> {
+        loop {
+            if !self.engine.has_unfinished() {
+                self.fail_untracked();
+                if self.deadline.is_some() {
+                    return Ok(());
+                }
+                // Idle: wait for work. Every handle gone without a shutdown cannot happen (the
+                // last one shuts down on drop), but would end the loop the same way.
+                match commands.recv() {
+                    Ok(cmd) => self.handle(cmd)?,
+                    Err(_) => return Ok(()),
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(cmd) => self.handle(cmd)?,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.deadline.get_or_insert_with(Instant::now);
+                        break;
+                    }
+                }
+            }
+            if let Some(deadline) = self.deadline {
+                if self.active.is_empty() {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    let ids: Vec<u64> = self.active.keys().copied().collect();
+                    for id in ids {
+                        self.abort(id)?;
+                    }
+                    return Ok(());
+                }
+            }
+            if self.engine.has_unfinished() {
+                let events = self.engine.step()?;
+                self.route(events)?;
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) -> Result<()> {
+        match cmd {
+            Command::Submit {
+                request,
+                arrival,
+                sink,
+                reply,
+            } => {
+                if self.deadline.is_some() {
+                    let _ = reply.send(Err(anyhow::anyhow!(
+                        "engine is shutting down: it accepts no new requests"
+                    )));
+                    return Ok(());
+                }
+                let prompt_tokens = request.prompt.len();
+                // `request.cache_salt` goes to the engine once the prefix cache takes it.
+                match self.engine.add_request(request.prompt, request.params) {
+                    Ok(id) => {
+                        self.active.insert(
+                            id,
+                            Active {
+                                sink,
+                                arrival,
+                                first_token: None,
+                                prompt_tokens,
+                                generated: 0,
+                            },
+                        );
+                        if reply.send(Ok(id)).is_err() {
+                            self.abort(id)?; // the submitter is gone
+                        }
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            Command::Abort(id) => self.abort(id)?,
+            Command::Stats(reply) => {
+                let _ = reply.send(self.engine.stats(self.active.len()));
+            }
+            Command::Shutdown { grace } => {
+                let at = Instant::now() + grace;
+                self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Aborts request `id` in the engine (freeing its blocks and slot) and ends its stream.
+    fn abort(&mut self, id: u64) -> Result<()> {
+        if let Some(a) = self.active.remove(&id) {
+            self.engine.abort(id)?;
+            a.finish(FinishReason::Abort, Instant::now());
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, events: Vec<Produced>) -> Result<()> {
+        let now = Instant::now();
+        for e in events {
+            let Some(a) = self.active.get_mut(&e.seq_id) else {
+                continue; // aborted earlier in this step's drain
+            };
+            let index = a.generated;
+            a.generated += 1;
+            a.first_token.get_or_insert(now);
+            let listening = (a.sink)(StreamEvent::Token {
+                token: e.token,
+                index,
+                time: now,
+            });
+            if let Some(reason) = e.finish {
+                let a = self.active.remove(&e.seq_id).expect("looked up above");
+                a.finish(reason, now);
+            } else if !listening {
+                self.abort(e.seq_id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests the engine no longer has but that never got their last event would wait
+    /// forever; end them with an error instead (an engine bug, reported rather than hung).
+    fn fail_untracked(&mut self) {
+        for (id, mut a) in self.active.drain() {
+            (a.sink)(StreamEvent::Error(format!(
+                "the engine dropped request {id} without finishing it"
+            )));
+        }
+    }
+}
