@@ -66,6 +66,7 @@ mod dsa;
 mod kda;
 mod linear;
 mod mla_moe;
+mod rows;
 
 pub use dsa::DSA_SCORE_BYTES;
 pub use kda::{kda_plan, KdaPath, KdaPlan, KDA_CHUNK_MIN_TOKENS};
@@ -885,6 +886,20 @@ impl Backend for CudaBackend {
 
     fn argmax(&self, x: &CudaTensor) -> Result<CudaTensor> {
         self.argmax_impl(x)
+    }
+
+    /// One `cuMemcpyDtoDAsync` per run, through a scratch buffer when rows are both read and
+    /// written (`rows.rs`).
+    fn copy_rows(&self, t: &CudaTensor, pairs: &[(u32, u32)]) -> Result<()> {
+        self.copy_rows_impl(t, pairs)
+    }
+
+    fn read_rows(&self, t: &CudaTensor, rows: &[u32]) -> Result<HostTensor> {
+        self.read_rows_impl(t, rows)
+    }
+
+    fn write_rows(&self, t: &CudaTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
+        self.write_rows_impl(t, rows, src)
     }
 }
 
