@@ -903,6 +903,12 @@ pub fn kda(
                             st[d * vd + e] += kn[d] * delta;
                         }
                     }
+                    // The state lives in f32 between tokens (as in the slot), so that a prompt
+                    // split into chunks at any point gives the same bits as one pass — what
+                    // prefix caching's state checkpoints need.
+                    for x in st.iter_mut() {
+                        *x = *x as f32 as f64;
+                    }
                     for e in 0..vd {
                         o[vrow + e] = (0..kd).map(|d| st[d * vd + e] * qn[d]).sum::<f64>() as f32;
                     }

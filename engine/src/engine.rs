@@ -5,7 +5,10 @@ use crate::config::ModelConfig;
 use crate::loader::Checkpoint;
 use crate::models::{load_model, CausalLm};
 use crate::sampling::SamplingParams;
-use crate::scheduler::{FinishReason, ScheduledChunk, Scheduler, SchedulerConfig, Sequence};
+use crate::scheduler::{
+    FinishReason, PrefixSettings, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerCounters,
+    Sequence,
+};
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor, StepMeta};
 
@@ -60,6 +63,10 @@ pub struct TokenEvent {
     pub seq_id: u64,
     /// The new token id.
     pub token: u32,
+    /// Prompt tokens of the sequence.
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache when it was admitted (usage `cached_tokens`).
+    pub cached_tokens: usize,
     /// Set when the sequence stopped with this token: `stop` (EOS), `length` (`max_tokens`) or
     /// `context` (the context window is full); see [`FinishReason::as_str`].
     pub finish: Option<FinishReason>,
@@ -76,6 +83,7 @@ pub struct Engine<B: Backend> {
     scheduler: Scheduler,
     eos_ids: Vec<u32>,
     next_id: u64,
+    max_context: usize,
     cache_bytes_per_token: usize,
     state_bytes_per_seq: usize,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
@@ -104,10 +112,31 @@ impl<B: Backend> Engine<B> {
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
         let spec = model.cache_spec();
+        if cfg.max_model_len == Some(0) {
+            bail!("--max-model-len must be at least 1");
+        }
+        let max_context = config
+            .max_context()
+            .min(cfg.max_model_len.unwrap_or(usize::MAX));
+        let prefix = PrefixSettings {
+            enabled: cfg.prefix_caching,
+            recurrent: spec.has_recurrent(),
+            checkpoint_interval: cfg.state_checkpoint_interval,
+            checkpoints: cfg
+                .state_checkpoints
+                .unwrap_or(cfg.scheduler.max_num_seqs),
+        };
+        // Checkpoint slots are extra rows of the state tensors, after the running slots.
+        let state_slots = cfg.scheduler.max_num_seqs
+            + if prefix.enabled && prefix.recurrent {
+                prefix.checkpoints
+            } else {
+                0
+            };
         // Sized after the weights are loaded, against what the device still has free.
         let num_blocks = crate::cache::cache_blocks(&crate::cache::CacheRequest {
             requested_tokens: cfg.kv_cache_tokens,
-            default_tokens: config.max_context().clamp(4096, 65536),
+            default_tokens: max_context.clamp(4096, 65536),
             block_size: bs,
             bytes_per_token: spec.elements_per_token().saturating_mul(act.size()),
             largest_tensor_bytes_per_token: spec
@@ -117,7 +146,7 @@ impl<B: Backend> Engine<B> {
             largest_state_tensor_bytes_per_seq: spec
                 .largest_state_tensor_elements_per_seq()
                 .saturating_mul(4),
-            state_slots: cfg.scheduler.max_num_seqs,
+            state_slots,
             free_bytes: backend.free_memory(),
             max_tensor_bytes: backend.max_buffer_bytes(),
         })?;
@@ -127,9 +156,9 @@ impl<B: Backend> Engine<B> {
             num_blocks,
             bs,
             act,
-            cfg.scheduler.max_num_seqs,
+            state_slots,
         )?;
-        let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks)?;
+        let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks, prefix)?;
         Ok(Self {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
@@ -140,6 +169,7 @@ impl<B: Backend> Engine<B> {
             scheduler,
             eos_ids: ckpt.assets.eos_ids.clone(),
             next_id: 0,
+            max_context,
             capture_logits: false,
             last_logits: Vec::new(),
         })
@@ -165,14 +195,56 @@ impl<B: Backend> Engine<B> {
         self.eos_ids = ids;
     }
 
-    /// Free cache blocks (all of them once every sequence has finished).
+    /// Cache blocks an allocation may take: free ones plus cached prefixes no sequence holds
+    /// (all of them once every sequence has finished).
     pub fn free_blocks(&self) -> usize {
-        self.scheduler.allocator.num_free()
+        self.scheduler.pool().num_free()
     }
 
     /// All cache blocks.
     pub fn total_blocks(&self) -> usize {
-        self.scheduler.allocator.num_blocks()
+        self.scheduler.pool().num_blocks()
+    }
+
+    /// Cached prefix blocks no sequence holds (kept until the pool needs room).
+    pub fn cached_blocks(&self) -> usize {
+        self.scheduler.pool().num_evictable()
+    }
+
+    /// The context window in tokens: the model's, capped by `max_model_len`.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Sequences waiting: (short queue, long queue).
+    pub fn num_waiting(&self) -> (usize, usize) {
+        let long = self.scheduler.num_waiting_long();
+        (self.scheduler.num_waiting() - long, long)
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.scheduler.running.len()
+    }
+
+    /// The scheduler's counters (prefix-cache queries and hits, checkpoints, preemptions).
+    pub fn counters(&self) -> SchedulerCounters {
+        self.scheduler.counters
+    }
+
+    /// State checkpoints held (recurrent layers; 0 for other models).
+    pub fn state_checkpoints(&self) -> usize {
+        self.scheduler.checkpoints().len()
+    }
+
+    /// Forgets every cached prefix that no running sequence holds.
+    pub fn reset_prefix_cache(&mut self) {
+        self.scheduler.reset_prefix_cache();
+    }
+
+    /// Checks that every cache block and state slot is accounted for (tests: no leaks).
+    pub fn check_consistency(&self) -> Result<()> {
+        self.scheduler.check_consistency()
     }
 
     /// Queues a request; returns its id.
@@ -181,6 +253,17 @@ impl<B: Backend> Engine<B> {
     /// the context window, or one whose prompt plus `max_tokens` (clipped to the context window)
     /// the KV cache cannot hold at once.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64> {
+        self.add_request_with(prompt, params, Default::default())
+    }
+
+    /// [`Engine::add_request`] with prefix-cache extra keys (a cache salt, image hashes):
+    /// prefixes are shared only between requests whose keys agree.
+    pub fn add_request_with(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        extra_keys: crate::cache::prefix::ExtraKeys,
+    ) -> Result<u64> {
         params.validate()?;
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
@@ -189,11 +272,12 @@ impl<B: Backend> Engine<B> {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             bail!("prompt token id {bad} is outside the vocabulary (vocab_size {vocab})");
         }
-        let ctx = self.config.max_context();
+        let ctx = self.max_context;
         if prompt.len() >= ctx {
             bail!(
-                "the prompt has {} tokens but the context window (max_position_embeddings) is {ctx}: shorten it",
-                prompt.len()
+                "the prompt has {} tokens but the context window is {ctx} (max_position_embeddings{}): shorten it",
+                prompt.len(),
+                if ctx < self.config.max_context() { ", capped by max_model_len" } else { "" }
             );
         }
         // Generation stops at the context window, so `max_tokens` is first clipped to it; the
@@ -215,8 +299,10 @@ impl<B: Backend> Engine<B> {
             );
         }
         let id = self.next_id;
+        let mut seq = Sequence::new(id, prompt, params);
+        seq.extra_keys = extra_keys;
+        self.scheduler.add(seq)?;
         self.next_id += 1;
-        self.scheduler.add(Sequence::new(id, prompt, params));
         Ok(id)
     }
 
@@ -235,20 +321,23 @@ impl<B: Backend> Engine<B> {
     /// Runs one step: schedules, runs the model over the step's tokens, samples a token for each
     /// sequence whose prompt is fully computed, and retires finished sequences.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
-        let chunks = self.scheduler.schedule()?;
+        let plan = self.scheduler.schedule()?;
+        let chunks = plan.chunks;
         if chunks.is_empty() {
             if self.scheduler.has_unfinished() {
                 // Unreachable when every request passed `add_request`'s size check (preemption
                 // frees the whole cache for the oldest sequence); reported rather than looping.
                 bail!(
                     "the scheduler could not place any of {} unfinished requests ({} of {} KV cache blocks free): raise --kv-cache-tokens",
-                    self.scheduler.waiting.len() + self.scheduler.running.len(),
-                    self.scheduler.allocator.num_free(),
-                    self.scheduler.allocator.num_blocks()
+                    self.scheduler.num_waiting() + self.scheduler.running.len(),
+                    self.free_blocks(),
+                    self.total_blocks()
                 );
             }
             return Ok(Vec::new());
         }
+        // Prefix hits on a recurrent model resume from a state checkpoint.
+        self.copy_state_slots(&plan.restores)?;
         let (ids, meta) = self.build_step(&chunks);
         let b = &self.backend;
         let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
@@ -276,14 +365,13 @@ impl<B: Backend> Engine<B> {
                     if self.capture_logits {
                         self.last_logits.push((seq.id, row.to_vec()));
                     }
-                    seq.sampler.sample(row, &seq.params)
+                    seq.sampler.sample_with_history(row, &seq.params, &seq.tokens, seq.prompt_len)
                 })
                 .collect()
         };
-        for c in &chunks {
-            self.scheduler.running[c.index].num_computed += c.len;
-        }
-        let ctx = self.config.max_context();
+        let saves = self.scheduler.update_from_output(&chunks);
+        self.copy_state_slots(&saves)?;
+        let ctx = self.max_context;
         let mut events = Vec::with_capacity(want.len());
         for (&i, &token) in want.iter().zip(&tokens) {
             let seq = &mut self.scheduler.running[i];
@@ -301,11 +389,24 @@ impl<B: Backend> Engine<B> {
             events.push(TokenEvent {
                 seq_id: seq.id,
                 token,
+                prompt_tokens: seq.prompt_len,
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
             });
         }
         self.scheduler.reap_finished()?;
         Ok(events)
+    }
+
+    /// Copies state slot `from` to `to` for each pair, in every recurrent layer's tensors.
+    fn copy_state_slots(&self, pairs: &[(u32, u32)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        for t in self.cache.state_tensors() {
+            self.backend.copy_rows(t, pairs)?;
+        }
+        Ok(())
     }
 
     /// Token ids and metadata for the scheduled chunks.
@@ -374,22 +475,15 @@ impl<B: Backend> Engine<B> {
                 ..Default::default()
             },
         )?;
-        let mut seq = self.scheduler.waiting.pop_back().expect("just added");
-        debug_assert_eq!(seq.id, id);
-        let Some(blocks) = self
+        let seq = self
             .scheduler
-            .allocator
-            .allocate(prompt.len().div_ceil(self.cache.block_size))
-        else {
-            bail!(
-                "the prompt ({} tokens) does not fit in the free KV cache blocks",
-                prompt.len()
-            );
-        };
-        seq.blocks = blocks;
-        self.scheduler.running.push(seq);
+            .abort(id)?
+            .expect("just added, not yet scheduled");
+        let mut seq = Sequence::new(seq.id, seq.tokens, seq.params);
+        seq.finished = None;
+        let index = self.scheduler.run_alone(seq)?;
         let chunk = ScheduledChunk {
-            index: self.scheduler.running.len() - 1,
+            index,
             start: 0,
             len: prompt.len(),
             wants_logits: true,
@@ -402,8 +496,8 @@ impl<B: Backend> Engine<B> {
         let result = self
             .model
             .forward(b, &ids, &meta, &self.cache, Some(&mut trace));
-        let seq = self.scheduler.running.pop().expect("pushed above");
-        self.scheduler.allocator.release(&seq.blocks)?;
+        self.scheduler.running[index].finished = Some(FinishReason::Abort);
+        self.scheduler.reap_finished()?;
         let logits = b.download(&result?)?.to_f32();
         let hidden = trace
             .iter()

@@ -50,22 +50,16 @@ fn matvec_v4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let w2 = min(n0 + 2u, last) * k4;
     let w3 = min(n0 + 3u, last) * k4;
     let xb = m * k4;
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
+    // Summed in matmul_v4's order (one dot per vec4 of K, added in K order), so that a row's
+    // result does not depend on how many rows the step has (prefix-cache hits == misses).
+    var c = vec4<f32>(0.0);
     for (var i = 0u; i < k4; i++) {
         let xv = x4[xb + i];
-        a0 = fma(xv, w4[w0 + i], a0);
-        a1 = fma(xv, w4[w1 + i], a1);
-        a2 = fma(xv, w4[w2 + i], a2);
-        a3 = fma(xv, w4[w3 + i], a3);
+        c += vec4<f32>(dot(xv, w4[w0 + i]), dot(xv, w4[w1 + i]), dot(xv, w4[w2 + i]), dot(xv, w4[w3 + i]));
     }
-    let one = vec4<f32>(1.0);
-    store(m, n0, dot(a0, one));
-    store(m, n0 + 1u, dot(a1, one));
-    store(m, n0 + 2u, dot(a2, one));
-    store(m, n0 + 3u, dot(a3, one));
+    for (var j = 0u; j < 4u; j++) {
+        store(m, n0 + j, c[j]);
+    }
 }
 
 // Grid: x = ceil(ceil(n_chunk / 4) / 64), y = ceil(M / 4).

@@ -72,26 +72,21 @@ fn matvec_b16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let r2 = min(n0 + 2u, last) * k8;
     let r3 = min(n0 + 3u, last) * k8;
     let xb = m * (P.k / 4u);
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
+    // Summed in matmul_b16's order, so that a row's result does not depend on how many rows
+    // the step has (prefix-cache hits == misses).
+    var c = vec4<f32>(0.0);
     for (var i = 0u; i < k8; i++) {
-        let xv = x8(xb, i);
+        let a = x8(xb, i);
         let v0 = w8[r0 + i];
         let v1 = w8[r1 + i];
         let v2 = w8[r2 + i];
         let v3 = w8[r3 + i];
-        a0 = fma(xv.o, hi(v0), fma(xv.e, lo(v0), a0));
-        a1 = fma(xv.o, hi(v1), fma(xv.e, lo(v1), a1));
-        a2 = fma(xv.o, hi(v2), fma(xv.e, lo(v2), a2));
-        a3 = fma(xv.o, hi(v3), fma(xv.e, lo(v3), a3));
+        c += vec4<f32>(dot(a.e, lo(v0)) + dot(a.o, hi(v0)), dot(a.e, lo(v1)) + dot(a.o, hi(v1)),
+                       dot(a.e, lo(v2)) + dot(a.o, hi(v2)), dot(a.e, lo(v3)) + dot(a.o, hi(v3)));
     }
-    let one = vec4<f32>(1.0);
-    store(m, n0, dot(a0, one));
-    store(m, n0 + 1u, dot(a1, one));
-    store(m, n0 + 2u, dot(a2, one));
-    store(m, n0 + 3u, dot(a3, one));
+    for (var j = 0u; j < 4u; j++) {
+        store(m, n0 + j, c[j]);
+    }
 }
 
 // Prefill, 4(m) x 4(n) tile. Grid: x = ceil(ceil(n_chunk / 4) / 64), y = ceil(M / 4).

@@ -3,10 +3,13 @@
 //! Attention layers keep keys and values per token in fixed-size blocks (PagedAttention,
 //! Kwon et al. 2023); a sequence's block table maps its token positions to physical blocks.
 
-mod block_allocator;
+mod block_pool;
+pub mod prefix;
 mod sizing;
+mod state_ckpt;
 
-pub use block_allocator::BlockAllocator;
+pub use block_pool::BlockPool;
+pub use state_ckpt::StateCheckpoints;
 pub use sizing::{cache_blocks, human_bytes, usable_bytes, CacheRequest};
 
 use anyhow::{bail, Result};
@@ -75,6 +78,13 @@ impl CacheSpec {
                 layers
             ],
         }
+    }
+
+    /// Whether some layer keeps per-sequence recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerCacheSpec::Recurrent { .. }))
     }
 
     /// Elements kept per token over all layers.
@@ -262,6 +272,33 @@ impl<B: Backend> KvCache<B> {
             Some(LayerCache::Latent(c)) | Some(LayerCache::LatentIndexed(c, _)) => Ok(c),
             _ => bail!("layer {i} has no latent cache"),
         }
+    }
+
+    /// Every recurrent-state tensor (`[slots, …]` f32: convolution histories and states) of
+    /// every layer, for copying slots.
+    pub fn state_tensors(&self) -> Vec<&B::Tensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| match l {
+                LayerCache::Recurrent { conv, state } => {
+                    conv.iter().chain(std::iter::once(state)).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Every per-token cache tensor (`[blocks, block_size, …]`) of every layer, for copying
+    /// blocks to and from the host tier.
+    pub fn block_tensors(&self) -> Vec<&B::Tensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| match l {
+                LayerCache::Kv(k, v) | LayerCache::LatentIndexed(k, v) => vec![k, v],
+                LayerCache::Latent(c) => vec![c],
+                LayerCache::Recurrent { .. } => Vec::new(),
+            })
+            .collect()
     }
 
     /// The DSA indexer key cache of layer `i`, `None` when the layer has none.

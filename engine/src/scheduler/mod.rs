@@ -8,7 +8,7 @@ mod sequence;
 
 pub use sequence::{FinishReason, Sequence};
 
-use crate::cache::BlockAllocator;
+use crate::cache::{BlockPool, StateCheckpoints};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
 
@@ -62,47 +62,155 @@ pub struct ScheduledChunk {
     pub wants_logits: bool,
 }
 
-/// Waiting and running sequences plus the block allocator.
+/// A step's work: the chunks, and the recurrent-state copies to make before the model runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    /// What each scheduled sequence computes.
+    pub chunks: Vec<ScheduledChunk>,
+    /// `(checkpoint slot, running slot)`: prefix hits resuming from a state checkpoint.
+    pub restores: Vec<(u32, u32)>,
+}
+
+/// Prefix-caching settings the scheduler needs (from [`crate::EngineConfig`] and the model's
+/// cache spec).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrefixSettings {
+    /// Share cached prefixes between requests.
+    pub enabled: bool,
+    /// The model has recurrent layers, whose state is resumed only at checkpoints.
+    pub recurrent: bool,
+    /// Extra checkpoints every this many prompt tokens (multiple of the block size; 0: none).
+    pub checkpoint_interval: usize,
+    /// Checkpoint slots (state-tensor rows after the running slots).
+    pub checkpoints: usize,
+}
+
+/// Counters the scheduler keeps for the engine's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerCounters {
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens served from the cache.
+    pub prefix_hit_tokens: u64,
+    /// Tokens whose per-token cache was found but recomputed for want of a state checkpoint.
+    pub state_miss_tokens: u64,
+    /// State checkpoints taken.
+    pub checkpoints_stored: u64,
+    /// Sequences preempted (their cache freed, recomputed later).
+    pub preemptions_recompute: u64,
+}
+
+/// Waiting and running sequences, the cache blocks and state slots.
 pub struct Scheduler {
     /// Limits.
     pub config: SchedulerConfig,
-    /// Sequences not yet admitted (or preempted), oldest first.
-    pub waiting: VecDeque<Sequence>,
+    /// Short requests not yet admitted (or preempted), oldest first.
+    waiting: VecDeque<Sequence>,
+    /// Long requests (prompt above `long_prefill_threshold`) not yet admitted, oldest first.
+    waiting_long: VecDeque<Sequence>,
     /// Admitted sequences, oldest first.
     pub running: Vec<Sequence>,
-    /// Physical cache blocks.
-    pub allocator: BlockAllocator,
-    /// Free state slots (one per running sequence at most).
+    pool: BlockPool,
+    checkpoints: StateCheckpoints,
+    prefix: PrefixSettings,
+    /// Free running state slots (one per running sequence at most).
     free_slots: Vec<u32>,
+    /// Metrics counters.
+    pub counters: SchedulerCounters,
 }
 
 impl Scheduler {
-    /// A scheduler over `num_blocks` cache blocks.
-    pub fn new(config: SchedulerConfig, num_blocks: usize) -> Result<Self> {
+    /// A scheduler over `num_blocks` cache blocks; state slots `0..max_num_seqs` run sequences,
+    /// the next `prefix.checkpoints` hold state checkpoints.
+    pub fn new(config: SchedulerConfig, num_blocks: usize, prefix: PrefixSettings) -> Result<Self> {
         let max_num_seqs = config.max_num_seqs;
         if config.max_batched_tokens == 0
             || config.max_prefill_chunk == 0
             || config.max_num_seqs == 0
+            || config.block_size == 0
         {
             bail!("scheduler limits must be positive: {config:?}");
         }
+        if config.long_prefill_threshold > 0 && config.max_long_partial_prefills == 0 {
+            bail!("max_long_partial_prefills must be at least 1 when long_prefill_threshold is set");
+        }
+        if prefix.checkpoint_interval % config.block_size != 0 {
+            bail!(
+                "state_checkpoint_interval ({}) must be a multiple of the block size ({})",
+                prefix.checkpoint_interval,
+                config.block_size
+            );
+        }
+        let ckpts = if prefix.enabled && prefix.recurrent { prefix.checkpoints } else { 0 };
         Ok(Self {
+            checkpoints: StateCheckpoints::new(max_num_seqs as u32, ckpts),
             config,
             waiting: VecDeque::new(),
+            waiting_long: VecDeque::new(),
             running: Vec::new(),
-            allocator: BlockAllocator::new(num_blocks),
+            pool: BlockPool::new(num_blocks),
+            prefix,
             free_slots: (0..max_num_seqs as u32).rev().collect(),
+            counters: SchedulerCounters::default(),
         })
     }
 
-    /// Queues a sequence.
-    pub fn add(&mut self, seq: Sequence) {
-        self.waiting.push_back(seq);
+    /// Queues a sequence (in the long queue when its prompt is above the threshold).
+    ///
+    /// Errors when `max_queued_requests` are already waiting.
+    pub fn add(&mut self, mut seq: Sequence) -> Result<()> {
+        let queued = self.num_waiting();
+        if queued >= self.config.max_queued_requests {
+            bail!(
+                "the request queue is full ({queued} waiting, max_queued_requests {}): retry later",
+                self.config.max_queued_requests
+            );
+        }
+        let t = self.config.long_prefill_threshold;
+        seq.long = t > 0 && seq.prompt_len > t;
+        if seq.long {
+            self.waiting_long.push_back(seq);
+        } else {
+            self.waiting.push_back(seq);
+        }
+        Ok(())
+    }
+
+    /// Sequences waiting, both queues.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len() + self.waiting_long.len()
+    }
+
+    /// Sequences waiting in the long-request queue.
+    pub fn num_waiting_long(&self) -> usize {
+        self.waiting_long.len()
+    }
+
+    /// The block pool (free, cached and total counts).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// State checkpoints held and their capacity.
+    pub fn checkpoints(&self) -> &StateCheckpoints {
+        &self.checkpoints
+    }
+
+    /// Forgets every cached prefix nobody holds (blocks and state checkpoints).
+    pub fn reset_prefix_cache(&mut self) {
+        self.pool.clear_cached();
+        self.checkpoints.clear();
     }
 
     /// Whether any sequence is waiting or running.
     pub fn has_unfinished(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        self.num_waiting() > 0 || !self.running.is_empty()
+    }
+
+    /// Cached blocks handed out for new data since the last call (see
+    /// [`BlockPool::take_evicted`]).
+    pub fn take_evicted(&mut self) -> Vec<(u32, crate::cache::prefix::BlockHash)> {
+        self.pool.take_evicted()
     }
 
     fn blocks_needed(&self, seq: &Sequence, upto: usize) -> usize {
@@ -110,32 +218,149 @@ impl Scheduler {
             .saturating_sub(seq.blocks.len())
     }
 
-    fn preempt_last(&mut self) -> Result<()> {
-        let mut seq = self.running.pop().expect("preempt with nothing running");
-        self.allocator.release(&seq.blocks)?;
+    /// Frees a sequence's blocks and running slot and rewinds it to be recomputed.
+    fn rewind(&mut self, seq: &mut Sequence) -> Result<()> {
+        self.pool.release(&seq.blocks)?;
         seq.blocks.clear();
         seq.num_computed = 0;
+        seq.num_registered = 0;
         if let Some(slot) = seq.slot.take() {
             self.free_slots.push(slot);
         }
-        self.waiting.push_front(seq);
         Ok(())
     }
 
+    fn preempt_last(&mut self) -> Result<()> {
+        let mut seq = self.running.pop().expect("preempt with nothing running");
+        self.rewind(&mut seq)?;
+        self.counters.preemptions_recompute += 1;
+        if seq.long {
+            self.waiting_long.push_front(seq);
+        } else {
+            self.waiting.push_front(seq);
+        }
+        Ok(())
+    }
+
+    /// Looks up the longest cached prefix of a newly admitted `seq` (it holds a running slot and
+    /// no blocks): shares its blocks, sets `num_computed`, and returns the state restore when
+    /// the model is recurrent. At most `len − 1` tokens hit, so that the step computes at least
+    /// the last token and has its logits (vLLM `get_computed_blocks`).
+    fn match_prefix(&mut self, seq: &mut Sequence) -> Result<Option<(u32, u32)>> {
+        let bs = self.config.block_size;
+        if !self.prefix.enabled || !seq.blocks.is_empty() || seq.num_computed > 0 {
+            return Ok(None);
+        }
+        crate::cache::prefix::extend_hashes(
+            &mut seq.block_hashes,
+            &seq.tokens,
+            bs,
+            &seq.extra_keys,
+        );
+        let max_blocks = (seq.tokens.len() - 1) / bs;
+        let mut hit: Vec<u32> = Vec::new();
+        for h in seq.block_hashes.iter().take(max_blocks) {
+            match self.pool.lookup(h) {
+                Some(b) => hit.push(b),
+                None => break,
+            }
+        }
+        let kv_blocks = hit.len();
+        let mut restore = None;
+        if self.prefix.recurrent {
+            // The state exists only where a checkpoint was taken: the longest hit with one.
+            let mut k = kv_blocks;
+            while k > 0 && !self.checkpoints.contains(&seq.block_hashes[k - 1]) {
+                k -= 1;
+            }
+            hit.truncate(k);
+            if k > 0 {
+                let from = self
+                    .checkpoints
+                    .lookup(&seq.block_hashes[k - 1])
+                    .expect("checked above");
+                restore = Some((from, seq.slot.expect("admitted sequences hold a slot")));
+            }
+        }
+        for &b in &hit {
+            self.pool.acquire(b)?;
+        }
+        seq.junction = kv_blocks * bs;
+        seq.num_computed = hit.len() * bs;
+        seq.num_registered = hit.len();
+        seq.blocks = hit;
+        if seq.cached_tokens.is_none() {
+            seq.cached_tokens = Some(seq.num_computed);
+            self.counters.prefix_query_tokens += seq.tokens.len() as u64;
+            self.counters.prefix_hit_tokens += seq.num_computed as u64;
+            self.counters.state_miss_tokens += (seq.junction - seq.num_computed) as u64;
+        }
+        Ok(restore)
+    }
+
+    /// Tokens of `seq` to compute now, at most `limit`: cut so that a recurrent model's
+    /// prefill steps end where state checkpoints are wanted (block boundaries, the prompt's last
+    /// block boundary, the shared-prefix junction, every `checkpoint_interval` tokens).
+    fn chunk_len(&self, seq: &Sequence, limit: usize) -> usize {
+        let s = seq.num_computed;
+        let len = (seq.tokens.len() - s).min(limit).min(self.config.max_prefill_chunk);
+        if !(self.prefix.enabled && self.prefix.recurrent && seq.prefilling()) || len == 0 {
+            return len;
+        }
+        let bs = self.config.block_size;
+        let mut e = s + len;
+        let mut cut = |p: usize| {
+            if s < p && p < e {
+                e = p;
+            }
+        };
+        cut(seq.prompt_len / bs * bs);
+        cut(seq.junction);
+        if self.prefix.checkpoint_interval > 0 {
+            let i = self.prefix.checkpoint_interval;
+            cut((s / i + 1) * i);
+        }
+        if e < seq.prompt_len && e / bs * bs > s {
+            e = e / bs * bs;
+        }
+        e - s
+    }
+
+    /// Whether `seq` may prefill this step under the long-request limits.
+    fn long_prefills_running(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|s| s.long && s.prefilling())
+            .count()
+    }
+
     /// Picks this step's work. Errors only on allocator inconsistencies.
-    pub fn schedule(&mut self) -> Result<Vec<ScheduledChunk>> {
+    pub fn schedule(&mut self) -> Result<StepPlan> {
         let mut budget = self.config.max_batched_tokens;
-        let mut out = Vec::new();
+        let mut plan = StepPlan::default();
+        // Long prompts share a per-step cap while anything else is waiting or running, so that
+        // short requests keep their time to first token (vLLM `long_prefill_token_threshold`).
+        let others = !self.waiting.is_empty() || self.running.iter().any(|s| !s.long);
+        let mut long_budget = match self.config.long_prefill_token_cap {
+            c if c > 0 && others && self.config.long_prefill_threshold > 0 => c,
+            _ => usize::MAX,
+        };
+        let now = std::time::Instant::now();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let want = seq.tokens.len() - seq.num_computed;
-            let len = want.min(budget).min(self.config.max_prefill_chunk);
+            let limit = if seq.long && seq.prefilling() { budget.min(long_budget) } else { budget };
+            let len = self.chunk_len(seq, limit);
+            if len == 0 {
+                i += 1;
+                continue;
+            }
             let need = self.blocks_needed(seq, seq.num_computed + len);
-            if need > self.allocator.num_free() {
+            if need > self.pool.num_free() {
                 // Free memory by preempting the newest sequence; if that is this one, stop here.
                 let last = self.running.len() - 1;
                 self.preempt_last()?;
+                plan.restores.retain(|&(_, to)| self.running.iter().any(|s| s.slot == Some(to)));
                 if last == i {
                     break;
                 }
@@ -143,8 +368,11 @@ impl Scheduler {
             }
             let seq = &mut self.running[i];
             seq.blocks
-                .extend(self.allocator.allocate(need).expect("checked free blocks"));
-            out.push(ScheduledChunk {
+                .extend(self.pool.allocate(need).expect("checked free blocks"));
+            if seq.long && seq.prefilling() {
+                long_budget = long_budget.saturating_sub(len);
+            }
+            plan.chunks.push(ScheduledChunk {
                 index: i,
                 start: seq.num_computed,
                 len,
@@ -153,23 +381,42 @@ impl Scheduler {
             budget -= len;
             i += 1;
         }
+        // Admit short requests first, then long ones up to the partial-prefill limit.
+        let mut long_slots = self
+            .config
+            .max_long_partial_prefills
+            .saturating_sub(self.long_prefills_running());
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front() else {
-                break;
-            };
-            let len = (seq.tokens.len() - seq.num_computed)
-                .min(budget)
-                .min(self.config.max_prefill_chunk);
-            let need = self.blocks_needed(seq, seq.num_computed + len);
-            if need > self.allocator.num_free() {
+            let from_long = self.waiting.is_empty();
+            if from_long && (long_slots == 0 || long_budget == 0) {
                 break;
             }
-            let mut seq = self.waiting.pop_front().expect("front exists");
+            let queue = if from_long { &mut self.waiting_long } else { &mut self.waiting };
+            let Some(mut seq) = queue.pop_front() else {
+                break;
+            };
             // `running.len() < max_num_seqs` guarantees a free slot.
             seq.slot = self.free_slots.pop();
+            let restore = self.match_prefix(&mut seq)?;
+            let limit = if seq.long { budget.min(long_budget) } else { budget };
+            let len = self.chunk_len(&seq, limit);
+            let need = self.blocks_needed(&seq, seq.num_computed + len);
+            if len == 0 || need > self.pool.num_free() {
+                // Does not fit now: give back what the lookup took and wait.
+                self.rewind(&mut seq)?;
+                let queue = if from_long { &mut self.waiting_long } else { &mut self.waiting };
+                queue.push_front(seq);
+                break;
+            }
             seq.blocks
-                .extend(self.allocator.allocate(need).expect("checked free blocks"));
-            out.push(ScheduledChunk {
+                .extend(self.pool.allocate(need).expect("checked free blocks"));
+            seq.first_scheduled.get_or_insert(now);
+            plan.restores.extend(restore);
+            if seq.long {
+                long_slots -= 1;
+                long_budget = long_budget.saturating_sub(len);
+            }
+            plan.chunks.push(ScheduledChunk {
                 index: self.running.len(),
                 start: seq.num_computed,
                 len,
@@ -178,40 +425,73 @@ impl Scheduler {
             budget -= len;
             self.running.push(seq);
         }
-        Ok(out)
+        Ok(plan)
+    }
+
+    /// Records a step's progress: each chunk's tokens are now in the cache, newly full blocks
+    /// are named in the prefix cache, and a recurrent model's prefill steps that end on a block
+    /// boundary leave a state checkpoint. Returns the state copies to make now,
+    /// `(running slot, checkpoint slot)`.
+    pub fn update_from_output(&mut self, chunks: &[ScheduledChunk]) -> Vec<(u32, u32)> {
+        let bs = self.config.block_size;
+        let mut saves = Vec::new();
+        for c in chunks {
+            let seq = &mut self.running[c.index];
+            seq.num_computed += c.len;
+            if !self.prefix.enabled {
+                continue;
+            }
+            crate::cache::prefix::extend_hashes(
+                &mut seq.block_hashes,
+                &seq.tokens[..seq.num_computed],
+                bs,
+                &seq.extra_keys,
+            );
+            while seq.num_registered < seq.num_computed / bs {
+                let i = seq.num_registered;
+                self.pool.register(seq.blocks[i], seq.block_hashes[i]);
+                seq.num_registered += 1;
+            }
+            let n = seq.num_computed;
+            if self.prefix.recurrent && n % bs == 0 && n > 0 && n <= seq.prompt_len {
+                if let Some(to) = self.checkpoints.store(seq.block_hashes[n / bs - 1]) {
+                    saves.push((seq.slot.expect("running sequences hold a slot"), to));
+                    self.counters.checkpoints_stored += 1;
+                }
+            }
+        }
+        saves
     }
 
     /// Removes sequence `id` wherever it is (waiting or running), freeing its blocks and state
     /// slot at once; `None` when no such sequence is unfinished.
     pub fn abort(&mut self, id: u64) -> Result<Option<Sequence>> {
-        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
-            let mut seq = self.waiting.remove(i).expect("position found");
-            self.allocator.release(&seq.blocks)?;
-            seq.blocks.clear();
-            seq.finished = Some(FinishReason::Abort);
-            return Ok(Some(seq));
+        for queue in [&mut self.waiting, &mut self.waiting_long] {
+            if let Some(i) = queue.iter().position(|s| s.id == id) {
+                let mut seq = queue.remove(i).expect("position found");
+                seq.finished = Some(FinishReason::Abort);
+                return Ok(Some(seq));
+            }
         }
         let Some(i) = self.running.iter().position(|s| s.id == id) else {
             return Ok(None);
         };
         let mut seq = self.running.remove(i);
-        self.allocator.release(&seq.blocks)?;
-        seq.blocks.clear();
-        if let Some(slot) = seq.slot.take() {
-            self.free_slots.push(slot);
-        }
+        self.rewind(&mut seq)?;
         seq.finished = Some(FinishReason::Abort);
         Ok(Some(seq))
     }
 
-    /// Removes finished sequences from `running`, returning their blocks to the allocator.
+    /// Removes finished sequences from `running`, returning their blocks to the pool (named
+    /// blocks stay cached).
     pub fn reap_finished(&mut self) -> Result<Vec<Sequence>> {
         let mut done = Vec::new();
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].finished.is_some() {
                 let mut seq = self.running.remove(i);
-                self.allocator.release(&seq.blocks)?;
+                self.pool.release(&seq.blocks)?;
+                seq.blocks.clear();
                 if let Some(slot) = seq.slot.take() {
                     self.free_slots.push(slot);
                 }
@@ -221,6 +501,40 @@ impl Scheduler {
             }
         }
         Ok(done)
+    }
+
+    /// Places `seq` in running with `blocks` freshly allocated for its whole prompt (for
+    /// tracing one prompt outside the normal loop); returns its index.
+    pub fn run_alone(&mut self, mut seq: Sequence) -> Result<usize> {
+        let Some(blocks) = self.pool.allocate(seq.tokens.len().div_ceil(self.config.block_size))
+        else {
+            bail!(
+                "the prompt ({} tokens) does not fit in the free KV cache blocks",
+                seq.tokens.len()
+            );
+        };
+        seq.blocks = blocks;
+        seq.slot = self.free_slots.pop();
+        self.running.push(seq);
+        Ok(self.running.len() - 1)
+    }
+
+    /// Checks that every block and slot is accounted for: held by a running sequence, cached,
+    /// or free (tests: no leaks after many requests and aborts).
+    pub fn check_consistency(&self) -> Result<()> {
+        self.pool.check()?;
+        let slots = self.free_slots.len() + self.running.iter().filter(|s| s.slot.is_some()).count();
+        if slots != self.config.max_num_seqs {
+            bail!("{slots} state slots accounted for, {} exist", self.config.max_num_seqs);
+        }
+        if self.running.is_empty() && self.pool.num_free() != self.pool.num_blocks() {
+            bail!(
+                "nothing runs but only {} of {} blocks are free",
+                self.pool.num_free(),
+                self.pool.num_blocks()
+            );
+        }
+        Ok(())
     }
 }
 
@@ -242,11 +556,11 @@ mod tests {
             block_size: 4,
             ..Default::default()
         };
-        let mut s = Scheduler::new(cfg, 16).unwrap();
-        s.add(seq(0, 20));
+        let mut s = Scheduler::new(cfg, 16, PrefixSettings::default()).unwrap();
+        s.add(seq(0, 20)).unwrap();
         let mut starts = vec![];
         loop {
-            let chunks = s.schedule().unwrap();
+            let chunks = s.schedule().unwrap().chunks;
             let c = chunks[0];
             starts.push((c.start, c.len, c.wants_logits));
             s.running[0].num_computed += c.len;
@@ -267,13 +581,13 @@ mod tests {
             block_size: 4,
             ..Default::default()
         };
-        let mut s = Scheduler::new(cfg, 16).unwrap();
-        s.add(seq(0, 3));
-        let c = s.schedule().unwrap();
+        let mut s = Scheduler::new(cfg, 16, PrefixSettings::default()).unwrap();
+        s.add(seq(0, 3)).unwrap();
+        let c = s.schedule().unwrap().chunks;
         s.running[0].num_computed += c[0].len;
         s.running[0].tokens.push(9);
-        s.add(seq(1, 10));
-        let c = s.schedule().unwrap();
+        s.add(seq(1, 10)).unwrap();
+        let c = s.schedule().unwrap().chunks;
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].start, c[0].len), (3, 1), "decode of seq 0");
         assert_eq!(
@@ -292,18 +606,18 @@ mod tests {
             block_size: 4,
             ..Default::default()
         };
-        let mut s = Scheduler::new(cfg, 3).unwrap();
-        s.add(seq(0, 4));
-        s.add(seq(1, 4));
-        s.add(seq(2, 4));
-        let c = s.schedule().unwrap();
+        let mut s = Scheduler::new(cfg, 3, PrefixSettings::default()).unwrap();
+        s.add(seq(0, 4)).unwrap();
+        s.add(seq(1, 4)).unwrap();
+        s.add(seq(2, 4)).unwrap();
+        let c = s.schedule().unwrap().chunks;
         assert_eq!(c.len(), 3);
         for (k, ch) in c.iter().enumerate() {
             s.running[k].num_computed += ch.len;
             s.running[k].tokens.push(1);
         }
         // Each now needs a second block; only one sequence can keep going.
-        let c = s.schedule().unwrap();
+        let c = s.schedule().unwrap().chunks;
         assert_eq!(c.len(), 1);
         assert_eq!(s.running.len(), 1);
         assert_eq!(s.waiting.len(), 2);
@@ -315,6 +629,6 @@ mod tests {
             r.finished = Some(FinishReason::Length);
         }
         s.reap_finished().unwrap();
-        assert_eq!(s.allocator.num_free(), 3);
+        assert_eq!(s.pool.num_free(), 3);
     }
 }

@@ -1,6 +1,8 @@
 //! One request's tokens and progress.
 
+use crate::cache::prefix::{BlockHash, ExtraKeys};
 use crate::sampling::{Sampler, SamplingParams};
+use std::time::Instant;
 
 /// Why a sequence stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +56,24 @@ pub struct Sequence {
     pub sampler: Sampler,
     /// Set when it stops.
     pub finished: Option<FinishReason>,
+    /// What besides token ids names its cached blocks (salt, image hashes).
+    pub extra_keys: ExtraKeys,
+    /// Hashes of its full blocks of known tokens, in position order (prefix caching).
+    pub block_hashes: Vec<BlockHash>,
+    /// Leading blocks already named in the prefix cache (in use by this sequence).
+    pub num_registered: usize,
+    /// Prompt tokens found in the cache when it was first admitted (`cached_tokens` in usage).
+    pub cached_tokens: Option<usize>,
+    /// Where its prompt leaves the longest cached prefix of per-token caches, in tokens: a
+    /// recurrent-state checkpoint is taken there (the shared-prefix junction) when the state
+    /// had to be recomputed from an earlier point.
+    pub junction: usize,
+    /// Waits in the long-request queue (prompt above `long_prefill_threshold`).
+    pub long: bool,
+    /// When it was queued.
+    pub arrival: Instant,
+    /// When it was first scheduled.
+    pub first_scheduled: Option<Instant>,
 }
 
 impl Sequence {
@@ -70,7 +90,20 @@ impl Sequence {
             params,
             sampler,
             finished: None,
+            extra_keys: ExtraKeys::default(),
+            block_hashes: Vec::new(),
+            num_registered: 0,
+            cached_tokens: None,
+            junction: 0,
+            long: false,
+            arrival: Instant::now(),
+            first_scheduled: None,
         }
+    }
+
+    /// Whether prompt tokens remain to be computed.
+    pub fn prefilling(&self) -> bool {
+        self.num_computed < self.prompt_len
     }
 
     /// The generated tokens so far.
