@@ -9,6 +9,7 @@ pub mod default_model;
 pub mod engine;
 pub mod layers;
 pub mod loader;
+pub mod metrics;
 pub mod models;
 pub mod needle;
 pub mod prompt;
