@@ -1,0 +1,153 @@
+//! `dayone chat` with piped stdin: one answer line per user turn, the conversation carried through
+//! the chat template, `/reset` and `/exit`. Runs tiny llama (random weights, vocab 256) with a
+//! word-level tokenizer and a chat template written here, on the CPU backend.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+/// llama_tiny plus a word-level tokenizer over its 256 ids and a chat template.
+fn chat_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("llama_tiny");
+    for f in ["config.json", "model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let named = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "user",
+        "assistant",
+        "system",
+        "hello",
+        "world",
+        "a",
+        "b",
+    ];
+    let mut vocab = serde_json::Map::new();
+    for i in 0..256u32 {
+        let word = named
+            .get(i as usize)
+            .map(|s| s.to_string())
+            .unwrap_or(format!("w{i}"));
+        vocab.insert(word, i.into());
+    }
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let tokenizer = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = serde_json::json!({
+        "chat_template": "{% for m in messages %}<s> {{ m.role }} {{ m.content }} </s> {% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+    });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// Runs `dayone chat` with `input` on stdin; returns (stdout lines, stderr).
+fn chat(model: &Path, input: &str, extra: &[&str]) -> (Vec<String>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "chat",
+            "--backend",
+            "cpu",
+            "--max-tokens",
+            "6",
+            "--ignore-eos",
+            "--model",
+        ])
+        .arg(model)
+        .args(extra)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dayone");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (lines, stderr)
+}
+
+#[test]
+fn two_turns_answer_in_context_and_reset_forgets() {
+    let model = chat_model();
+    // Two turns: two answers of at most 6 words (special tokens print nothing).
+    let (lines, stderr) = chat(model.path(), "hello\nworld\n", &[]);
+    assert_eq!(lines.len(), 2, "one answer per turn: {lines:?}\n{stderr}");
+    for l in &lines {
+        let words = l.split_whitespace().count();
+        assert!((1..=6).contains(&words), "1 to 6 words per answer: {l:?}");
+    }
+    // "world" after /reset is answered without the first turn: the same as alone, and (the
+    // prompt being different) not what it was answered in the conversation.
+    let (alone, _) = chat(model.path(), "world\n", &[]);
+    let (reset, _) = chat(
+        model.path(),
+        "hello\n/reset\nworld\n/exit\nignored after exit\n",
+        &[],
+    );
+    assert_eq!(reset.len(), 2, "{reset:?}");
+    assert_eq!(reset[0], lines[0], "greedy answers repeat");
+    assert_eq!(reset[1], alone[0], "/reset forgets the first turn");
+    assert_ne!(lines[1], alone[0], "the second turn sees the first");
+}
+
+#[test]
+fn stop_strings_cut_the_answer() {
+    let model = chat_model();
+    let (lines, _) = chat(model.path(), "hello\n", &[]);
+    let words: Vec<&str> = lines[0].split_whitespace().collect();
+    // Stop at the third word: the answer ends before it.
+    let (cut, _) = chat(model.path(), "hello\n", &["--stop", words[2]]);
+    let first = lines[0].find(words[2]).unwrap();
+    assert_eq!(cut[0], lines[0][..first], "{cut:?} vs {lines:?}");
+}
+
+#[test]
+fn a_checkpoint_without_a_chat_template_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(["chat", "--backend", "cpu", "--model"])
+        .arg(fixture("llama_tiny"))
+        .stdin(Stdio::null())
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tokenizer") || err.contains("chat template"),
+        "{err}"
+    );
+}

@@ -1,0 +1,179 @@
+//! `--config FILE` and `dayone config`: the effective settings print as YAML that reads back to
+//! the same settings; flags beat the file, the file beats the defaults; bad files and values this
+//! build cannot serve are usage errors (exit 2) naming the file and the key path.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn dayone(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const SEED_LAYOUT: &str = "\
+serving:
+  model: {path: /models/x, dtype: bfloat16}
+  parallel: {tensor_parallel_size: 1, expert_parallel_size: 1, pipeline_parallel_size: 1}
+  context: {max_model_len: 1000000, chunked_prefill_size: 8192}
+  cache: {kv_layout: paged, prefix_caching: true, host_cache_gb: 64, distributed_kv: false}
+  runtime: {continuous_batching: true, max_num_seqs: 256, long_prefill_threshold: 32768,
+            max_long_partial_prefills: 1, max_queued_requests: 1024, backend: cpu}
+";
+
+#[test]
+fn effective_settings_round_trip_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "serve.yaml", SEED_LAYOUT);
+    let first = stdout(&dayone(&[
+        "config",
+        "--config",
+        &f,
+        "--max-num-seqs",
+        "7",
+        "--no-prefix-caching",
+        "--chunked-prefill-size",
+        "512",
+    ]));
+    // The flags override the file, the rest of the file stays.
+    for want in [
+        "max_num_seqs: 7",
+        "prefix_caching: false",
+        "chunked_prefill_size: 512",
+        "max_model_len: 1000000",
+        "host_cache_gb: 64",
+        "dtype: bfloat16",
+        "backend: cpu",
+        "path: /models/x",
+    ] {
+        assert!(first.contains(want), "missing `{want}` in:\n{first}");
+    }
+    // The printed settings are a config file that gives the same settings again.
+    let again = write(dir.path(), "effective.yaml", &first);
+    let second = stdout(&dayone(&["config", "--config", &again]));
+    assert_eq!(first, second);
+}
+
+#[test]
+fn vllm_spellings_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(
+        dir.path(),
+        "kebab.yaml",
+        "serving:\n  runtime: {max-num-seqs: 9, backend: cpu}\n  context: {max-num-batched-tokens: 300}\n",
+    );
+    let out = stdout(&dayone(&[
+        "config",
+        "--config",
+        &f,
+        "--max-batched-tokens",
+        "200",
+    ]));
+    assert!(out.contains("max_num_seqs: 9"), "{out}");
+    assert!(
+        out.contains("chunked_prefill_size: 200"),
+        "bench's flag name overrides: {out}"
+    );
+}
+
+#[test]
+fn bad_files_name_the_file_and_key_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, key) in [
+        (
+            "tp.yaml",
+            SEED_LAYOUT.replace("tensor_parallel_size: 1", "tensor_parallel_size: 8"),
+            "serving.parallel.tensor_parallel_size",
+        ),
+        (
+            "unknown.yaml",
+            "serving:\n  cache: {prefix_cachin: true}\n".into(),
+            "prefix_cachin",
+        ),
+        (
+            "type.yaml",
+            "serving:\n  runtime: {max_num_seqs: lots}\n".into(),
+            "serving.runtime.max_num_seqs",
+        ),
+        (
+            "dist.yaml",
+            "serving:\n  cache: {distributed_kv: true}\n".into(),
+            "serving.cache.distributed_kv",
+        ),
+        (
+            "layout.yaml",
+            "serving:\n  cache: {kv_layout: contiguous}\n".into(),
+            "serving.cache.kv_layout",
+        ),
+        (
+            "cb.yaml",
+            "serving:\n  runtime: {continuous_batching: false}\n".into(),
+            "serving.runtime.continuous_batching",
+        ),
+        (
+            "f16.yaml",
+            "serving:\n  model: {dtype: float16}\n".into(),
+            "serving.model.dtype",
+        ),
+    ] {
+        let f = write(dir.path(), name, &text);
+        let o = dayone(&["config", "--config", &f]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(name) && err.contains(key), "{name}: {err}");
+    }
+    let o = dayone(&["config", "--config", "/nonexistent/serve.yaml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/serve.yaml"));
+}
+
+#[test]
+fn parallel_flags_above_one_are_refused_until_issue_8() {
+    for flag in [
+        "-tp",
+        "--tensor-parallel-size",
+        "-pp",
+        "--expert-parallel-size",
+    ] {
+        let o = dayone(&["config", flag, "2"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains("[8]") && err.contains("-parallel-size"),
+            "{flag}: {err}"
+        );
+    }
+    let out = stdout(&dayone(&["config", "-tp", "1", "--backend", "cpu"]));
+    assert!(out.contains("tensor_parallel_size: 1"), "{out}");
+}
+
+#[test]
+fn bench_and_generate_take_the_shared_engine_flags() {
+    // `bench` suggested --kv-cache-tokens without having it: every command has the same set.
+    for cmd in ["generate", "bench", "check", "chat"] {
+        let o = dayone(&[cmd, "--help"]);
+        let help = stdout(&o);
+        for flag in [
+            "--config",
+            "--kv-cache-tokens",
+            "--max-num-seqs",
+            "--chunked-prefill-size",
+            "--no-prefix-caching",
+        ] {
+            assert!(help.contains(flag), "{cmd} --help lacks {flag}");
+        }
+    }
+}
