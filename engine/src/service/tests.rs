@@ -410,3 +410,12 @@ fn text_stream_holds_back_split_characters() -> Result<()> {
     ensure!(ts.push(&end)? == "\u{FFFD}");
     Ok(())
 }
+
+#[test]
+fn handles_and_streams_cross_threads() {
+    fn shared<T: Clone + Send + Sync + 'static>() {}
+    fn sent<T: Send + 'static>() {}
+    shared::<EngineHandle>();
+    sent::<RequestStream>();
+    sent::<StreamEvent>();
+}
