@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Result};
 use clap::ValueEnum;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A backend as named on the command line (`auto` not yet resolved).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -12,7 +13,7 @@ pub enum BackendArg {
     Cuda,
     /// The CPU reference backend (slow, f32; for debugging and as a second implementation).
     Cpu,
-    /// CUDA when a driver and a device exist, else WGSL.
+    /// CUDA when a driver and a device exist, else WGSL, else (no adapter) the CPU backend.
     Auto,
 }
 
@@ -38,10 +39,29 @@ impl BackendArg {
                 if dayone_cuda::is_available() {
                     BackendKind::Cuda
                 } else {
+                    AUTO_CHOSE_WGSL.store(true, Ordering::Relaxed);
                     BackendKind::Wgsl
                 }
             }
         }
+    }
+}
+
+/// Set when `auto` resolved to WGSL: then a machine without any Vulkan/Metal/DX12 adapter falls
+/// back to the CPU backend (with a one-line note) instead of failing; an explicit `wgsl` fails.
+static AUTO_CHOSE_WGSL: AtomicBool = AtomicBool::new(false);
+
+/// Opens the WGSL backend, or — when `--backend auto` chose WGSL and no adapter opens — the CPU
+/// backend, saying so in one line on stderr.
+pub fn wgsl_or_cpu_fallback(
+) -> Result<Result<dayone_wgsl::WgslBackend, dayone_backend::cpu::CpuBackend>> {
+    match dayone_wgsl::WgslBackend::new() {
+        Ok(b) => Ok(Ok(b)),
+        Err(e) if AUTO_CHOSE_WGSL.load(Ordering::Relaxed) => {
+            eprintln!("note: --backend auto: no CUDA device and WGSL failed ({e:#}): using the CPU backend (slow)");
+            Ok(Err(dayone_backend::cpu::CpuBackend))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -81,8 +101,10 @@ macro_rules! with_backend {
     ($kind:expr, |$b:ident| $body:expr) => {
         match $kind {
             $crate::backend_choice::BackendKind::Wgsl => {
-                let $b = dayone_wgsl::WgslBackend::new()?;
-                $body
+                match $crate::backend_choice::wgsl_or_cpu_fallback()? {
+                    Ok($b) => $body,
+                    Err($b) => $body,
+                }
             }
             $crate::backend_choice::BackendKind::Cuda => {
                 let $b = dayone_cuda::CudaBackend::new(0)?;

@@ -8,8 +8,10 @@
 //! a greedy token: that step's logits must still be within tolerance, and the comparison of that
 //! prompt stops there, since later steps continue from a different token.
 
-use crate::backend_choice::{self, BackendArg};
-use crate::load::{self, DTypeArg};
+use crate::backend_choice::{self, BackendArg, BackendKind};
+use crate::engine_args::{CommandDefaults, EngineArgs};
+use crate::load;
+use crate::usage::usage;
 use crate::{outln, parse, with_backend};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -24,11 +26,13 @@ use std::path::{Path, PathBuf};
 /// Flags of `dayone check`.
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    /// Model directory or .gguf file; default: SmolLM2-135M-Instruct.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Comma-separated backends to run, each once (wgsl, cuda, cpu, auto).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "wgsl")]
+    /// The engine flags (model, dtype [default: f32 here], cache, --config FILE); the backends
+    /// are --backends.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Comma-separated backends to run, each once (wgsl, cuda, cpu, auto). One backend and no
+    /// --reference: it is compared with the CPU reference backend.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     pub backends: Vec<BackendArg>,
     /// Reference outputs whose prompts are used: a `reference.json` of `tests/fixtures/gen_*.py`
     /// (`cases[]`: `prompt_ids` and `float32`/`bfloat16` hidden states, logits, greedy ids) or
@@ -45,9 +49,6 @@ pub struct CheckArgs {
     /// Prompt token ids instead of text, comma-separated.
     #[arg(long)]
     pub prompt_ids: Option<String>,
-    /// Float dtype.
-    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
-    pub dtype: DTypeArg,
     /// Greedy tokens generated per prompt for the agreement check.
     #[arg(long, default_value_t = 16, value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub tokens: usize,
@@ -101,8 +102,9 @@ fn ref_run(v: &Value, at: &str, file: &Path) -> Result<RefRun> {
     })
 }
 
-/// Reads a reference file in either layout; refuses one it cannot use.
-fn load_reference(file: &Path) -> Result<Vec<RefCase>> {
+/// Reads a reference file in either layout; refuses one it cannot use. Returns the cases and
+/// the whole file (for [`reference_mismatch`]).
+fn load_reference(file: &Path) -> Result<(Vec<RefCase>, Value)> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let r: Value = serde_json::from_str(&text)
@@ -172,7 +174,75 @@ fn load_reference(file: &Path) -> Result<Vec<RefCase>> {
     if out.is_empty() {
         bail!("{}: no prompts in it: {expected}", file.display());
     }
-    Ok(out)
+    Ok((out, r))
+}
+
+/// Why a reference was not recorded from this model, if it visibly was not: its recorded config
+/// (`config` of `gen_*.py`, `model_config` of `gen_smollm2.py`) names another architecture or
+/// shape, or its prompts, hidden states or logits have shapes this model cannot produce.
+fn reference_mismatch(raw: &Value, cases: &[RefCase], model: &Value) -> Vec<String> {
+    let mut why = Vec::new();
+    let recorded = raw.get("config").or_else(|| raw.get("model_config"));
+    for key in [
+        "model_type",
+        "hidden_size",
+        "num_hidden_layers",
+        "vocab_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "kv_lora_rank",
+    ] {
+        let (Some(r), Some(m)) = (recorded.and_then(|c| c.get(key)), model.get(key)) else {
+            continue;
+        };
+        if !r.is_null() && !m.is_null() && r != m {
+            why.push(format!("{key} {r} in the reference, {m} in the model"));
+        }
+    }
+    let num = |k: &str| model.get(k).and_then(Value::as_u64).map(|v| v as usize);
+    let (vocab, hidden, layers) = (
+        num("vocab_size"),
+        num("hidden_size"),
+        num("num_hidden_layers"),
+    );
+    for c in cases {
+        if let Some(v) = vocab {
+            if let Some(&bad) = c.prompt_ids.iter().find(|&&t| t as usize >= v) {
+                why.push(format!(
+                    "{}: prompt id {bad} is outside the model's vocabulary of {v}",
+                    c.label
+                ));
+            }
+            if let Some(l) = c.float32.logits.first().filter(|l| l.len() != v) {
+                why.push(format!(
+                    "{}: {} logits per step, the model has {v}",
+                    c.label,
+                    l.len()
+                ));
+            }
+        }
+        if let Some(h) = &c.float32.hidden {
+            if let Some(n) = layers.filter(|&n| h.len() != n + 1) {
+                why.push(format!(
+                    "{}: hidden states of {} layers (+ embedding), the model has {n}",
+                    c.label,
+                    h.len().saturating_sub(1)
+                ));
+            }
+            if let Some(d) = hidden.filter(|&d| h.first().is_some_and(|x| x.len() != d)) {
+                why.push(format!(
+                    "{}: hidden states {} wide, the model's hidden_size is {d}",
+                    c.label,
+                    h[0].len()
+                ));
+            }
+        }
+        if why.len() >= 4 {
+            break;
+        }
+    }
+    why
 }
 
 /// The reference's own bf16-vs-f32 logits error on a case (largest over the steps where its two
@@ -204,17 +274,14 @@ struct Run {
 fn run_backend<B: Backend>(
     b: B,
     ckpt: &Checkpoint,
-    dtype: DType,
+    cfg: &EngineConfig,
     prompts: &[Vec<u32>],
     tokens: usize,
+    short_name: &str,
 ) -> Result<Vec<Run>> {
-    let cfg = EngineConfig {
-        dtype,
-        ..Default::default()
-    };
-    let mut engine = load::engine(b, ckpt, &cfg, true)?;
+    let mut engine = load::engine(b, ckpt, cfg, true)?;
     engine.capture_logits = true;
-    let name = engine.backend.name();
+    let name = short_name.to_string();
     let mut runs = Vec::new();
     for p in prompts {
         let (hidden, _) = engine.trace_prefill(p)?;
@@ -289,26 +356,61 @@ fn fmt(x: Option<(f64, f64)>) -> String {
 
 /// Runs `dayone check`.
 pub fn run(a: CheckArgs) -> Result<()> {
-    let dtype = a.dtype.dtype();
-    let kinds = backend_choice::resolve_list(&a.backends)?;
-    if kinds.len() < 2 && a.reference.is_none() {
-        bail!(
-            "nothing to compare: --backends names one backend and no --reference is given: add a second backend (e.g. --backends wgsl,cpu) or --reference FILE"
-        );
+    if a.engine.backend.is_some() {
+        return Err(usage(
+            "check runs the backends of --backends (e.g. --backends wgsl,cpu): drop --backend",
+        ));
+    }
+    // f32 unless a flag or the config file names a dtype; `runtime.backend` of a file is unused.
+    let resolved = a.engine.resolve(&CommandDefaults {
+        dtype: Some(DType::F32),
+        ..Default::default()
+    })?;
+    let cfg = resolved.engine;
+    let dtype = cfg.dtype;
+    let mut kinds =
+        backend_choice::resolve_list(&a.backends).map_err(|e| usage(format!("{e:#}")))?;
+    if kinds.len() == 1 && a.reference.is_none() {
+        if kinds[0] == BackendKind::Cpu {
+            return Err(usage(
+                "nothing to compare: --backends names only the CPU backend and no --reference is given: add a second backend (e.g. --backends wgsl,cpu) or --reference FILE",
+            ));
+        }
+        // One backend alone proves nothing: the CPU reference implementation is the comparison.
+        kinds.push(BackendKind::Cpu);
     }
     let reference = a.reference.as_deref().map(load_reference).transpose()?;
-    let given_ids = a.prompt_ids.as_deref().map(prompt::parse_ids).transpose()?;
-    let path = load::model_path(a.model.clone())?;
+    let given_ids = a
+        .prompt_ids
+        .as_deref()
+        .map(prompt::parse_ids)
+        .transpose()
+        .map_err(|e| usage(format!("{e:#}")))?;
+    let path = load::model_path(resolved.model.clone())?;
     let ckpt = load::open(&path)?;
+    if let (Some((cases, raw)), Some(file)) = (&reference, &a.reference) {
+        let why = reference_mismatch(raw, cases, &ckpt.config);
+        if !why.is_empty() {
+            bail!(
+                "{}: this reference does not match the model {} ({}): record one from this model (tests/fixtures/gen_*.py) or pass the model it was recorded from",
+                file.display(),
+                ckpt.path.display(),
+                why.join("; ")
+            );
+        }
+    }
+    let reference = reference.map(|(cases, _)| cases);
+    // Every backend opens before any runs: a missing one fails now, not after the others ran.
+    let mut names = Vec::new();
+    for k in &kinds {
+        names.push(with_backend!(*k, |b| b.name()));
+    }
     let prompts: Vec<Vec<u32>> = match (&reference, given_ids) {
         (Some(cases), _) => cases.iter().map(|c| c.prompt_ids.clone()).collect(),
         (None, Some(ids)) => vec![ids],
         (None, None) => vec![prompt::prompt_ids(&ckpt.assets, &a.prompt, false, None)?],
     };
-    let dname = match a.dtype {
-        DTypeArg::F32 => "f32",
-        DTypeArg::Bf16 => "bf16",
-    };
+    let dname = if dtype == DType::BF16 { "bf16" } else { "f32" };
     let base_tol: f64 = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
     match (&a.reference, a.tolerance) {
         (_, Some(t)) => outln!("tolerance {t:.2e} (--tolerance)")?,
@@ -322,10 +424,22 @@ pub fn run(a: CheckArgs) -> Result<()> {
         )?,
         (None, None) => outln!("tolerance {base_tol:.0e} between backends ({dname})")?,
     }
+    // Rows name backends by their short kind; the adapters' full names are printed once here.
+    let legend: Vec<String> = kinds
+        .iter()
+        .zip(&names)
+        .map(|(k, n)| format!("{} = {n}", k.name()))
+        .collect();
+    outln!("backends: {}", legend.join("; "))?;
     let mut all: Vec<Vec<Run>> = Vec::new();
     for k in &kinds {
         all.push(with_backend!(*k, |b| run_backend(
-            b, &ckpt, dtype, &prompts, a.tokens
+            b,
+            &ckpt,
+            &cfg,
+            &prompts,
+            a.tokens,
+            k.name()
         ))?);
     }
     let bf16_rule = dtype == DType::BF16 && a.tolerance.is_none();
@@ -486,8 +600,19 @@ pub fn run(a: CheckArgs) -> Result<()> {
             .first()
             .cloned()
             .unwrap_or_else(|| "greedy tokens differ".into());
+        // An embedding output that already differs from the reference: not a numerical
+        // drift but other weights (the config matched, the checkpoint did not).
+        let hint = if v
+            .failures
+            .iter()
+            .any(|f| f.contains(" embed ") && f.contains("vs reference"))
+        {
+            " (the embedding output already differs from the reference: it was probably recorded from other weights)"
+        } else {
+            ""
+        };
         bail!(
-            "check failed: {} comparison(s) past tolerance (first: {first_failure}), greedy tokens {}",
+            "check failed: {} comparison(s) past tolerance (first: {first_failure}), greedy tokens {}{hint}",
             v.failures.len(),
             if tokens_ok { "agree" } else { "differ" }
         );

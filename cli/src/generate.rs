@@ -1,20 +1,22 @@
 //! `dayone generate`.
 
-use crate::backend_choice::{BackendArg, BackendKind};
-use crate::load::{self, DTypeArg};
-use crate::parse;
-use crate::with_backend;
+use crate::engine_args::{CommandDefaults, EngineArgs};
+use crate::load;
+use crate::prompt_input::{self, Prompt, PromptFlags};
+use crate::sampling_args::SamplingArgs;
+use crate::usage::usage;
+use crate::{interrupt, output, parse, progress, with_backend};
 use anyhow::{Context, Result};
 use clap::Args;
 use dayone_backend::Backend;
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::prompt;
-use dayone_engine::sampling::SamplingParams;
-use dayone_engine::scheduler::{FinishReason, SchedulerConfig};
+use dayone_engine::sampling::{token_logprobs, SamplingParams, StopMatcher, TokenLogprobs};
+use dayone_engine::scheduler::FinishReason;
 use dayone_engine::EngineConfig;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// `--output`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -28,12 +30,22 @@ pub enum OutputArg {
 /// Flags of `dayone generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Model directory (config.json + safetensors) or .gguf file; default: SmolLM2-135M-Instruct.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Prompt text.
-    #[arg(long, conflicts_with = "prompt_ids")]
+    /// The engine flags (model, backend, dtype, cache, scheduler, --config FILE).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// The sampling flags (max tokens, temperature, top-k/p, min-p, penalties, seed, stop,
+    /// logprobs).
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Completions to generate for the prompt (seeds: --seed + the request's index).
+    #[arg(long = "n", visible_alias = "num-completions", default_value_t = 1, value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub num_completions: usize,
+    /// Prompt text; `-` reads it from stdin (as does piping text with no prompt flag).
+    #[arg(short = 'p', long, conflicts_with_all = ["prompt_ids", "prompt_file"])]
     pub prompt: Option<String>,
+    /// Read the prompt from FILE (`-`: stdin); one trailing newline is dropped.
+    #[arg(short = 'f', long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub prompt_file: Option<PathBuf>,
     /// Token ids instead of text, comma-separated (bypasses the tokenizer).
     #[arg(long)]
     pub prompt_ids: Option<String>,
@@ -43,85 +55,114 @@ pub struct GenerateArgs {
     /// System message for --chat.
     #[arg(long)]
     pub system: Option<String>,
-    /// Most tokens to generate (generation also stops at the context window).
-    #[arg(long, default_value_t = 128, value_parser = parse::at_least_one, allow_negative_numbers = true)]
-    pub max_tokens: usize,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub temperature: f32,
-    /// Nucleus sampling mass.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Keep only the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 0, value_parser = parse::non_negative, allow_negative_numbers = true)]
-    pub top_k: usize,
-    /// RNG seed.
-    #[arg(long, default_value_t = 0, value_parser = parse::seed, allow_negative_numbers = true)]
-    pub seed: u64,
-    /// Backend to run on.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    pub backend: BackendArg,
-    /// Float dtype (default: bf16 on CUDA, f32 on WGSL and CPU).
-    #[arg(long, value_enum)]
-    pub dtype: Option<DTypeArg>,
     /// text (stream the answer) or json (one object at the end).
     #[arg(long, value_enum, default_value_t = OutputArg::Text)]
     pub output: OutputArg,
-    /// Tokens the KV cache holds over all sequences (default: the engine derives it from the
-    /// model's context window, capped for very long windows and lowered to what fits in the
-    /// device's free memory). A request whose prompt plus --max-tokens (clipped to the context
-    /// window) does not fit is refused before it starts.
-    #[arg(long, value_parser = parse::at_least_one, allow_negative_numbers = true)]
-    pub kv_cache_tokens: Option<usize>,
-    /// Keep generating after an end-of-sequence token.
-    #[arg(long)]
-    pub ignore_eos: bool,
 }
 
 /// Runs `dayone generate`.
 pub fn run(a: GenerateArgs) -> Result<()> {
-    if a.prompt.is_none() && a.prompt_ids.is_none() {
-        anyhow::bail!("give a prompt: --prompt TEXT or --prompt-ids 1,2,3");
-    }
     // clap's `requires` counts --chat's default (false) as given, so this one is checked here.
     if a.system.is_some() && !a.chat {
-        anyhow::bail!("--system is the system message of --chat: add --chat or drop --system");
+        return Err(usage(
+            "--system is the system message of --chat: add --chat or drop --system",
+        ));
     }
-    // Parse the ids before loading anything, so a typo fails fast.
-    let given_ids = a.prompt_ids.as_deref().map(prompt::parse_ids).transpose()?;
-    let kind = a.backend.resolve();
-    let dtype = match a.dtype {
-        Some(d) => d.dtype(),
-        None if kind == BackendKind::Cuda => dayone_backend::DType::BF16,
-        None => dayone_backend::DType::F32,
-    };
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-        max_tokens: a.max_tokens,
-        ignore_eos: a.ignore_eos,
-    };
-    params.validate()?;
-    let path = load::model_path(a.model.clone())?;
+    // Read and parse the prompt before loading anything, so a typo fails fast.
+    let given = prompt_input::resolve(&PromptFlags {
+        text: a.prompt.as_deref(),
+        file: a.prompt_file.as_deref(),
+        ids: a.prompt_ids.as_deref(),
+    })?;
+    if a.chat && matches!(given, Prompt::Ids(_)) {
+        return Err(usage("--chat needs a text prompt, not --prompt-ids"));
+    }
+    let params = a.sampling.params()?;
+    let resolved = a.engine.resolve(&CommandDefaults::default())?;
+    let (kind, cfg) = (resolved.backend, resolved.engine);
+    let path = load::model_path(resolved.model)?;
     let ckpt = load::open(&path)?;
-    let ids = match given_ids {
-        Some(ids) => ids,
-        None => prompt::prompt_ids(
-            &ckpt.assets,
-            a.prompt.as_deref().unwrap_or(""),
-            a.chat,
-            a.system.as_deref(),
-        )?,
+    let ids = match given {
+        Prompt::Ids(ids) => ids,
+        Prompt::Text(text) => prompt::prompt_ids(&ckpt.assets, &text, a.chat, a.system.as_deref())?,
     };
-    let cfg = EngineConfig {
-        dtype,
-        kv_cache_tokens: a.kv_cache_tokens,
-        scheduler: SchedulerConfig::default(),
-        ..Default::default()
+    let g = GenOptions {
+        params,
+        output: a.output,
+        n: a.num_completions,
+        stops: a.sampling.stop.clone(),
+        logprobs: a.sampling.logprobs,
     };
-    with_backend!(kind, |b| generate(b, &ckpt, &cfg, ids, params, a.output))
+    with_backend!(kind, |b| generate(b, &ckpt, &cfg, ids, &g))
+}
+
+/// What one completion produced.
+struct Choice {
+    generated: Vec<u32>,
+    /// The text printed (or, in JSON mode, that would have been): complete characters only,
+    /// cut before a stop string.
+    text: Option<String>,
+    finish: Option<FinishReason>,
+    /// The stop string that ended it (`finish_reason` is then `stop`).
+    stop: Option<String>,
+    /// Per generated token, with `--logprobs`.
+    logprobs: Vec<TokenLogprobs>,
+}
+
+impl Choice {
+    /// vLLM's `finish_reason`: a stop string counts as `stop`.
+    fn finish_reason(&self) -> &'static str {
+        match (&self.stop, self.finish) {
+            (Some(_), _) => "stop",
+            (None, Some(f)) => f.as_str(),
+            (None, None) => "unknown",
+        }
+    }
+
+    /// The logprobs as JSON (`null` without `--logprobs`).
+    fn logprobs_json(&self, want: bool) -> serde_json::Value {
+        if !want {
+            return serde_json::Value::Null;
+        }
+        self.logprobs
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "token": l.token,
+                    "logprob": l.logprob,
+                    "top": l.top.iter().map(|&(t, p)| serde_json::json!({"token": t, "logprob": p})).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// What one generation produced.
+struct Outcome {
+    /// One per completion (`--n`); the first is the one streamed and reported at the top level.
+    choices: Vec<Choice>,
+    seed: u64,
+    load: Duration,
+    ttft: Duration,
+    decode: Duration,
+}
+
+/// One completion in flight.
+struct Live<'t> {
+    id: u64,
+    choice: Choice,
+    decoder: Option<dayone_engine::tokenizer::StreamDecoder<'t>>,
+    stops: StopMatcher,
+    done: bool,
+}
+
+/// How `generate` runs and reports.
+struct GenOptions {
+    params: SamplingParams,
+    output: OutputArg,
+    n: usize,
+    stops: Vec<String>,
+    logprobs: Option<usize>,
 }
 
 fn generate<B: Backend>(
@@ -129,88 +170,236 @@ fn generate<B: Backend>(
     ckpt: &Checkpoint,
     cfg: &EngineConfig,
     ids: Vec<u32>,
-    params: SamplingParams,
-    output: OutputArg,
+    g: &GenOptions,
 ) -> Result<()> {
+    let load_start = Instant::now();
     let mut engine = load::engine(b, ckpt, cfg, false)?;
+    let load = load_start.elapsed();
+    // Log-probabilities come from the logits rows the engine keeps when asked.
+    engine.capture_logits = g.logprobs.is_some();
     let tok = ckpt.assets.tokenizer.as_ref();
-    let mut stream = tok.map(|t| t.stream_decoder(true));
-    let max_tokens = params.max_tokens;
+    if !g.stops.is_empty() && tok.is_none() {
+        return Err(usage("--stop needs a tokenizer (stop strings match the decoded text): this checkpoint has none"));
+    }
+    let max_tokens = g.params.max_tokens;
     let start = Instant::now();
-    engine.add_request(ids.clone(), params)?;
-    let mut generated = Vec::new();
-    let mut finish = None;
+    let mut live = Vec::with_capacity(g.n);
+    for _ in 0..g.n {
+        // A fresh engine numbers requests 0, 1, …: completion i samples with seed + i.
+        live.push(Live {
+            id: engine.add_request(ids.clone(), g.params.clone())?,
+            choice: Choice {
+                generated: Vec::new(),
+                text: tok.map(|_| String::new()),
+                finish: None,
+                stop: None,
+                logprobs: Vec::new(),
+            },
+            decoder: tok.map(|t| t.stream_decoder(true)),
+            stops: StopMatcher::new(&g.stops),
+            done: false,
+        });
+    }
     let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
+    // Completion 0 streams in text mode; the others print when all are done.
+    let text_mode = g.output == OutputArg::Text;
+    let mut emit = |piece: &str, c: &mut Choice, stream: bool| -> Result<()> {
+        if let Some(t) = c.text.as_mut() {
+            t.push_str(piece);
+        }
+        if text_mode && stream {
+            stdout
+                .write_all(piece.as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("writing to stdout")?;
+        }
+        Ok(())
+    };
+    // Prefill progress: one request, so each step before its first token computed one chunk.
+    let chunk = cfg
+        .scheduler
+        .max_prefill_chunk
+        .min(cfg.scheduler.max_batched_tokens)
+        .max(1);
+    let bar = progress::prefill_bar(ids.len() * g.n, false);
     while engine.has_unfinished() {
-        for e in engine.step()? {
+        if interrupt::requested() {
+            for l in live.iter_mut().filter(|l| !l.done) {
+                engine.abort(l.id)?;
+                l.choice.finish = Some(FinishReason::Abort);
+            }
+            break;
+        }
+        let events = engine.step()?;
+        if first_token.is_none() {
+            if events.is_empty() {
+                bar.set_position((bar.position() + chunk as u64).min((ids.len() * g.n) as u64));
+            } else {
+                bar.finish_and_clear();
+            }
+        }
+        for e in events {
             first_token.get_or_insert_with(Instant::now);
-            generated.push(e.token);
-            finish = finish.or(e.finish);
-            if output == OutputArg::Text {
-                let piece = match stream.as_mut() {
-                    Some(s) => s.push(e.token)?,
-                    None => format!("{} ", e.token),
-                };
-                stdout
-                    .write_all(piece.as_bytes())
-                    .and_then(|()| stdout.flush())
-                    .context("writing to stdout")?;
+            let Some(i) = live.iter().position(|l| l.id == e.seq_id) else {
+                continue;
+            };
+            let l = &mut live[i];
+            if l.done {
+                continue;
+            }
+            l.choice.generated.push(e.token);
+            l.choice.finish = e.finish;
+            if let (Some(n), Some((_, row))) = (
+                g.logprobs,
+                engine.last_logits.iter().find(|(id, _)| *id == e.seq_id),
+            ) {
+                l.choice.logprobs.push(token_logprobs(row, e.token, n));
+            }
+            let piece = match l.decoder.as_mut() {
+                Some(s) => s.push(e.token)?,
+                None => format!("{} ", e.token),
+            };
+            let o = l.stops.push(&piece);
+            emit(&o.text, &mut l.choice, i == 0)?;
+            if o.stopped.is_some() {
+                l.choice.stop = o.stopped;
+                l.done = true;
+                if e.finish.is_none() {
+                    engine.abort(l.id)?;
+                }
+            } else if e.finish.is_some() {
+                l.done = true;
             }
         }
     }
-    let end = Instant::now();
-    let ttft = first_token.unwrap_or(end) - start;
-    let decode = end - first_token.unwrap_or(end);
-    let decode_tokens = generated.len().saturating_sub(1);
-    let prompt_tps = ids.len() as f64 / ttft.as_secs_f64().max(1e-9);
-    let decode_tps = decode_tokens as f64 / decode.as_secs_f64().max(1e-9);
-    // `None` (JSON null) without a tokenizer: the ids are the output then.
-    let text = match tok {
-        Some(t) => Some(t.decode(&generated, true)?),
-        None => None,
-    };
-    let finish_reason = finish.map(|f| f.as_str()).unwrap_or("unknown");
-    if output == OutputArg::Text {
-        if let Some(s) = stream.as_mut() {
-            let rest = s.finish()?;
-            stdout
-                .write_all(rest.as_bytes())
-                .context("writing to stdout")?;
+    bar.finish_and_clear();
+    for (i, l) in live.iter_mut().enumerate() {
+        if l.choice.stop.is_some() {
+            continue;
         }
+        let mut rest = match l.decoder.as_mut() {
+            Some(s) => s.finish()?,
+            None => String::new(),
+        };
+        let o = l.stops.push(&rest);
+        if o.stopped.is_some() {
+            l.choice.stop = o.stopped;
+            rest = o.text;
+        } else {
+            rest = o.text + &l.stops.finish();
+        }
+        // A character cut off by the end (or by Ctrl-C) would print as U+FFFD: held back.
+        emit(
+            output::without_incomplete_tail(&rest),
+            &mut l.choice,
+            i == 0,
+        )?;
+    }
+    if text_mode {
+        for (i, l) in live.iter().enumerate().skip(1) {
+            let body =
+                l.choice.text.clone().unwrap_or_else(|| {
+                    l.choice.generated.iter().map(|t| format!("{t} ")).collect()
+                });
+            write!(stdout, "\n--- completion {i} ---\n{body}").context("writing to stdout")?;
+        }
+    }
+    let end = Instant::now();
+    let outcome = Outcome {
+        ttft: first_token.unwrap_or(end) - start,
+        decode: end - first_token.unwrap_or(end),
+        choices: live.into_iter().map(|l| l.choice).collect(),
+        seed: g.params.seed,
+        load,
+    };
+    report(&mut stdout, &engine, &ids, &outcome, g, max_tokens)
+}
+
+/// Prints the JSON object (JSON mode) or ends the streamed line (text mode), then the notes and
+/// the stats line on stderr.
+fn report<B: Backend>(
+    stdout: &mut std::io::StdoutLock,
+    engine: &dayone_engine::Engine<B>,
+    ids: &[u32],
+    o: &Outcome,
+    g: &GenOptions,
+    max_tokens: usize,
+) -> Result<()> {
+    let first = &o.choices[0];
+    let generated: usize = o.choices.iter().map(|c| c.generated.len()).sum();
+    let decode_tokens = generated.saturating_sub(o.choices.len());
+    let prompt_tps = ids.len() as f64 / o.ttft.as_secs_f64().max(1e-9);
+    let decode_tps = decode_tokens as f64 / o.decode.as_secs_f64().max(1e-9);
+    let finish_reason = first.finish_reason();
+    if g.output == OutputArg::Text {
         writeln!(stdout)
             .and_then(|()| stdout.flush())
             .context("writing to stdout")?;
     } else {
-        let j = serde_json::json!({
+        let want_lp = g.logprobs.is_some();
+        // `text` is null without a tokenizer: the ids are the output then. The top level is
+        // the first completion; `choices` lists all of them when --n asks for several.
+        let mut j = serde_json::json!({
             "prompt_ids": ids,
-            "generated_ids": generated,
-            "text": text,
+            "generated_ids": first.generated,
+            "text": first.text,
             "finish_reason": finish_reason,
+            "stop": first.stop,
+            "seed": o.seed,
+            "logprobs": first.logprobs_json(want_lp),
             "backend": engine.backend.name(),
             "timings": {
-                "ttft_s": ttft.as_secs_f64(),
-                "decode_s": decode.as_secs_f64(),
+                "load_s": o.load.as_secs_f64(),
+                "ttft_s": o.ttft.as_secs_f64(),
+                "decode_s": o.decode.as_secs_f64(),
                 "prompt_tokens_per_s": prompt_tps,
                 "decode_tokens_per_s": decode_tps,
             }
         });
+        if o.choices.len() > 1 {
+            j["choices"] = o
+                .choices
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    serde_json::json!({
+                        "index": i,
+                        "generated_ids": c.generated,
+                        "text": c.text,
+                        "finish_reason": c.finish_reason(),
+                        "stop": c.stop,
+                        "logprobs": c.logprobs_json(want_lp),
+                    })
+                })
+                .collect();
+        }
         writeln!(stdout, "{j}")
             .and_then(|()| stdout.flush())
             .context("writing to stdout")?;
     }
-    if finish == Some(FinishReason::ContextFull) {
-        eprintln!(
+    if g.output == OutputArg::Text && g.params.temperature > 0.0 {
+        // Text mode has no JSON `seed` field: the seed goes to stderr so the run can be repeated.
+        eprintln!("seed: {}", o.seed);
+    }
+    match first.finish {
+        Some(FinishReason::ContextFull) => eprintln!(
             "note: stopped after {} of --max-tokens {max_tokens} tokens: prompt + output filled the context window ({} tokens)",
-            generated.len(),
+            first.generated.len(),
             engine.config.max_context()
-        );
+        ),
+        Some(FinishReason::Abort) => eprintln!(
+            "note: interrupted (Ctrl-C) after {} generated tokens",
+            generated
+        ),
+        _ => {}
     }
     eprintln!(
-        "prompt: {} tokens, {:.1} tok/s (TTFT {:.3} s) | decode: {} tokens, {:.1} tok/s | finish: {finish_reason} | {}",
+        "load: {:.2} s | prompt: {} tokens, {:.1} tok/s (TTFT {:.3} s) | decode: {} tokens, {:.1} tok/s | finish: {finish_reason} | {}",
+        o.load.as_secs_f64(),
         ids.len(),
         prompt_tps,
-        ttft.as_secs_f64(),
+        o.ttft.as_secs_f64(),
         decode_tokens,
         decode_tps,
         engine.backend.name()

@@ -1,11 +1,11 @@
 //! Opening a model for a command: default model, checkpoint, progress bar, engine.
 
+use crate::progress;
 use anyhow::{Context, Result};
 use dayone_backend::{Backend, DType};
 use dayone_engine::loader::{self, Checkpoint};
 use dayone_engine::{Engine, EngineConfig};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The model path given, or the default model (fetched on first use).
 pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
@@ -19,9 +19,49 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
-/// Opens the checkpoint at `path`.
-pub fn open(path: &std::path::Path) -> Result<Checkpoint> {
+/// Opens the checkpoint at `path`: a Hugging Face directory, a `.gguf` file, or a directory
+/// without `config.json` that holds exactly one `.gguf` file (taken, with a note; several are
+/// named in the error).
+pub fn open(path: &Path) -> Result<Checkpoint> {
+    if path.is_dir() && !path.join("config.json").exists() {
+        let ggufs = gguf_files(path)?;
+        match ggufs.as_slice() {
+            [] => {}
+            [one] => {
+                eprintln!(
+                    "note: {} has no config.json: using {}",
+                    path.display(),
+                    one.display()
+                );
+                return loader::open(one);
+            }
+            many => {
+                let names: Vec<String> = many.iter().map(|p| progress::short_path(p)).collect();
+                anyhow::bail!(
+                    "{}: no config.json and {} .gguf files ({}): pass one of them as --model",
+                    path.display(),
+                    many.len(),
+                    names.join(", ")
+                );
+            }
+        }
+    }
     loader::open(path)
+}
+
+/// The `*.gguf` files directly in `dir`, sorted.
+fn gguf_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}: cannot list the directory", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 /// Loads `ckpt` onto `backend` with a progress bar on stderr.
@@ -31,17 +71,13 @@ pub fn engine<B: Backend>(
     cfg: &EngineConfig,
     quiet: bool,
 ) -> Result<Engine<B>> {
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(ckpt.tensors.names().len() as u64)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
-            .expect("valid template")
-            .progress_chars("=> "),
+    // The file name, not the full path, and the backend's short name: one 80-column line.
+    let what = format!(
+        "{} on {}",
+        progress::short_path(&ckpt.path),
+        short_backend_name(&backend.name())
     );
-    bar.set_message(format!("{} on {}", ckpt.path.display(), backend.name()));
+    let bar = progress::load_bar(ckpt.tensors.names().len(), what, quiet);
     let progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
@@ -49,6 +85,12 @@ pub fn engine<B: Backend>(
     let engine = Engine::new(backend, ckpt, cfg, Some(&progress));
     bar.finish_and_clear();
     engine
+}
+
+/// A backend's kind from its name: `wgsl` for `wgsl: Vulkan llvmpipe (LLVM 19.1.7, 256 bits)
+/// (Cpu)`, `cuda` for `cuda: NVIDIA H200 (sm_90)`; the full name is in the stats line.
+pub fn short_backend_name(full: &str) -> String {
+    full.split([':', ' ']).next().unwrap_or(full).to_string()
 }
 
 /// `--dtype`.

@@ -3,11 +3,23 @@
 
 mod backend_choice;
 mod bench;
+mod chat;
 mod check;
+mod config_cmd;
+mod engine_args;
 mod generate;
+mod info;
+mod interrupt;
 mod load;
+mod needle;
+mod output;
+mod progress;
+mod prompt_input;
+mod sampling_args;
+mod tokenize;
+mod usage;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::IsTerminal;
 
 /// Writes one line to stdout like `println!`, but returns an error with the context "writing to
@@ -26,39 +38,75 @@ macro_rules! outln {
 /// Value parsers shared by the subcommands' numeric flags (clap prefixes their errors with the
 /// flag's name).
 pub mod parse {
+    use std::num::IntErrorKind;
+
     /// An integer, or why not (negative numbers reach the range check, so the error is about
-    /// the value rather than an unexpected argument).
+    /// the value rather than an unexpected argument). Digits past the range of `i128` saturate
+    /// to `i128::MIN`/`MAX`, so a 44-digit number is "too large" like a 26-digit one, not "not
+    /// an integer".
     fn integer(s: &str) -> Result<i128, String> {
-        s.trim()
-            .parse::<i128>()
-            .map_err(|_| format!("'{s}' is not an integer"))
+        match s.trim().parse::<i128>() {
+            Ok(v) => Ok(v),
+            Err(e) if *e.kind() == IntErrorKind::PosOverflow => Ok(i128::MAX),
+            Err(e) if *e.kind() == IntErrorKind::NegOverflow => Ok(i128::MIN),
+            Err(_) => Err(format!("'{s}' is not an integer")),
+        }
+    }
+
+    /// `v` (already in range of `i128` checks) as a `T`, or "too large", naming the input as given.
+    fn fit<T: TryFrom<i128>>(v: i128, s: &str, max: impl std::fmt::Display) -> Result<T, String> {
+        T::try_from(v).map_err(|_| format!("{} is too large (at most {max})", s.trim()))
     }
 
     /// An integer ≥ 1.
     pub fn at_least_one(s: &str) -> Result<usize, String> {
         let v = integer(s)?;
         if v < 1 {
-            return Err(format!("must be at least 1, got {v}"));
+            return Err(format!("must be at least 1, got {}", s.trim()));
         }
-        usize::try_from(v).map_err(|_| format!("{v} is too large"))
+        fit(v, s, usize::MAX)
     }
 
     /// An integer ≥ 0.
     pub fn non_negative(s: &str) -> Result<usize, String> {
         let v = integer(s)?;
         if v < 0 {
-            return Err(format!("must be 0 or more, got {v}"));
+            return Err(format!("must be 0 or more, got {}", s.trim()));
         }
-        usize::try_from(v).map_err(|_| format!("{v} is too large"))
+        fit(v, s, usize::MAX)
     }
 
     /// An integer in `0..=u64::MAX` (a seed).
     pub fn seed(s: &str) -> Result<u64, String> {
         let v = integer(s)?;
         if v < 0 {
-            return Err(format!("must be 0 or more, got {v}"));
+            return Err(format!("must be 0 or more, got {}", s.trim()));
         }
-        u64::try_from(v).map_err(|_| format!("{v} is too large (at most {})", u64::MAX))
+        fit(v, s, u64::MAX)
+    }
+
+    /// A finite number ≥ 0 (a temperature).
+    pub fn non_negative_finite(s: &str) -> Result<f32, String> {
+        let v: f32 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a number"))?;
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("must be a finite number ≥ 0, got {}", s.trim()));
+        }
+        Ok(v)
+    }
+
+    /// A number in (0, 1] (a probability mass such as top-p).
+    pub fn probability(s: &str) -> Result<f32, String> {
+        let v: f32 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a number"))?;
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(format!("must be in (0, 1], got {}", s.trim()));
+        }
+        Ok(v)
     }
 
     /// A finite number > 0 (a relative tolerance).
@@ -90,9 +138,39 @@ enum Command {
     Check(check::CheckArgs),
     /// Measure TTFT, TPOT, throughput and decode bandwidth against the memory roofline.
     Bench(bench::BenchArgs),
+    /// Needle in a haystack: retrieval accuracy per context length and depth.
+    Needle(needle::NeedleArgs),
+    /// Describe a model without loading its weights: architecture, parameters, dtype or
+    /// quantisation, context, layer types, cache bytes per token, memory needed.
+    Info(info::InfoArgs),
+    /// Turn text into token ids (and their pieces) with the model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Interactive multi-turn chat through the model's chat template (stdin lines are turns;
+    /// /reset, /exit; Ctrl-C stops the answer, not the session).
+    Chat(chat::ChatArgs),
+    /// Print the effective engine settings (defaults < --config FILE < flags) as YAML, usable
+    /// as a --config file.
+    Config(config_cmd::ConfigArgs),
+}
+
+impl Command {
+    /// The subcommand's name on the command line (for usage errors).
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Generate(_) => "generate",
+            Command::Check(_) => "check",
+            Command::Bench(_) => "bench",
+            Command::Needle(_) => "needle",
+            Command::Info(_) => "info",
+            Command::Tokenize(_) => "tokenize",
+            Command::Chat(_) => "chat",
+            Command::Config(_) => "config",
+        }
+    }
 }
 
 fn main() {
+    output::restore_sigpipe();
     // One line, no backtrace, for anything that escapes as a panic.
     std::panic::set_hook(Box::new(|info| {
         let msg = info
@@ -117,15 +195,31 @@ fn main() {
         .with_ansi(std::io::stderr().is_terminal())
         .without_time()
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(engine_args::vllm_spellings(std::env::args_os()));
+    // After parsing: --help and usage errors exit before any handler exists.
+    interrupt::install();
+    let name = cli.command.name();
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Check(a) => check::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Needle(a) => needle::run(a),
+        Command::Info(a) => info::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Config(a) => config_cmd::run(a),
     };
-    if let Err(e) = result {
-        let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("error: {msg}");
-        std::process::exit(1);
+    match result {
+        // llama.cpp's convention: stats printed, then 128 + SIGINT.
+        Ok(()) if interrupt::requested() => std::process::exit(interrupt::EXIT_CODE),
+        Ok(()) => {}
+        Err(e) => {
+            if let Some(u) = e.downcast_ref::<usage::UsageError>() {
+                usage::exit(&mut Cli::command(), name, u)
+            }
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            std::process::exit(1);
+        }
     }
 }

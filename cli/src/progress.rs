@@ -17,11 +17,11 @@ fn bar(len: u64, quiet: bool) -> ProgressBar {
     }
 }
 
-/// The load bar: `loading <file> on <backend> [=====>    ] 12/30 tensors`.
+/// The load bar: `loading <file> on <backend> [=====>    ] 12/30` (tensors).
 pub fn load_bar(tensors: usize, what: String, quiet: bool) -> ProgressBar {
     let b = bar(tensors as u64, quiet);
     b.set_style(
-        ProgressStyle::with_template("loading {wide_msg} [{bar:20}] {pos}/{len} tensors")
+        ProgressStyle::with_template("loading {wide_msg} [{bar:20}] {pos}/{len}")
             .expect("valid template")
             .progress_chars("=> "),
     );

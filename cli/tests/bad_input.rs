@@ -345,7 +345,7 @@ fn kv_cache_larger_than_free_memory_is_refused() {
     fails_with(
         &cpu("4000000000"),
         &[
-            "--kv-cache-tokens 4000000000 needs",
+            "--kv-cache-tokens 4000000000 is too large",
             "free",
             "lower --kv-cache-tokens",
         ],
@@ -500,7 +500,7 @@ fn bad_check_flags() {
             "--model",
             p,
             "--backends",
-            "wgsl",
+            "cpu",
             "--prompt-ids",
             "1",
         ],
