@@ -70,6 +70,9 @@ pub struct ModelInfo {
 }
 
 /// A snapshot of the engine's state ([`EngineHandle::stats`]).
+///
+/// The engine metrics of engine/src/metrics.rs (another task) belong here as one more field,
+/// filled between steps where `Stepper::stats` (service/thread.rs) builds this snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineStats {
     /// Requests submitted and not yet finished (waiting or running).
