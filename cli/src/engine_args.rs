@@ -1,6 +1,6 @@
 //! The engine flags every command shares (`generate`, `chat`, `bench`, `check`, `config`), named
-//! as vLLM names them, and their layering over a serving config file: CLI flag > `--config FILE`
-//! > the command's defaults. [`EngineArgs::resolve`] is the one place that turns them into a
+//! as vLLM names them, and their layering over a serving config file (a flag beats
+//! `--config FILE`, which beats the command's defaults). [`EngineArgs::resolve`] is the one place that turns them into a
 //! backend, an [`EngineConfig`] and a model path.
 
 use crate::backend_choice::{BackendArg, BackendKind};

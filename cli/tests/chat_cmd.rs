@@ -151,3 +151,48 @@ fn a_checkpoint_without_a_chat_template_is_refused() {
         "{err}"
     );
 }
+
+/// `generate --stop` on the same tokenizer: the text ends before the stop string, reported as
+/// `finish_reason: "stop"` with the string that matched.
+#[test]
+fn generate_stop_string_ends_the_text() {
+    let model = chat_model();
+    let gen = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+            .args([
+                "generate",
+                "--backend",
+                "cpu",
+                "--output",
+                "json",
+                "--ignore-eos",
+                "-n",
+                "8",
+                "--prompt",
+                "hello world",
+                "--model",
+            ])
+            .arg(model.path())
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", "/tmp")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let full = gen(&[]);
+    let text = full["text"].as_str().unwrap().to_string();
+    let word = text.split_whitespace().nth(3).expect("4 words").to_string();
+    let cut = gen(&["--stop", "no such text", "--stop", &word]);
+    assert_eq!(
+        cut["text"].as_str().unwrap(),
+        &text[..text.find(&word).unwrap()]
+    );
+    assert_eq!(cut["finish_reason"], "stop");
+    assert_eq!(cut["stop"].as_str(), Some(word.as_str()));
+    assert_eq!(full["finish_reason"], "length");
+}

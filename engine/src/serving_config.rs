@@ -408,7 +408,8 @@ impl ServingFile {
                 let p = path.into_inner();
                 // The message's first line; later lines are a source snippet.
                 let msg = e.to_string();
-                let msg = msg.lines().next().unwrap_or("").trim().to_string();
+                let msg = msg.lines().next().unwrap_or("").trim();
+                let msg = msg.strip_prefix("error:").unwrap_or(msg).trim();
                 if p.is_empty() || p == "." {
                     bail!("{}: {msg}", file.display());
                 }
@@ -580,7 +581,7 @@ impl Serving {
             s.max_queued_requests = n;
         }
         let (interval, bs) = (cfg.state_checkpoint_interval, cfg.scheduler.block_size);
-        if interval % bs != 0 {
+        if !interval.is_multiple_of(bs) {
             bail!(
                 "{} / {} {interval} must be a multiple of the block size {bs}",
                 CKPT_INT.path,
@@ -804,6 +805,17 @@ serving:
             e.contains("state_checkpoint_interval") && e.contains("16"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_documented_example_is_a_valid_config() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/serving.example.yaml");
+        let f = ServingFile::load(&file).unwrap();
+        let mut cfg = EngineConfig::default();
+        f.serving.apply(&mut cfg).unwrap();
+        assert_eq!(cfg.host_cache_bytes, 64 << 30);
+        assert_eq!(cfg.kv_cache_tokens, Some(131072));
+        assert_eq!(f.serving.runtime.backend, Some(BackendName::Auto));
     }
 
     #[test]
