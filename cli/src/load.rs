@@ -2,7 +2,7 @@
 
 use crate::progress;
 use anyhow::{Context, Result};
-use dayone_backend::{Backend, DType};
+use dayone_backend::Backend;
 use dayone_engine::loader::{self, Checkpoint};
 use dayone_engine::{Engine, EngineConfig};
 use std::path::{Path, PathBuf};
@@ -91,23 +91,4 @@ pub fn engine<B: Backend>(
 /// (Cpu)`, `cuda` for `cuda: NVIDIA H200 (sm_90)`; the full name is in the stats line.
 pub fn short_backend_name(full: &str) -> String {
     full.split([':', ' ']).next().unwrap_or(full).to_string()
-}
-
-/// `--dtype`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DTypeArg {
-    /// 32-bit float.
-    F32,
-    /// bfloat16 (backends may compute it in f32).
-    Bf16,
-}
-
-impl DTypeArg {
-    /// The backend dtype.
-    pub fn dtype(self) -> DType {
-        match self {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::Bf16 => DType::BF16,
-        }
-    }
 }
