@@ -431,6 +431,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
             self.name()
         )
     }
+
+    /// Positions (a multiple of this many tokens) at which the recurrent ops (`short_conv`,
+    /// `kda`) are split-invariant: a sequence whose steps start at such positions gets the same
+    /// outputs and state, bit for bit, however its prompt was cut between them. 1 for a
+    /// token-by-token recurrence; the chunk length for chunked kernels that align their chunks
+    /// to absolute positions. Prefix caching places recurrent-state checkpoints only there.
+    fn recurrent_split_alignment(&self) -> usize {
+        1
+    }
 }
 
 /// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that

@@ -122,9 +122,8 @@ impl<B: Backend> Engine<B> {
             enabled: cfg.prefix_caching,
             recurrent: spec.has_recurrent(),
             checkpoint_interval: cfg.state_checkpoint_interval,
-            checkpoints: cfg
-                .state_checkpoints
-                .unwrap_or(cfg.scheduler.max_num_seqs),
+            checkpoints: cfg.state_checkpoints.unwrap_or(cfg.scheduler.max_num_seqs),
+            alignment: lcm(bs, backend.recurrent_split_alignment().max(1)),
         };
         // Checkpoint slots are extra rows of the state tensors, after the running slots.
         let state_slots = cfg.scheduler.max_num_seqs
@@ -365,7 +364,8 @@ impl<B: Backend> Engine<B> {
                     if self.capture_logits {
                         self.last_logits.push((seq.id, row.to_vec()));
                     }
-                    seq.sampler.sample_with_history(row, &seq.params, &seq.tokens, seq.prompt_len)
+                    seq.sampler
+                        .sample_with_history(row, &seq.params, &seq.tokens, seq.prompt_len)
                 })
                 .collect()
         };
@@ -505,4 +505,15 @@ impl<B: Backend> Engine<B> {
             .collect::<Result<Vec<_>>>()?;
         Ok((hidden, logits))
     }
+}
+
+/// Least common multiple (for the checkpoint alignment).
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd(a, b) * b
 }

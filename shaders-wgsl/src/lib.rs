@@ -909,4 +909,9 @@ impl Backend for WgslBackend {
     fn write_rows(&self, t: &WTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
         self.write_rows_impl(t, rows, src)
     }
+
+    fn recurrent_split_alignment(&self) -> usize {
+        // `kda` aligns its chunks to absolute multiples of KDA_CHUNK (ops/kda.rs).
+        KDA_CHUNK
+    }
 }

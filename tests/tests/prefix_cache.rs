@@ -55,7 +55,9 @@ fn run_each<B: Backend>(e: &mut Engine<B>, prompts: &[Vec<u32>]) -> Result<Vec<R
 }
 
 fn seq(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % 250 + 1).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % 250 + 1)
+        .collect()
 }
 
 /// Prompts sharing prefixes of several lengths (whole blocks, inside a block, the whole prompt).
@@ -69,6 +71,13 @@ fn prompts() -> Vec<Vec<u32>> {
     }
     v.push(base.clone()); // the same prompt again: everything but the last token hits
     v.push(seq(3, 9)); // shorter than one block: nothing to share
+                       // Long enough for the chunked KDA path (64-token chunks) on both sides of a hit.
+    let long = seq(150, 6);
+    v.push(long.clone());
+    let mut branch = long[..100].to_vec();
+    branch.extend(seq(70, 7));
+    v.push(branch);
+    v.push(long);
     v
 }
 
@@ -77,12 +86,23 @@ fn hit_equals_miss<B: Backend>(mk: impl Fn() -> B, model: &str, interval: usize)
     let prompts = prompts();
     let mut cold = engine(mk(), model, config(false, 2048, interval))?;
     let want = run_each(&mut cold, &prompts)?;
-    ensure!(cold.counters().prefix_hit_tokens == 0, "cache off must not hit");
+    ensure!(
+        cold.counters().prefix_hit_tokens == 0,
+        "cache off must not hit"
+    );
     let mut warm = engine(mk(), model, config(true, 2048, interval))?;
     let got = run_each(&mut warm, &prompts)?;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        ensure!(g.0 == w.0, "{model} prompt {i}: tokens {:?} with cache != {:?} without", g.0, w.0);
-        ensure!(g.1 == w.1, "{model} prompt {i}: logits differ with the cache (same tokens)");
+        ensure!(
+            g.0 == w.0,
+            "{model} prompt {i}: tokens {:?} with cache != {:?} without",
+            g.0,
+            w.0
+        );
+        ensure!(
+            g.1 == w.1,
+            "{model} prompt {i}: logits differ with the cache (same tokens)"
+        );
     }
     let c = warm.counters();
     ensure!(
@@ -98,33 +118,59 @@ fn hit_equals_miss<B: Backend>(mk: impl Fn() -> B, model: &str, interval: usize)
 /// checkpoint placement (end of prompt) on a hybrid model too (vllm#40696), and a prompt that
 /// leaves a cached prefix later than the last checkpoint leaves a junction checkpoint for the
 /// next one (vllm#45238).
+///
+/// On a hybrid model the unit is the checkpoint alignment (the block, or a chunked kernel's
+/// chunk: 64 tokens on WGSL), where resuming is bit-exact.
 fn second_prompt_hits<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
-    let mut e = engine(mk(), model, config(true, 2048, 0))?;
-    let first = seq(2 * BLOCK + 1, 0);
-    let mut second = first[..2 * BLOCK].to_vec();
+    let b = mk();
+    let unit = unit(&b, model);
+    let mut e = engine(b, model, config(true, 2048, 0))?;
+    let first = seq(2 * unit + 1, 0);
+    let mut second = first[..2 * unit].to_vec();
     second.extend(seq(5, 1));
     run_each(&mut e, &[first])?;
     let before = e.counters().prefix_hit_tokens;
     run_each(&mut e, &[second])?;
     let hit = e.counters().prefix_hit_tokens - before;
-    ensure!(hit >= BLOCK as u64, "{model}: the second prompt hit {hit} tokens");
+    ensure!(
+        hit >= unit as u64,
+        "{model}: the second prompt hit {hit} tokens"
+    );
     // A long first prompt: its only checkpoint (end of prompt) lies past the shared part.
-    let long = seq(6 * BLOCK + 2, 3);
+    let long = seq(6 * unit + 2, 3);
     let branch = |t: u32| {
-        let mut p = long[..3 * BLOCK].to_vec();
+        let mut p = long[..3 * unit].to_vec();
         p.extend(seq(6, t));
         p
     };
-    run_each(&mut e, &[long.clone()])?;
+    run_each(&mut e, std::slice::from_ref(&long))?;
     run_each(&mut e, &[branch(7)])?;
     let before = e.counters().prefix_hit_tokens;
     run_each(&mut e, &[branch(8)])?;
     let hit = e.counters().prefix_hit_tokens - before;
     ensure!(
-        hit >= (3 * BLOCK) as u64,
+        hit >= (3 * unit) as u64,
         "{model}: a third prompt on a shared junction hit only {hit} tokens"
     );
     Ok(())
+}
+
+/// Where prefixes can hit: the block, or on a hybrid model the checkpoint alignment.
+fn unit<B: Backend>(b: &B, model: &str) -> usize {
+    if model.starts_with("kimi") {
+        let a = b.recurrent_split_alignment();
+        BLOCK * a / gcd(BLOCK, a)
+    } else {
+        BLOCK
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// Chunked prefill with the cache on, at many chunk sizes, == one-shot with the cache off.
@@ -132,12 +178,26 @@ fn chunked_hits_equal_one_shot<B: Backend>(mk: impl Fn() -> B, model: &str) -> R
     let prompts = prompts();
     let mut cold = engine(mk(), model, config(false, 4096, 0))?;
     let want = run_each(&mut cold, &prompts)?;
-    for chunk in [1, 3, 5, 16] {
+    // A chunked recurrent kernel is split-invariant at its alignment only: chunked prefill is
+    // bit-exact there when the chunk size is a multiple of it.
+    let u = unit(&cold.backend, model);
+    let sizes = if u > BLOCK {
+        vec![u, 2 * u, 3 * u]
+    } else {
+        vec![1, 3, 5, 16]
+    };
+    for chunk in sizes {
         let mut warm = engine(mk(), model, config(true, chunk, 0))?;
         let got = run_each(&mut warm, &prompts)?;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            ensure!(g.0 == w.0, "{model} chunk {chunk} prompt {i}: tokens differ");
-            ensure!(g.1 == w.1, "{model} chunk {chunk} prompt {i}: logits differ");
+            ensure!(
+                g.0 == w.0,
+                "{model} chunk {chunk} prompt {i}: tokens differ"
+            );
+            ensure!(
+                g.1 == w.1,
+                "{model} chunk {chunk} prompt {i}: logits differ"
+            );
         }
     }
     Ok(())
@@ -163,7 +223,10 @@ fn concurrent_shared_prefixes<B: Backend>(mk: impl Fn() -> B, model: &str) -> Re
         let mut alone = engine(mk(), model, config(false, 2048, 0))?;
         alone.add_request(p.clone(), greedy(NEW_TOKENS))?;
         let got = alone.run_to_completion()?;
-        ensure!(got[0].1 == together[i].1, "{model} request {i}: batched with shared prefixes differs from alone");
+        ensure!(
+            got[0].1 == together[i].1,
+            "{model} request {i}: batched with shared prefixes differs from alone"
+        );
     }
     Ok(())
 }
@@ -171,20 +234,24 @@ fn concurrent_shared_prefixes<B: Backend>(mk: impl Fn() -> B, model: &str) -> Re
 /// 500 random requests, some aborted at random points: afterwards every block is free or
 /// cached, every state slot is free, and the pool's bookkeeping is consistent.
 fn no_leaks<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+    let b = mk();
+    let base_len = 40.max(2 * unit(&b, model) + 8);
     let mut cfg = config(true, 32, 0);
-    cfg.kv_cache_tokens = Some(256); // small: eviction and preemption happen
-    let mut e = engine(mk(), model, cfg)?;
+    cfg.kv_cache_tokens = Some(6 * base_len); // small: eviction and preemption happen
+    let mut e = engine(b, model, cfg)?;
     let mut rng = 12345u64;
     let mut next = || {
-        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (rng >> 33) as usize
     };
-    let base = seq(40, 1);
+    let base = seq(base_len, 1);
     let mut live: Vec<u64> = Vec::new();
     let mut submitted = 0;
     while submitted < 500 || e.has_unfinished() {
         if submitted < 500 && live.len() < 12 {
-            let mut p = base[..next() % 40 + 1].to_vec();
+            let mut p = base[..next() % base_len + 1].to_vec();
             p.extend(seq(next() % 6, next() as u32 % 50));
             live.push(e.add_request(p, greedy(1 + next() % 4))?);
             submitted += 1;
@@ -200,8 +267,16 @@ fn no_leaks<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
         }
         e.check_consistency()?;
     }
-    ensure!(e.free_blocks() == e.total_blocks(), "{} of {} blocks free", e.free_blocks(), e.total_blocks());
-    ensure!(e.counters().prefix_hit_tokens > 0, "the random prompts share prefixes but nothing hit");
+    ensure!(
+        e.free_blocks() == e.total_blocks(),
+        "{} of {} blocks free",
+        e.free_blocks(),
+        e.total_blocks()
+    );
+    ensure!(
+        e.counters().prefix_hit_tokens > 0,
+        "the random prompts share prefixes but nothing hit"
+    );
     Ok(())
 }
 

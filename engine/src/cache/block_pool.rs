@@ -80,7 +80,9 @@ impl BlockPool {
                 Some(b) => b,
                 None => {
                     let (_, b) = self.lru.pop_first().expect("counted above");
-                    let h = self.hashes[b as usize].take().expect("lru blocks are hashed");
+                    let h = self.hashes[b as usize]
+                        .take()
+                        .expect("lru blocks are hashed");
                     self.by_hash.remove(&h);
                     self.evicted.push((b, h));
                     b
@@ -148,7 +150,9 @@ impl BlockPool {
     pub fn clear_cached(&mut self) -> usize {
         let n = self.lru.len();
         while let Some((_, b)) = self.lru.pop_first() {
-            let h = self.hashes[b as usize].take().expect("lru blocks are hashed");
+            let h = self.hashes[b as usize]
+                .take()
+                .expect("lru blocks are hashed");
             self.by_hash.remove(&h);
             self.free.push(b);
         }
@@ -186,7 +190,12 @@ impl BlockPool {
             }
         }
         let named = self.hashes.iter().filter(|h| h.is_some()).count();
-        if named != self.by_hash.len() || self.by_hash.iter().any(|(h, &b)| self.hashes[b as usize] != Some(*h)) {
+        if named != self.by_hash.len()
+            || self
+                .by_hash
+                .iter()
+                .any(|(h, &b)| self.hashes[b as usize] != Some(*h))
+        {
             bail!("hash index out of step with the blocks' names");
         }
         Ok(())

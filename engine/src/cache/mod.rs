@@ -9,8 +9,8 @@ mod sizing;
 mod state_ckpt;
 
 pub use block_pool::BlockPool;
-pub use state_ckpt::StateCheckpoints;
 pub use sizing::{cache_blocks, human_bytes, usable_bytes, CacheRequest};
+pub use state_ckpt::StateCheckpoints;
 
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType};

@@ -88,7 +88,10 @@ mod tests {
         extend_hashes(&mut b, &[1, 9, 3, 4, 5, 6], 2, &none);
         assert_eq!(a.len(), 3, "only full blocks are hashed");
         assert_ne!(a[0], b[0]);
-        assert_ne!(a[1], b[1], "a different first block changes every later hash");
+        assert_ne!(
+            a[1], b[1],
+            "a different first block changes every later hash"
+        );
         let mut c = Vec::new();
         extend_hashes(&mut c, &[1, 2, 3, 4], 2, &none);
         assert_eq!(&a[..2], &c[..]);

@@ -83,6 +83,10 @@ pub struct PrefixSettings {
     pub checkpoint_interval: usize,
     /// Checkpoint slots (state-tensor rows after the running slots).
     pub checkpoints: usize,
+    /// Checkpoints sit only at multiples of this many tokens: the block size and the backend's
+    /// [`dayone_backend::Backend::recurrent_split_alignment`], so that resuming from one gives
+    /// the same bits as computing the prefix in one pass. 0 is read as the block size.
+    pub alignment: usize,
 }
 
 /// Counters the scheduler keeps for the engine's metrics.
@@ -132,16 +136,33 @@ impl Scheduler {
             bail!("scheduler limits must be positive: {config:?}");
         }
         if config.long_prefill_threshold > 0 && config.max_long_partial_prefills == 0 {
-            bail!("max_long_partial_prefills must be at least 1 when long_prefill_threshold is set");
+            bail!(
+                "max_long_partial_prefills must be at least 1 when long_prefill_threshold is set"
+            );
         }
-        if prefix.checkpoint_interval % config.block_size != 0 {
+        let mut prefix = prefix;
+        if prefix.alignment == 0 {
+            prefix.alignment = config.block_size;
+        }
+        if !prefix.alignment.is_multiple_of(config.block_size) {
+            bail!(
+                "the state checkpoint alignment ({}) must be a multiple of the block size ({})",
+                prefix.alignment,
+                config.block_size
+            );
+        }
+        if !prefix.checkpoint_interval.is_multiple_of(config.block_size) {
             bail!(
                 "state_checkpoint_interval ({}) must be a multiple of the block size ({})",
                 prefix.checkpoint_interval,
                 config.block_size
             );
         }
-        let ckpts = if prefix.enabled && prefix.recurrent { prefix.checkpoints } else { 0 };
+        let ckpts = if prefix.enabled && prefix.recurrent {
+            prefix.checkpoints
+        } else {
+            0
+        };
         Ok(Self {
             checkpoints: StateCheckpoints::new(max_num_seqs as u32, ckpts),
             config,
@@ -269,9 +290,10 @@ impl Scheduler {
         let mut restore = None;
         if self.prefix.recurrent {
             // The state exists only where a checkpoint was taken: the longest hit with one.
-            let mut k = kv_blocks;
+            let step = self.prefix.alignment / bs;
+            let mut k = kv_blocks / step * step;
             while k > 0 && !self.checkpoints.contains(&seq.block_hashes[k - 1]) {
-                k -= 1;
+                k -= step;
             }
             hit.truncate(k);
             if k > 0 {
@@ -303,25 +325,36 @@ impl Scheduler {
     /// block boundary, the shared-prefix junction, every `checkpoint_interval` tokens).
     fn chunk_len(&self, seq: &Sequence, limit: usize) -> usize {
         let s = seq.num_computed;
-        let len = (seq.tokens.len() - s).min(limit).min(self.config.max_prefill_chunk);
-        if !(self.prefix.enabled && self.prefix.recurrent && seq.prefilling()) || len == 0 {
+        let len = (seq.tokens.len() - s)
+            .min(limit)
+            .min(self.config.max_prefill_chunk);
+        if !(self.prefix.recurrent && seq.prefilling()) || len == 0 {
             return len;
         }
-        let bs = self.config.block_size;
+        let a = self.prefix.alignment;
         let mut e = s + len;
+        // Steps of a recurrent model end at its alignment where they can, with the cache on or
+        // off, so that the kernels see the same splits either way (and chunked == one pass).
+        if e < seq.prompt_len && e / a * a > s {
+            e = e / a * a;
+        }
+        if !self.prefix.enabled {
+            return e - s;
+        }
         let mut cut = |p: usize| {
+            let p = p / a * a;
             if s < p && p < e {
                 e = p;
             }
         };
-        cut(seq.prompt_len / bs * bs);
+        cut(seq.prompt_len);
         cut(seq.junction);
         if self.prefix.checkpoint_interval > 0 {
             let i = self.prefix.checkpoint_interval;
             cut((s / i + 1) * i);
         }
-        if e < seq.prompt_len && e / bs * bs > s {
-            e = e / bs * bs;
+        if e < seq.prompt_len && e / a * a > s {
+            e = e / a * a;
         }
         e - s
     }
@@ -349,7 +382,11 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let limit = if seq.long && seq.prefilling() { budget.min(long_budget) } else { budget };
+            let limit = if seq.long && seq.prefilling() {
+                budget.min(long_budget)
+            } else {
+                budget
+            };
             let len = self.chunk_len(seq, limit);
             if len == 0 {
                 i += 1;
@@ -360,7 +397,8 @@ impl Scheduler {
                 // Free memory by preempting the newest sequence; if that is this one, stop here.
                 let last = self.running.len() - 1;
                 self.preempt_last()?;
-                plan.restores.retain(|&(_, to)| self.running.iter().any(|s| s.slot == Some(to)));
+                plan.restores
+                    .retain(|&(_, to)| self.running.iter().any(|s| s.slot == Some(to)));
                 if last == i {
                     break;
                 }
@@ -391,20 +429,32 @@ impl Scheduler {
             if from_long && (long_slots == 0 || long_budget == 0) {
                 break;
             }
-            let queue = if from_long { &mut self.waiting_long } else { &mut self.waiting };
+            let queue = if from_long {
+                &mut self.waiting_long
+            } else {
+                &mut self.waiting
+            };
             let Some(mut seq) = queue.pop_front() else {
                 break;
             };
             // `running.len() < max_num_seqs` guarantees a free slot.
             seq.slot = self.free_slots.pop();
             let restore = self.match_prefix(&mut seq)?;
-            let limit = if seq.long { budget.min(long_budget) } else { budget };
+            let limit = if seq.long {
+                budget.min(long_budget)
+            } else {
+                budget
+            };
             let len = self.chunk_len(&seq, limit);
             let need = self.blocks_needed(&seq, seq.num_computed + len);
             if len == 0 || need > self.pool.num_free() {
                 // Does not fit now: give back what the lookup took and wait.
                 self.rewind(&mut seq)?;
-                let queue = if from_long { &mut self.waiting_long } else { &mut self.waiting };
+                let queue = if from_long {
+                    &mut self.waiting_long
+                } else {
+                    &mut self.waiting
+                };
                 queue.push_front(seq);
                 break;
             }
@@ -453,7 +503,8 @@ impl Scheduler {
                 seq.num_registered += 1;
             }
             let n = seq.num_computed;
-            if self.prefix.recurrent && n % bs == 0 && n > 0 && n <= seq.prompt_len {
+            let a = self.prefix.alignment;
+            if self.prefix.recurrent && n.is_multiple_of(a) && n > 0 && n <= seq.prompt_len {
                 if let Some(to) = self.checkpoints.store(seq.block_hashes[n / bs - 1]) {
                     saves.push((seq.slot.expect("running sequences hold a slot"), to));
                     self.counters.checkpoints_stored += 1;
@@ -506,7 +557,9 @@ impl Scheduler {
     /// Places `seq` in running with `blocks` freshly allocated for its whole prompt (for
     /// tracing one prompt outside the normal loop); returns its index.
     pub fn run_alone(&mut self, mut seq: Sequence) -> Result<usize> {
-        let Some(blocks) = self.pool.allocate(seq.tokens.len().div_ceil(self.config.block_size))
+        let Some(blocks) = self
+            .pool
+            .allocate(seq.tokens.len().div_ceil(self.config.block_size))
         else {
             bail!(
                 "the prompt ({} tokens) does not fit in the free KV cache blocks",
@@ -523,9 +576,13 @@ impl Scheduler {
     /// or free (tests: no leaks after many requests and aborts).
     pub fn check_consistency(&self) -> Result<()> {
         self.pool.check()?;
-        let slots = self.free_slots.len() + self.running.iter().filter(|s| s.slot.is_some()).count();
+        let slots =
+            self.free_slots.len() + self.running.iter().filter(|s| s.slot.is_some()).count();
         if slots != self.config.max_num_seqs {
-            bail!("{slots} state slots accounted for, {} exist", self.config.max_num_seqs);
+            bail!(
+                "{slots} state slots accounted for, {} exist",
+                self.config.max_num_seqs
+            );
         }
         if self.running.is_empty() && self.pool.num_free() != self.pool.num_blocks() {
             bail!(

@@ -308,12 +308,63 @@ impl WgslBackend {
                 Self::grid(OP, ((n * h) as u64).div_ceil(64))?,
             )?;
         }
-        let (chunked, recurrent): (Vec<[u32; 4]>, Vec<[u32; 4]>) = seqs
-            .into_iter()
-            .partition(|s| s[2] as usize >= self.kda_chunk_min);
+        // Chunks are aligned to absolute positions: the rows up to the next multiple of
+        // KDA_CHUNK run the token recurrence, whole chunks the chunked form, the rest the
+        // recurrence again — so a prompt split at multiples of KDA_CHUNK (prefix-cache hits,
+        // chunked prefill) gives the same bits as one pass.
+        let (mut head, mut chunked, mut tail) = (Vec::new(), Vec::new(), Vec::new());
+        for [slot, first, rows, fresh] in seqs {
+            let pos = if rows > 0 {
+                hm.positions[first as usize] as usize
+            } else {
+                0
+            };
+            let c = KDA_CHUNK;
+            let lead = ((c - pos % c) % c).min(rows as usize) as u32;
+            let whole = ((rows - lead) as usize / c * c) as u32;
+            let (whole, rest) = if whole as usize >= self.kda_chunk_min.max(1) {
+                (whole, rows - lead - whole)
+            } else {
+                (0, rows - lead)
+            };
+            let mut fresh = fresh;
+            if lead > 0 {
+                head.push([slot, first, lead, fresh]);
+                fresh = 0;
+            }
+            if whole > 0 {
+                chunked.push([slot, first + lead, whole, fresh]);
+                fresh = 0;
+            }
+            if rest > 0 || (lead == 0 && whole == 0) {
+                tail.push([slot, first + lead + whole, rest, fresh]);
+            }
+        }
         let sb = state.single(OP, "state")?;
         let ob = out.single(OP, "output")?;
-        if !recurrent.is_empty() {
+        self.kda_recurrent_pass(&head, [h, kd, vd], [&qn, &kn, &g, &v, &b], sb, ob)?;
+        if !chunked.is_empty() {
+            self.kda_chunked(&chunked, [h, kd, vd], [&qn, &kn, &g, &v, &b], sb, ob)?;
+        }
+        self.kda_recurrent_pass(&tail, [h, kd, vd], [&qn, &kn, &g, &v, &b], sb, ob)?;
+        Ok(out)
+    }
+
+    /// The token recurrence (`kda_recurrent.wgsl`) for the sequences `seqs`
+    /// (`(slot, first row, rows, fresh)`), updating their states in place.
+    fn kda_recurrent_pass(
+        &self,
+        recurrent: &[[u32; 4]],
+        [h, kd, vd]: [usize; 3],
+        [qn, kn, g, v, b]: [&WTensor; 5],
+        sb: &wgpu::Buffer,
+        ob: &wgpu::Buffer,
+    ) -> Result<()> {
+        const OP: &str = "kda";
+        {
+            if recurrent.is_empty() {
+                return Ok(());
+            }
             let tab = self.upload_u32(recurrent.as_flattened())?;
             let total = recurrent.len() * h * vd;
             self.dispatch(
@@ -332,10 +383,7 @@ impl WgslBackend {
                 Self::grid(OP, (total as u64).div_ceil(64))?,
             )?;
         }
-        if !chunked.is_empty() {
-            self.kda_chunked(&chunked, [h, kd, vd], [&qn, &kn, &g, &v, &b], sb, ob)?;
-        }
-        Ok(out)
+        Ok(())
     }
 
     pub(crate) fn gated_rms_norm_impl(
