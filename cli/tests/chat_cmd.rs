@@ -2,7 +2,7 @@
 //! the chat template, `/reset` and `/exit`. Runs tiny llama (random weights, vocab 256) with a
 //! word-level tokenizer and a chat template written here, on the CPU backend.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -16,9 +16,14 @@ fn fixture(name: &str) -> PathBuf {
 fn chat_model() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture("llama_tiny");
-    for f in ["config.json", "model.safetensors", "generation_config.json"] {
+    for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
+    // A 65536-token window, so that an answer can run until Ctrl-C stops it.
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = 65536.into();
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
     let named = [
         "<unk>",
         "<s>",
@@ -195,4 +200,68 @@ fn generate_stop_string_ends_the_text() {
     assert_eq!(cut["finish_reason"], "stop");
     assert_eq!(cut["stop"].as_str(), Some(word.as_str()));
     assert_eq!(full["finish_reason"], "length");
+}
+
+/// Reads from `out` until `until` says the bytes so far are enough.
+fn read_until(out: &mut impl Read, got: &mut Vec<u8>, until: impl Fn(&[u8]) -> bool) {
+    let mut buf = [0u8; 256];
+    while !until(got) {
+        let n = out.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "stdout closed early: {}",
+            String::from_utf8_lossy(got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Ctrl-C stops the answer being generated, not the session: twice (the second Ctrl-C too only
+/// stops an answer), then /exit ends the session normally (exit 0, not 130).
+#[test]
+fn ctrl_c_stops_the_answer_not_the_session() {
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "chat",
+            "--backend",
+            "cpu",
+            "--max-tokens",
+            "60000",
+            "--ignore-eos",
+            "--model",
+        ])
+        .arg(model.path())
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dayone");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut got = Vec::new();
+    for (turn, line) in ["hello\n", "world\n"].iter().enumerate() {
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        let start = got.len();
+        // The answer is streaming: stop it.
+        read_until(&mut out, &mut got, |g| g.len() >= start + 32);
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGINT);
+        }
+        // It ends with a newline; the session waits for the next line.
+        read_until(&mut out, &mut got, |g| {
+            g.iter().filter(|&&b| b == b'\n').count() > turn
+        });
+    }
+    stdin.write_all(b"/exit\n").unwrap();
+    drop(stdin);
+    let rest = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&rest.stderr);
+    assert_eq!(rest.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr.matches("(answer stopped)").count(), 2, "{stderr}");
+    got.extend_from_slice(&rest.stdout);
+    let text = String::from_utf8(got).unwrap();
+    assert_eq!(text.lines().count(), 2, "two stopped answers: {text}");
 }
