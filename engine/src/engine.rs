@@ -3,6 +3,7 @@
 use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::loader::Checkpoint;
+use crate::metrics::{EngineMetrics, FinishedRequest, MetricsSnapshot, Preemption};
 use crate::models::{load_model, CausalLm};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
@@ -11,6 +12,7 @@ use crate::scheduler::{
 };
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor, StepMeta};
+use std::time::Instant;
 
 /// Engine settings.
 #[derive(Clone, Debug)]
@@ -84,6 +86,8 @@ pub struct Engine<B: Backend> {
     eos_ids: Vec<u32>,
     next_id: u64,
     max_context: usize,
+    metrics: EngineMetrics,
+    cache_spec_recurrent: bool,
     cache_bytes_per_token: usize,
     state_bytes_per_seq: usize,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
@@ -168,6 +172,8 @@ impl<B: Backend> Engine<B> {
             scheduler,
             eos_ids: ckpt.assets.eos_ids.clone(),
             next_id: 0,
+            metrics: EngineMetrics::new(max_context),
+            cache_spec_recurrent: prefix.recurrent,
             max_context,
             capture_logits: false,
             last_logits: Vec::new(),
@@ -241,6 +247,35 @@ impl<B: Backend> Engine<B> {
         self.scheduler.reset_prefix_cache();
     }
 
+    /// The engine's metrics now (vLLM's names and buckets; see [`crate::metrics`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// Records a finished (or aborted) sequence in the metrics.
+    fn record_finished(&mut self, seq: &Sequence) {
+        let now = Instant::now();
+        let since = |t: Instant| t.duration_since(seq.arrival).as_secs_f64();
+        self.metrics.on_request_finished(&FinishedRequest {
+            reason: seq.finished.unwrap_or(FinishReason::Abort),
+            queue_s: since(seq.first_scheduled.unwrap_or(now)),
+            ttft_s: seq.first_token.map(since),
+            e2e_s: since(now),
+            prompt_len: seq.prompt_len,
+            gen_len: seq.generated().len(),
+        });
+    }
+
+    /// Gauges after a step or an abort.
+    fn record_gauges(&mut self) {
+        let (short, long) = self.num_waiting();
+        self.metrics.set_requests(self.num_running(), short, long);
+        let pool = self.scheduler.pool();
+        let free = pool.num_free();
+        self.metrics
+            .set_kv_blocks(pool.num_blocks() - free, free, pool.num_evictable());
+    }
+
     /// Checks that every cache block and state slot is accounted for (tests: no leaks).
     pub fn check_consistency(&self) -> Result<()> {
         self.scheduler.check_consistency()
@@ -309,7 +344,12 @@ impl<B: Backend> Engine<B> {
     /// Returns whether it was still unfinished. Call between steps (the engine is single-threaded;
     /// [`crate::service`] serialises aborts from other threads).
     pub fn abort(&mut self, id: u64) -> Result<bool> {
-        Ok(self.scheduler.abort(id)?.is_some())
+        let Some(seq) = self.scheduler.abort(id)? else {
+            return Ok(false);
+        };
+        self.record_finished(&seq);
+        self.record_gauges();
+        Ok(true)
     }
 
     /// Whether requests remain.
@@ -320,7 +360,9 @@ impl<B: Backend> Engine<B> {
     /// Runs one step: schedules, runs the model over the step's tokens, samples a token for each
     /// sequence whose prompt is fully computed, and retires finished sequences.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+        let before = self.scheduler.counters;
         let plan = self.scheduler.schedule()?;
+        self.record_schedule(before);
         let chunks = plan.chunks;
         if chunks.is_empty() {
             if self.scheduler.has_unfinished() {
@@ -372,10 +414,22 @@ impl<B: Backend> Engine<B> {
         let saves = self.scheduler.update_from_output(&chunks);
         self.copy_state_slots(&saves)?;
         let ctx = self.max_context;
+        let now = Instant::now();
         let mut events = Vec::with_capacity(want.len());
         for (&i, &token) in want.iter().zip(&tokens) {
             let seq = &mut self.scheduler.running[i];
             seq.tokens.push(token);
+            match seq.last_token {
+                None => {
+                    seq.first_token = Some(now);
+                    let ttft = now.duration_since(seq.arrival).as_secs_f64();
+                    self.metrics.on_first_token(seq.prompt_len, ttft);
+                }
+                Some(t) => self
+                    .metrics
+                    .on_next_token(now.duration_since(t).as_secs_f64()),
+            }
+            seq.last_token = Some(now);
             let finish = if !seq.params.ignore_eos && self.eos_ids.contains(&token) {
                 Some(FinishReason::Eos)
             } else if seq.generated().len() >= seq.params.max_tokens {
@@ -394,8 +448,31 @@ impl<B: Backend> Engine<B> {
                 finish,
             });
         }
-        self.scheduler.reap_finished()?;
+        for seq in self.scheduler.reap_finished()? {
+            self.record_finished(&seq);
+        }
+        self.record_gauges();
         Ok(events)
+    }
+
+    /// Prefix-cache and preemption counters of one `schedule()` into the metrics.
+    fn record_schedule(&mut self, before: SchedulerCounters) {
+        let c = self.scheduler.counters;
+        let (query, hit) = (
+            (c.prefix_query_tokens - before.prefix_query_tokens) as usize,
+            (c.prefix_hit_tokens - before.prefix_hit_tokens) as usize,
+        );
+        if query > 0 {
+            self.metrics.on_prefix_query(query, hit);
+            if self.cache_spec_recurrent {
+                // Tokens whose per-token cache was found: the checkpoint lookups' query.
+                let found = hit + (c.state_miss_tokens - before.state_miss_tokens) as usize;
+                self.metrics.on_state_checkpoint_query(found, hit);
+            }
+        }
+        for _ in before.preemptions_recompute..c.preemptions_recompute {
+            self.metrics.on_preemption(Preemption::Recompute);
+        }
     }
 
     /// Copies state slot `from` to `to` for each pair, in every recurrent layer's tensors.

@@ -136,6 +136,24 @@ fn second_prompt_hits<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()>
         hit >= unit as u64,
         "{model}: the second prompt hit {hit} tokens"
     );
+    let m = e.metrics();
+    ensure!(
+        m.prefix_cache_hits == e.counters().prefix_hit_tokens
+            && m.prefix_cache_queries > m.prefix_cache_hits,
+        "{model}: the metrics must show the hit: {} of {} tokens",
+        m.prefix_cache_hits,
+        m.prefix_cache_queries
+    );
+    if model.starts_with("kimi") {
+        ensure!(
+            m.state_checkpoint_hits == m.prefix_cache_hits,
+            "{model}: checkpoint hits {m:?}"
+        );
+    }
+    ensure!(
+        m.kv_blocks_cached > 0 && m.requests_running == 0,
+        "{model}: gauges {m:?}"
+    );
     // A long first prompt: its only checkpoint (end of prompt) lies past the shared part.
     let long = seq(6 * unit + 2, 3);
     let branch = |t: u32| {

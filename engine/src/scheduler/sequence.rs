@@ -74,6 +74,10 @@ pub struct Sequence {
     pub arrival: Instant,
     /// When it was first scheduled.
     pub first_scheduled: Option<Instant>,
+    /// When its first token was sampled.
+    pub first_token: Option<Instant>,
+    /// When its latest token was sampled.
+    pub last_token: Option<Instant>,
 }
 
 impl Sequence {
@@ -98,6 +102,8 @@ impl Sequence {
             long: false,
             arrival: Instant::now(),
             first_scheduled: None,
+            first_token: None,
+            last_token: None,
         }
     }
 

@@ -73,7 +73,7 @@ pub struct ModelInfo {
 ///
 /// The engine metrics of engine/src/metrics.rs (another task) belong here as one more field,
 /// filled between steps where `Stepper::stats` (service/thread.rs) builds this snapshot.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineStats {
     /// Requests submitted and not yet finished (waiting or running).
     pub requests: usize,
@@ -81,6 +81,10 @@ pub struct EngineStats {
     pub free_blocks: usize,
     /// All KV cache blocks.
     pub total_blocks: usize,
+    /// Cached prefix blocks no request holds (part of `free_blocks`).
+    pub cached_blocks: usize,
+    /// The engine's metrics ([`crate::metrics`]); `None` from engines that keep none.
+    pub metrics: Option<crate::metrics::MetricsSnapshot>,
 }
 
 /// A handle to an engine running on its own thread. Cheap to clone, usable from any thread;

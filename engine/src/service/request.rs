@@ -85,6 +85,9 @@ pub enum StreamEvent {
         reason: FinishReason,
         /// Prompt length in tokens.
         prompt_tokens: usize,
+        /// Prompt tokens served from the prefix cache (usage
+        /// `prompt_tokens_details.cached_tokens`).
+        cached_tokens: usize,
         /// Tokens generated (the `Token` events sent).
         generated_tokens: usize,
         /// Arrival, first token and finish times.

@@ -34,7 +34,12 @@ struct FakeSeq {
 }
 
 impl Stepper for Fake {
-    fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64> {
+    fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        _extra: crate::cache::prefix::ExtraKeys,
+    ) -> Result<u64> {
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
         }
@@ -74,6 +79,7 @@ impl Stepper for Fake {
                 seq_id: s.id,
                 token,
                 finish,
+                cached_tokens: 0,
             });
         }
         self.running.retain(|s| s.generated < s.max_tokens);
@@ -95,6 +101,8 @@ impl Stepper for Fake {
             requests,
             free_blocks: TOTAL_BLOCKS - BLOCKS_PER_REQUEST * self.running.len(),
             total_blocks: TOTAL_BLOCKS,
+            cached_blocks: 0,
+            metrics: None,
         }
     }
 }

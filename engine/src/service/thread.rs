@@ -3,6 +3,7 @@
 
 use super::request::{Request, RequestTiming, StreamEvent};
 use super::EngineStats;
+use crate::cache::prefix::ExtraKeys;
 use crate::sampling::SamplingParams;
 use crate::scheduler::FinishReason;
 use crate::{Engine, TokenEvent};
@@ -38,12 +39,19 @@ pub(crate) struct Produced {
     pub(crate) seq_id: u64,
     pub(crate) token: u32,
     pub(crate) finish: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache.
+    pub(crate) cached_tokens: usize,
 }
 
 /// What the loop needs of an engine: [`Engine`]'s public API (a test double stands in for it
 /// in the unit tests, so the loop's failure paths are tested without a model).
 pub(crate) trait Stepper {
-    fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64>;
+    fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        extra: ExtraKeys,
+    ) -> Result<u64>;
     fn step(&mut self) -> Result<Vec<Produced>>;
     fn abort(&mut self, id: u64) -> Result<bool>;
     fn has_unfinished(&self) -> bool;
@@ -51,8 +59,13 @@ pub(crate) trait Stepper {
 }
 
 impl<B: Backend> Stepper for Engine<B> {
-    fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<u64> {
-        Engine::add_request(self, prompt, params)
+    fn add_request(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        extra: ExtraKeys,
+    ) -> Result<u64> {
+        Engine::add_request_with(self, prompt, params, extra)
     }
     fn step(&mut self) -> Result<Vec<Produced>> {
         let events = Engine::step(self)?;
@@ -62,6 +75,7 @@ impl<B: Backend> Stepper for Engine<B> {
                 seq_id: e.seq_id,
                 token: e.token,
                 finish: e.finish,
+                cached_tokens: e.cached_tokens,
             })
             .collect())
     }
@@ -72,12 +86,12 @@ impl<B: Backend> Stepper for Engine<B> {
         Engine::has_unfinished(self)
     }
     fn stats(&self, requests: usize) -> EngineStats {
-        // The spot for the engine's metrics snapshot (engine/src/metrics.rs, another task): add
-        // a field to `EngineStats` and fill it here from the engine.
         EngineStats {
             requests,
             free_blocks: self.free_blocks(),
             total_blocks: self.total_blocks(),
+            cached_blocks: self.cached_blocks(),
+            metrics: Some(self.metrics()),
         }
     }
 }
@@ -88,6 +102,7 @@ struct Active {
     arrival: Instant,
     first_token: Option<Instant>,
     prompt_tokens: usize,
+    cached_tokens: usize,
     generated: usize,
 }
 
@@ -96,6 +111,7 @@ impl Active {
         let event = StreamEvent::Finished {
             reason,
             prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
             generated_tokens: self.generated,
             timing: RequestTiming {
                 arrival: self.arrival,
@@ -196,8 +212,14 @@ impl<S: Stepper> EngineLoop<S> {
                     return Ok(());
                 }
                 let prompt_tokens = request.prompt.len();
-                // `request.cache_salt` goes to the engine once the prefix cache takes it.
-                match self.engine.add_request(request.prompt, request.params) {
+                let extra = ExtraKeys {
+                    cache_salt: request.cache_salt,
+                    ..Default::default()
+                };
+                match self
+                    .engine
+                    .add_request(request.prompt, request.params, extra)
+                {
                     Ok(id) => {
                         self.active.insert(
                             id,
@@ -206,6 +228,7 @@ impl<S: Stepper> EngineLoop<S> {
                                 arrival,
                                 first_token: None,
                                 prompt_tokens,
+                                cached_tokens: 0,
                                 generated: 0,
                             },
                         );
@@ -247,6 +270,7 @@ impl<S: Stepper> EngineLoop<S> {
             };
             let index = a.generated;
             a.generated += 1;
+            a.cached_tokens = e.cached_tokens;
             a.first_token.get_or_insert(now);
             let listening = (a.sink)(StreamEvent::Token {
                 token: e.token,
