@@ -1,8 +1,9 @@
 //! `dayone needle`: needle-in-a-haystack retrieval accuracy per context length and depth.
 //!
 //! Builds every (length, depth, trial) prompt with [`dayone_engine::needle`], runs them all in
-//! one engine (several requests in flight; they share the haystack before their needles, which
-//! prefix caching reuses), answers greedily and scores "the answer contains the needle value".
+//! one engine ([`needle::run_cases`]: the deepest case of each length first, then the rest
+//! together, which find the shared chat header and filler in the prefix cache), answers greedily
+//! and scores "the answer contains the needle value".
 
 use crate::engine_args::{CommandDefaults, EngineArgs};
 use crate::load;
@@ -19,7 +20,6 @@ use dayone_engine::sampling::SamplingParams;
 use dayone_engine::scheduler::FinishReason;
 use dayone_engine::EngineConfig;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::HashMap;
 use std::time::Instant;
 
 /// Flags of `dayone needle`.
@@ -155,35 +155,17 @@ fn run_cases<B: Backend>(
         ..Default::default()
     };
     let start = Instant::now();
-    let mut by_id = HashMap::new();
-    for (i, c) in cases.iter().enumerate() {
-        let id = engine
-            .add_request(c.prompt_ids.clone(), params.clone())
-            .with_context(|| format!("needle case length {}, depth {} %", c.length, c.depth))?;
-        by_id.insert(id, i);
-    }
     let bar = ProgressBar::new(cases.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("needle [{bar:30}] {pos}/{len} answers {elapsed}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let mut answers: Vec<(Vec<u32>, Option<FinishReason>)> = vec![(Vec::new(), None); cases.len()];
-    while engine.has_unfinished() {
-        for e in engine.step()? {
-            let slot = &mut answers[by_id[&e.seq_id]];
-            slot.0.push(e.token);
-            if e.finish.is_some() {
-                slot.1 = e.finish;
-                bar.inc(1);
-            }
-        }
-    }
+    let answers = needle::run_cases(&mut engine, &cases, &params, &mut || bar.inc(1))?;
     bar.finish_and_clear();
-    let elapsed = start.elapsed().as_secs_f64();
     let eos = engine.eos_ids().to_vec();
     let mut outcomes = Vec::with_capacity(cases.len());
-    for (case, (ids, finish)) in cases.into_iter().zip(answers) {
+    for (case, needle::Answer { ids, finish }) in cases.into_iter().zip(answers) {
         let text_ids: Vec<u32> = ids.iter().copied().filter(|t| !eos.contains(t)).collect();
         let answer = tok.decode(&text_ids, true)?;
         let correct = needle::is_correct(&answer, &case.needle);
@@ -195,12 +177,30 @@ fn run_cases<B: Backend>(
             correct,
         });
     }
-    let backend = engine.backend.name();
+    let m = engine.metrics();
+    let run = RunInfo {
+        prefix_caching: cfg.prefix_caching,
+        hit_tokens: m.prefix_cache_hits,
+        query_tokens: m.prefix_cache_queries,
+        backend: engine.backend.name(),
+        elapsed_s: start.elapsed().as_secs_f64(),
+    };
     if a.json {
-        print_json(&outcomes, a, cfg.prefix_caching, &backend, elapsed)
+        print_json(&outcomes, a, &run)
     } else {
-        print_table(&outcomes, a, cfg.prefix_caching, &backend, elapsed)
+        print_table(&outcomes, a, &run)
     }
+}
+
+/// How a run went, beside its outcomes.
+struct RunInfo {
+    prefix_caching: bool,
+    /// Prompt tokens found in the prefix cache (`vllm:prefix_cache_hits`).
+    hit_tokens: u64,
+    /// Prompt tokens looked up there (`vllm:prefix_cache_queries`).
+    query_tokens: u64,
+    backend: String,
+    elapsed_s: f64,
 }
 
 /// `(correct, total)` of the outcomes that `keep` selects.
@@ -213,13 +213,7 @@ fn fraction((k, n): (usize, usize)) -> f64 {
     k as f64 / n.max(1) as f64
 }
 
-fn print_json(
-    outcomes: &[Outcome],
-    a: &NeedleArgs,
-    prefix_caching: bool,
-    backend: &str,
-    elapsed: f64,
-) -> Result<()> {
+fn print_json(outcomes: &[Outcome], a: &NeedleArgs, run: &RunInfo) -> Result<()> {
     let cases: Vec<_> = outcomes
         .iter()
         .map(|o| {
@@ -269,11 +263,13 @@ fn print_json(
         })
         .collect();
     let j = serde_json::json!({
-        "backend": backend,
+        "backend": run.backend,
         "seed": a.seed,
         "trials": a.trials,
         "max_tokens": a.max_tokens,
-        "prefix_caching": prefix_caching,
+        "prefix_caching": run.prefix_caching,
+        "prefix_cache_hit_tokens": run.hit_tokens,
+        "prefix_cache_query_tokens": run.query_tokens,
         "lengths": a.lengths,
         "depths": a.depths,
         "accuracy": {
@@ -283,18 +279,12 @@ fn print_json(
             "grid": grid,
         },
         "cases": cases,
-        "elapsed_s": elapsed,
+        "elapsed_s": run.elapsed_s,
     });
     crate::outln!("{j}")
 }
 
-fn print_table(
-    outcomes: &[Outcome],
-    a: &NeedleArgs,
-    prefix_caching: bool,
-    backend: &str,
-    elapsed: f64,
-) -> Result<()> {
+fn print_table(outcomes: &[Outcome], a: &NeedleArgs, run: &RunInfo) -> Result<()> {
     for o in outcomes {
         crate::outln!(
             "length {:>6} depth {:>3} % trial {}: {} needle {} answer {:?}",
@@ -333,11 +323,15 @@ fn print_table(
     row.push_str(&format!("{:>8}", cell(all)));
     crate::outln!("{row}")?;
     crate::outln!(
-        "accuracy {:.1} % ({}/{}) | seed {} | prefix caching {} | {backend} | {elapsed:.1} s",
+        "accuracy {:.1} % ({}/{}) | seed {} | prefix caching {} ({} of {} prompt tokens hit) | {} | {:.1} s",
         100.0 * fraction(all),
         all.0,
         all.1,
         a.seed,
-        if prefix_caching { "on" } else { "off" }
+        if run.prefix_caching { "on" } else { "off" },
+        run.hit_tokens,
+        run.query_tokens,
+        run.backend,
+        run.elapsed_s
     )
 }

@@ -26,7 +26,12 @@
 
 use crate::loader::TokenizerAssets;
 use crate::prompt;
+use crate::sampling::SamplingParams;
+use crate::scheduler::FinishReason;
+use crate::Engine;
 use anyhow::{bail, Result};
+use dayone_backend::Backend;
+use std::collections::HashMap;
 
 /// Words of the filler sentences (64, so `below(64)` picks one uniformly).
 pub const FILLER_WORDS: [&str; 64] = [
@@ -318,6 +323,77 @@ pub fn is_correct(answer: &str, needle: &str) -> bool {
         .contains(&needle.to_ascii_lowercase())
 }
 
+/// One case's answer: the generated ids (an EOS included) and why it stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    /// Generated token ids.
+    pub ids: Vec<u32>,
+    /// Why generation stopped.
+    pub finish: Option<FinishReason>,
+}
+
+/// The cases that go first: per length, the deepest needle (its prompt holds the longest stretch
+/// of filler that the other cases of that length share).
+pub fn leaders(cases: &[NeedleCase]) -> Vec<usize> {
+    let mut best: Vec<usize> = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        match best.iter_mut().find(|j| cases[**j].length == c.length) {
+            Some(j) if cases[*j].depth < c.depth => *j = i,
+            Some(_) => {}
+            None => best.push(i),
+        }
+    }
+    best
+}
+
+/// Answers every case on `engine` with `params`, in two waves: the [`leaders`] first, the rest
+/// once every leader has finished its prefill, so that with prefix caching on the rest find the
+/// shared chat header and filler in the cache (requests admitted in the same step cannot hit
+/// each other's blocks). `on_finish` runs once per finished case. Answers come in case order.
+///
+/// Errors: a request the engine refuses (too long for the cache), or a failed step.
+pub fn run_cases<B: Backend>(
+    engine: &mut Engine<B>,
+    cases: &[NeedleCase],
+    params: &SamplingParams,
+    on_finish: &mut dyn FnMut(),
+) -> Result<Vec<Answer>> {
+    let first = leaders(cases);
+    let mut answers = vec![Answer::default(); cases.len()];
+    let mut by_id = HashMap::new();
+    let add = |engine: &mut Engine<B>, i: usize| -> Result<u64> {
+        let c = &cases[i];
+        engine
+            .add_request(c.prompt_ids.clone(), params.clone())
+            .map_err(|e| {
+                e.context(format!(
+                    "needle case length {}, depth {} %",
+                    c.length, c.depth
+                ))
+            })
+    };
+    for &i in &first {
+        by_id.insert(add(engine, i)?, i);
+    }
+    let mut pending: Vec<usize> = (0..cases.len()).filter(|i| !first.contains(i)).collect();
+    while engine.has_unfinished() || !pending.is_empty() {
+        if !pending.is_empty() && first.iter().all(|&i| !answers[i].ids.is_empty()) {
+            for i in std::mem::take(&mut pending) {
+                by_id.insert(add(engine, i)?, i);
+            }
+        }
+        for e in engine.step()? {
+            let a = &mut answers[by_id[&e.seq_id]];
+            a.ids.push(e.token);
+            if e.finish.is_some() {
+                a.finish = e.finish;
+                on_finish();
+            }
+        }
+    }
+    Ok(answers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,6 +424,30 @@ mod tests {
         assert_eq!(needle_index(10, 100), 10);
         let t = user_text(&["A b.".into(), "C d.".into()], "N.", 2);
         assert!(t.ends_with(&format!("A b. C d. N.\n\n{QUESTION}")), "{t}");
+    }
+
+    fn case(length: usize, depth: u32) -> NeedleCase {
+        NeedleCase {
+            length,
+            depth,
+            trial: 0,
+            needle: String::new(),
+            filler_sentences: 0,
+            needle_index: 0,
+            prompt_ids: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn leaders_are_the_deepest_case_of_each_length() {
+        let cases = [
+            case(256, 0),
+            case(256, 100),
+            case(512, 50),
+            case(256, 50),
+            case(512, 25),
+        ];
+        assert_eq!(leaders(&cases), vec![1, 2]);
     }
 
     #[test]

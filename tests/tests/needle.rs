@@ -1,8 +1,10 @@
 //! Needle in a haystack on the real SmolLM2-135M-Instruct: dayone's prompt builder
 //! (`dayone_engine::needle`) must build the prompt ids that `fixtures/gen_needle.py` built with
-//! transformers' tokenizer and chat template, and dayone's greedy answers (all cases of a run in
-//! flight together, prefix caching on and off) must equal transformers' float32 greedy answers
-//! up to and including the first end-of-sequence token. The accuracy is printed per case.
+//! transformers' tokenizer and chat template, and dayone's greedy answers (batched by
+//! `needle::run_cases`: the deepest case first, the rest together once it has prefilled; prefix
+//! caching on, where some prompt tokens must hit the cache, and off, where none may) must equal
+//! transformers' float32 greedy answers up to and including the first end-of-sequence token. The
+//! accuracy is printed per case.
 //!
 //! CI runs the 256-token cases at depths 0, 50 and 100 % (~1 min each on lavapipe); the whole
 //! recorded sweep (256–2048 tokens, 5 depths) is `#[ignore]`d: `cargo test --release -p
@@ -65,6 +67,7 @@ fn needle_matches_transformers<B: Backend>(
     let cases: Vec<&RefCase> = r.cases.iter().filter(|c| keep(c)).collect();
     ensure!(!cases.is_empty(), "no reference case selected");
     let mut filler = Filler::new(r.seed);
+    let mut built_cases = Vec::new();
     for c in &cases {
         let built = needle::build_case(
             &ckpt.assets,
@@ -96,6 +99,7 @@ fn needle_matches_transformers<B: Backend>(
                 .zip(&c.prompt_ids)
                 .position(|(a, b)| a != b)
         );
+        built_cases.push(built);
     }
     let cfg = EngineConfig {
         dtype: DType::F32,
@@ -107,10 +111,24 @@ fn needle_matches_transformers<B: Backend>(
         max_tokens: r.n_new,
         ..Default::default()
     };
-    for c in &cases {
-        e.add_request(c.prompt_ids.clone(), params.clone())?;
+    let out = needle::run_cases(&mut e, &built_cases, &params, &mut || {})?;
+    let m = e.metrics();
+    eprintln!(
+        "prefix cache: {} of {} prompt tokens hit",
+        m.prefix_cache_hits, m.prefix_cache_queries
+    );
+    if prefix_caching {
+        ensure!(
+            m.prefix_cache_hits > 0,
+            "prefix caching on, but no prompt token hit the cache"
+        );
+    } else {
+        ensure!(
+            m.prefix_cache_hits == 0,
+            "prefix caching off, but {} tokens hit",
+            m.prefix_cache_hits
+        );
     }
-    let out = e.run_to_completion()?;
     let eos = e.eos_ids().to_vec();
     ensure!(
         r.eos_ids.iter().all(|t| eos.contains(t)),
@@ -126,7 +144,7 @@ fn needle_matches_transformers<B: Backend>(
     let tok = ckpt.assets.tokenizer.as_ref().context("no tokenizer")?;
     let mut failures = Vec::new();
     let mut correct = 0;
-    for (c, (_, got)) in cases.iter().zip(&out) {
+    for (c, got) in cases.iter().zip(out.iter().map(|a| &a.ids)) {
         let want = until_eos(&c.greedy_ids, &eos);
         let name = format!("length {} depth {} %", c.length, c.depth);
         if got.as_slice() != want {
