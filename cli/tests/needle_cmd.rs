@@ -1,6 +1,6 @@
 //! `dayone needle`: bad flags are usage errors (exit 2) naming the flag, a checkpoint without a
 //! tokenizer is refused, and a small run on the default model (SmolLM2) prints one JSON object
-//! whose accuracy figures agree with its cases.
+//! whose accuracy figures agree with its cases and whose second wave hits the prefix cache.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -96,4 +96,10 @@ fn json_run_reports_cases_and_consistent_accuracy() {
     );
     assert_eq!(j["accuracy"]["grid"].as_array().unwrap().len(), 1, "{j}");
     assert_eq!(j["prefix_caching"], true, "{j}");
+    // The depth-0 case goes after the depth-100 one and shares its chat header and intro.
+    let hits = j["prefix_cache_hit_tokens"].as_u64().expect("hit tokens");
+    let queries = j["prefix_cache_query_tokens"]
+        .as_u64()
+        .expect("query tokens");
+    assert!(hits > 0 && hits <= queries, "{j}");
 }
