@@ -8,10 +8,10 @@ use crate::models::{load_model, CausalLm};
 use crate::sampling::SamplingParams;
 use crate::scheduler::{
     FinishReason, PrefixSettings, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerCounters,
-    Sequence,
+    Sequence, StepPlan,
 };
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DType, HostTensor, StepMeta};
+use dayone_backend::{Backend, DType, HostTensor, StepMeta, TensorInfo};
 use std::time::Instant;
 
 /// Engine settings.
@@ -161,7 +161,25 @@ impl<B: Backend> Engine<B> {
             act,
             state_slots,
         )?;
-        let scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks, prefix)?;
+        let mut scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks, prefix)?;
+        if cfg.host_cache_bytes > 0 {
+            if let Some(avail) = dayone_backend::host_available_memory() {
+                if cfg.host_cache_bytes > avail {
+                    bail!(
+                        "host_cache_gb asks for {} of host memory but only {} is available",
+                        crate::cache::human_bytes(cfg.host_cache_bytes),
+                        crate::cache::human_bytes(avail)
+                    );
+                }
+            }
+            let row_bytes =
+                |t: &B::Tensor| (t.numel() / t.shape()[0].max(1) * t.dtype().size()) as u64;
+            scheduler.set_host_tier(crate::cache::HostTier::new(
+                cfg.host_cache_bytes,
+                cache.block_tensors().into_iter().map(row_bytes).sum(),
+                cache.state_tensors().into_iter().map(row_bytes).sum(),
+            ));
+        }
         Ok(Self {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
@@ -363,6 +381,7 @@ impl<B: Backend> Engine<B> {
         let before = self.scheduler.counters;
         let plan = self.scheduler.schedule()?;
         self.record_schedule(before);
+        self.page(&plan)?;
         let chunks = plan.chunks;
         if chunks.is_empty() {
             if self.scheduler.has_unfinished() {
@@ -411,8 +430,19 @@ impl<B: Backend> Engine<B> {
                 })
                 .collect()
         };
-        let saves = self.scheduler.update_from_output(&chunks);
-        self.copy_state_slots(&saves)?;
+        for (from, to, old) in self.scheduler.update_from_output(&chunks) {
+            // Sequentially: a slot reused twice in one step is read before each overwrite.
+            if let (Some(old), true) = (old, self.scheduler.host_tier().is_some()) {
+                let rows = self
+                    .cache
+                    .state_tensors()
+                    .into_iter()
+                    .map(|t| self.backend.read_rows(t, &[to]))
+                    .collect::<Result<Vec<_>>>()?;
+                self.scheduler.store_state(&old, std::sync::Arc::new(rows));
+            }
+            self.copy_state_slots(&[(from, to)])?;
+        }
         let ctx = self.max_context;
         let now = Instant::now();
         let mut events = Vec::with_capacity(want.len());
@@ -473,6 +503,91 @@ impl<B: Backend> Engine<B> {
         for _ in before.preemptions_recompute..c.preemptions_recompute {
             self.metrics.on_preemption(Preemption::Recompute);
         }
+        let host_query = (c.host_query_tokens - before.host_query_tokens) as usize;
+        if host_query > 0 {
+            let hit = (c.host_hit_tokens - before.host_hit_tokens) as usize;
+            self.metrics.on_host_query(host_query, hit);
+        }
+    }
+
+    /// Moves bytes between the device and the host tier before the step's forward pass: first
+    /// every copy off the device (sequences swapped out, cached blocks evicted for new data),
+    /// then every copy onto it (blocks paged back on a host hit, swapped sequences resumed), so
+    /// that a block freed and reused within one step is read before it is overwritten.
+    fn page(&mut self, plan: &StepPlan) -> Result<()> {
+        let evicted = self.scheduler.take_evicted();
+        if self.scheduler.host_tier().is_none() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let mut out_bytes = 0u64;
+        let b = &self.backend;
+        let blocks_t = self.cache.block_tensors();
+        let state_t = self.cache.state_tensors();
+        for (id, blocks, slot) in &plan.swap_out {
+            let mut rows = Vec::new();
+            for t in &blocks_t {
+                rows.push(b.read_rows(t, blocks)?);
+            }
+            if let Some(slot) = slot {
+                for t in &state_t {
+                    rows.push(b.read_rows(t, &[*slot])?);
+                }
+            }
+            out_bytes += rows.iter().map(|r| r.data.len() as u64).sum::<u64>();
+            self.scheduler.swapped_out(*id, std::sync::Arc::new(rows));
+            self.metrics.on_preemption(Preemption::Swap);
+        }
+        if !evicted.is_empty() {
+            let ids: Vec<u32> = evicted.iter().map(|e| e.0).collect();
+            let mut per_tensor = Vec::new();
+            for t in &blocks_t {
+                per_tensor.push(split_rows(b.read_rows(t, &ids)?));
+            }
+            for (i, (_, h)) in evicted.iter().enumerate() {
+                let rows: Vec<HostTensor> = per_tensor.iter().map(|p| p[i].clone()).collect();
+                out_bytes += rows.iter().map(|r| r.data.len() as u64).sum::<u64>();
+                self.scheduler.store_evicted(*h, std::sync::Arc::new(rows));
+            }
+        }
+        if out_bytes > 0 {
+            self.metrics
+                .on_host_store(out_bytes, t0.elapsed().as_secs_f64());
+        }
+        let t1 = Instant::now();
+        let mut in_bytes = 0u64;
+        for (block, rows) in &plan.host_loads {
+            for (t, r) in blocks_t.iter().zip(rows.iter()) {
+                b.write_rows(t, &[*block], r)?;
+                in_bytes += r.data.len() as u64;
+            }
+        }
+        for (blocks, slot, rows) in &plan.swap_in {
+            let (kv, state) = rows.split_at(blocks_t.len());
+            for (t, r) in blocks_t.iter().zip(kv) {
+                b.write_rows(t, blocks, r)?;
+                in_bytes += r.data.len() as u64;
+            }
+            if let Some(slot) = slot {
+                for (t, r) in state_t.iter().zip(state) {
+                    b.write_rows(t, &[*slot], r)?;
+                    in_bytes += r.data.len() as u64;
+                }
+            }
+        }
+        for (slot, rows) in &plan.state_loads {
+            for (t, r) in state_t.iter().zip(rows.iter()) {
+                b.write_rows(t, &[*slot], r)?;
+                in_bytes += r.data.len() as u64;
+            }
+        }
+        if in_bytes > 0 {
+            // The copies are queued; wait for them so that the time measures the transfer.
+            b.synchronize()?;
+            self.metrics
+                .on_host_load(in_bytes, t1.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 
     /// Copies state slot `from` to `to` for each pair, in every recurrent layer's tensors.
@@ -593,4 +708,23 @@ fn lcm(a: usize, b: usize) -> usize {
         x
     };
     a / gcd(a, b) * b
+}
+
+/// `[n, …]` rows as `n` tensors `[1, …]` (bytes verbatim).
+fn split_rows(t: HostTensor) -> Vec<HostTensor> {
+    let n = t.shape.first().copied().unwrap_or(0);
+    let row = t.data.len() / n.max(1);
+    let mut shape = t.shape.clone();
+    if let Some(first) = shape.first_mut() {
+        *first = 1;
+    }
+    t.data
+        .chunks(row.max(1))
+        .take(n)
+        .map(|c| HostTensor {
+            shape: shape.clone(),
+            dtype: t.dtype,
+            data: c.to_vec(),
+        })
+        .collect()
 }

@@ -251,11 +251,12 @@ fn concurrent_shared_prefixes<B: Backend>(mk: impl Fn() -> B, model: &str) -> Re
 
 /// 500 random requests, some aborted at random points: afterwards every block is free or
 /// cached, every state slot is free, and the pool's bookkeeping is consistent.
-fn no_leaks<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+fn no_leaks<B: Backend>(mk: impl Fn() -> B, model: &str, host_bytes: u64) -> Result<()> {
     let b = mk();
     let base_len = 40.max(2 * unit(&b, model) + 8);
     let mut cfg = config(true, 32, 0);
     cfg.kv_cache_tokens = Some(6 * base_len); // small: eviction and preemption happen
+    cfg.host_cache_bytes = host_bytes; // with a host tier: swaps and host hits too
     let mut e = engine(b, model, cfg)?;
     let mut rng = 12345u64;
     let mut next = || {
@@ -311,6 +312,8 @@ on_every_backend! {
     kda_chunked => |mk: fn() -> _| chunked_hits_equal_one_shot(mk, "kimi_linear_tiny");
     llama_concurrent => |mk: fn() -> _| concurrent_shared_prefixes(mk, "llama_tiny");
     kda_concurrent => |mk: fn() -> _| concurrent_shared_prefixes(mk, "kimi_linear_tiny");
-    llama_no_leaks => |mk: fn() -> _| no_leaks(mk, "llama_tiny");
-    kda_no_leaks => |mk: fn() -> _| no_leaks(mk, "kimi_linear_tiny");
+    llama_no_leaks => |mk: fn() -> _| no_leaks(mk, "llama_tiny", 0);
+    kda_no_leaks => |mk: fn() -> _| no_leaks(mk, "kimi_linear_tiny", 0);
+    llama_no_leaks_host => |mk: fn() -> _| no_leaks(mk, "llama_tiny", 1 << 20);
+    kda_no_leaks_host => |mk: fn() -> _| no_leaks(mk, "kimi_linear_tiny", 1 << 20);
 }

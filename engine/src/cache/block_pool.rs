@@ -146,6 +146,14 @@ impl BlockPool {
         true
     }
 
+    /// Takes the name off block `b` (a block paged in from the host whose copy was dropped,
+    /// so that nothing finds bytes that never arrived).
+    pub fn forget(&mut self, b: u32) {
+        if let Some(h) = self.hashes[b as usize].take() {
+            self.by_hash.remove(&h);
+        }
+    }
+
     /// Drops every cached block no sequence holds (they become free); returns how many.
     pub fn clear_cached(&mut self) -> usize {
         let n = self.lru.len();

@@ -4,11 +4,13 @@
 //! Kwon et al. 2023); a sequence's block table maps its token positions to physical blocks.
 
 mod block_pool;
+mod host_tier;
 pub mod prefix;
 mod sizing;
 mod state_ckpt;
 
 pub use block_pool::BlockPool;
+pub use host_tier::{HostRows, HostTier};
 pub use sizing::{cache_blocks, human_bytes, usable_bytes, CacheRequest};
 pub use state_ckpt::StateCheckpoints;
 

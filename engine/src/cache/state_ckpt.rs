@@ -72,22 +72,25 @@ impl StateCheckpoints {
     }
 
     /// A slot to copy the state after prefix `h` into: `None` when that state is already held
-    /// (or there are no checkpoint slots); otherwise the least recently used slot, renamed.
-    pub fn store(&mut self, h: BlockHash) -> Option<u32> {
+    /// (or there are no checkpoint slots); otherwise the least recently used slot, renamed, with
+    /// the name of the checkpoint it held (which the host tier may keep before it is
+    /// overwritten).
+    pub fn store(&mut self, h: BlockHash) -> Option<(u32, Option<BlockHash>)> {
         if let Some(&i) = self.by_hash.get(&h) {
             self.touch(i);
             return None;
         }
         let (_, i) = self.lru.pop_first()?;
-        if let Some(old) = self.names[i as usize].take() {
-            self.by_hash.remove(&old);
+        let old = self.names[i as usize].take();
+        if let Some(old) = &old {
+            self.by_hash.remove(old);
         }
         self.names[i as usize] = Some(h);
         self.by_hash.insert(h, i);
         self.tick += 1;
         self.used_at[i as usize] = self.tick;
         self.lru.insert(self.tick, i);
-        Some(self.first + i)
+        Some((self.first + i, old))
     }
 
     /// Forgets every checkpoint.
@@ -105,11 +108,11 @@ mod tests {
     fn store_lookup_and_least_recently_used_reuse() {
         let h = |x: u8| BlockHash([x; 32]);
         let mut c = StateCheckpoints::new(10, 2);
-        assert_eq!(c.store(h(1)), Some(10));
+        assert_eq!(c.store(h(1)), Some((10, None)));
         assert_eq!(c.store(h(1)), None, "already held");
-        assert_eq!(c.store(h(2)), Some(11));
+        assert_eq!(c.store(h(2)), Some((11, None)));
         assert_eq!(c.lookup(&h(1)), Some(10)); // h(2) is now the oldest
-        assert_eq!(c.store(h(3)), Some(11));
+        assert_eq!(c.store(h(3)), Some((11, Some(h(2)))));
         assert!(c.lookup(&h(2)).is_none());
         assert_eq!(c.len(), 2);
         assert!(StateCheckpoints::new(0, 0).store(h(1)).is_none());

@@ -6,9 +6,9 @@
 
 mod sequence;
 
-pub use sequence::{FinishReason, Sequence};
+pub use sequence::{FinishReason, Sequence, Swapped};
 
-use crate::cache::{BlockPool, StateCheckpoints};
+use crate::cache::{BlockPool, HostRows, HostTier, StateCheckpoints};
 use anyhow::{bail, Result};
 use std::collections::VecDeque;
 
@@ -63,12 +63,34 @@ pub struct ScheduledChunk {
 }
 
 /// A step's work: the chunks, and the recurrent-state copies to make before the model runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct StepPlan {
     /// What each scheduled sequence computes.
     pub chunks: Vec<ScheduledChunk>,
     /// `(checkpoint slot, running slot)`: prefix hits resuming from a state checkpoint.
     pub restores: Vec<(u32, u32)>,
+    /// Blocks paged back from the host tier: `(device block, its bytes per block tensor)`.
+    pub host_loads: Vec<(u32, HostRows)>,
+    /// Sequences swapped out this step: `(id, their blocks, their running slot)`; the engine
+    /// copies these to the host before anything is written, then calls
+    /// [`Scheduler::swapped_out`].
+    pub swap_out: Vec<(u64, Vec<u32>, Option<u32>)>,
+    /// Swapped sequences paged back: `(their new blocks, new running slot, the bytes)`.
+    pub swap_in: Vec<(Vec<u32>, Option<u32>, HostRows)>,
+    /// State checkpoints paged back from the host tier: `(running slot, bytes per state
+    /// tensor)`.
+    pub state_loads: Vec<(u32, HostRows)>,
+}
+
+/// What a prefix lookup found for one sequence.
+#[derive(Default)]
+struct Match {
+    /// `(checkpoint slot, running slot)` when it resumes from a state checkpoint.
+    restore: Option<(u32, u32)>,
+    /// Blocks to page back from the host tier: `(device block, its bytes)`.
+    loads: Vec<(u32, HostRows)>,
+    /// A state checkpoint paged back from the host tier into `(running slot, its bytes)`.
+    state_load: Option<(u32, HostRows)>,
 }
 
 /// Prefix-caching settings the scheduler needs (from [`crate::EngineConfig`] and the model's
@@ -102,6 +124,12 @@ pub struct SchedulerCounters {
     pub checkpoints_stored: u64,
     /// Sequences preempted (their cache freed, recomputed later).
     pub preemptions_recompute: u64,
+    /// Sequences preempted by swapping to the host tier.
+    pub preemptions_swap: u64,
+    /// Prompt tokens looked up in the host tier (those the device did not hold).
+    pub host_query_tokens: u64,
+    /// Of those, tokens paged back from the host tier.
+    pub host_hit_tokens: u64,
 }
 
 /// Waiting and running sequences, the cache blocks and state slots.
@@ -121,6 +149,8 @@ pub struct Scheduler {
     free_slots: Vec<u32>,
     /// Metrics counters.
     pub counters: SchedulerCounters,
+    /// Host-memory tier for evicted blocks and swapped sequences.
+    host: Option<HostTier>,
 }
 
 impl Scheduler {
@@ -173,6 +203,7 @@ impl Scheduler {
             prefix,
             free_slots: (0..max_num_seqs as u32).rev().collect(),
             counters: SchedulerCounters::default(),
+            host: None,
         })
     }
 
@@ -221,6 +252,9 @@ impl Scheduler {
     pub fn reset_prefix_cache(&mut self) {
         self.pool.clear_cached();
         self.checkpoints.clear();
+        if let Some(tier) = &mut self.host {
+            tier.clear();
+        }
     }
 
     /// Whether any sequence is waiting or running.
@@ -251,10 +285,32 @@ impl Scheduler {
         Ok(())
     }
 
-    fn preempt_last(&mut self) -> Result<()> {
+    /// Preempts the newest running sequence: swapped to the host tier when it has room (its
+    /// computed tokens and state are kept and paged back later), else rewound to be
+    /// recomputed (vLLM's two preemption modes).
+    fn preempt_last(&mut self, plan: &mut StepPlan) -> Result<()> {
         let mut seq = self.running.pop().expect("preempt with nothing running");
-        self.rewind(&mut seq)?;
-        self.counters.preemptions_recompute += 1;
+        let reserved = match &mut self.host {
+            Some(tier) if seq.num_computed > 0 => tier.reserve_swap(seq.blocks.len()),
+            _ => None,
+        };
+        match reserved {
+            Some(bytes) => {
+                plan.swap_out.push((seq.id, seq.blocks.clone(), seq.slot));
+                self.pool.release(&seq.blocks)?;
+                seq.blocks.clear();
+                seq.num_registered = 0;
+                if let Some(slot) = seq.slot.take() {
+                    self.free_slots.push(slot);
+                }
+                seq.swapped = Some(Swapped { bytes, rows: None });
+                self.counters.preemptions_swap += 1;
+            }
+            None => {
+                self.rewind(&mut seq)?;
+                self.counters.preemptions_recompute += 1;
+            }
+        }
         if seq.long {
             self.waiting_long.push_front(seq);
         } else {
@@ -263,14 +319,58 @@ impl Scheduler {
         Ok(())
     }
 
+    fn release_slot(&mut self, seq: &mut Sequence) {
+        if let Some(slot) = seq.slot.take() {
+            self.free_slots.push(slot);
+        }
+    }
+
+    fn requeue_front(&mut self, seq: Sequence) {
+        if seq.long {
+            self.waiting_long.push_front(seq);
+        } else {
+            self.waiting.push_front(seq);
+        }
+    }
+
+    /// The host tier to use for evicted blocks and swaps (the engine sizes it).
+    pub fn set_host_tier(&mut self, tier: HostTier) {
+        self.host = Some(tier);
+    }
+
+    /// The host tier, when there is one.
+    pub fn host_tier(&self) -> Option<&HostTier> {
+        self.host.as_ref()
+    }
+
+    /// Keeps the bytes of a cache block evicted from the device under its name.
+    pub fn store_evicted(&mut self, h: crate::cache::prefix::BlockHash, rows: HostRows) -> bool {
+        self.host.as_mut().is_some_and(|t| t.store(h, rows))
+    }
+
+    /// The bytes of a sequence swapped out in this step's plan (`swap_out`), copied off the
+    /// device by the engine: `rows` per block tensor `[blocks, …]`, then per state tensor
+    /// `[1, …]`. A sequence aborted meanwhile is ignored.
+    pub fn swapped_out(&mut self, id: u64, rows: HostRows) {
+        let seq = self
+            .waiting
+            .iter_mut()
+            .chain(self.waiting_long.iter_mut())
+            .find(|s| s.id == id);
+        if let Some(sw) = seq.and_then(|s| s.swapped.as_mut()) {
+            sw.rows = Some(rows);
+        }
+    }
+
     /// Looks up the longest cached prefix of a newly admitted `seq` (it holds a running slot and
     /// no blocks): shares its blocks, sets `num_computed`, and returns the state restore when
     /// the model is recurrent. At most `len − 1` tokens hit, so that the step computes at least
     /// the last token and has its logits (vLLM `get_computed_blocks`).
-    fn match_prefix(&mut self, seq: &mut Sequence) -> Result<Option<(u32, u32)>> {
+    fn match_prefix(&mut self, seq: &mut Sequence) -> Result<Match> {
         let bs = self.config.block_size;
+        let mut m = Match::default();
         if !self.prefix.enabled || !seq.blocks.is_empty() || seq.num_computed > 0 {
-            return Ok(None);
+            return Ok(m);
         }
         crate::cache::prefix::extend_hashes(
             &mut seq.block_hashes,
@@ -286,26 +386,69 @@ impl Scheduler {
                 None => break,
             }
         }
-        let kv_blocks = hit.len();
-        let mut restore = None;
+        // One tier down: blocks evicted to host memory continue the device hit.
+        let mut host: Vec<HostRows> = Vec::new();
+        if let Some(tier) = &mut self.host {
+            for h in seq.block_hashes.iter().take(max_blocks).skip(hit.len()) {
+                match tier.get(h) {
+                    Some(r) => host.push(r),
+                    None => break,
+                }
+            }
+        }
+        let kv_blocks = hit.len() + host.len();
+        let mut k = kv_blocks;
         if self.prefix.recurrent {
             // The state exists only where a checkpoint was taken: the longest hit with one.
             let step = self.prefix.alignment / bs;
-            let mut k = kv_blocks / step * step;
-            while k > 0 && !self.checkpoints.contains(&seq.block_hashes[k - 1]) {
+            k = kv_blocks / step * step;
+            while k > 0 && !self.has_checkpoint(&seq.block_hashes[k - 1]) {
                 k -= step;
             }
-            hit.truncate(k);
-            if k > 0 {
-                let from = self
-                    .checkpoints
-                    .lookup(&seq.block_hashes[k - 1])
-                    .expect("checked above");
-                restore = Some((from, seq.slot.expect("admitted sequences hold a slot")));
-            }
         }
+        host.truncate(k.saturating_sub(hit.len()));
+        hit.truncate(k);
         for &b in &hit {
             self.pool.acquire(b)?;
+        }
+        let device_hit = hit.len();
+        if !host.is_empty() {
+            // Paged back into fresh device blocks, named at once: the copies happen before the
+            // step's forward pass, which is the first that can read them.
+            match self.pool.allocate(host.len()) {
+                Some(blocks) => {
+                    for (i, (b, rows)) in blocks.into_iter().zip(host).enumerate() {
+                        self.pool.register(b, seq.block_hashes[device_hit + i]);
+                        hit.push(b);
+                        m.loads.push((b, rows));
+                    }
+                }
+                None => {
+                    // No room to page them in: fall back to the device hit (for a recurrent
+                    // model, to its last checkpoint within it).
+                    let mut k = device_hit;
+                    if self.prefix.recurrent {
+                        let step = self.prefix.alignment / bs;
+                        k = k / step * step;
+                        while k > 0 && !self.has_checkpoint(&seq.block_hashes[k - 1]) {
+                            k -= step;
+                        }
+                    }
+                    self.pool.release(&hit[k..])?;
+                    hit.truncate(k);
+                }
+            }
+        }
+        if self.prefix.recurrent && !hit.is_empty() {
+            let h = seq.block_hashes[hit.len() - 1];
+            let slot = seq.slot.expect("admitted sequences hold a slot");
+            match self.checkpoints.lookup(&h) {
+                Some(from) => m.restore = Some((from, slot)),
+                None => {
+                    let rows = self.host.as_mut().and_then(|t| t.get_state(&h));
+                    m.state_load = Some((slot, rows.expect("checked by has_checkpoint")));
+                }
+            }
         }
         seq.junction = kv_blocks * bs;
         seq.num_computed = hit.len() * bs;
@@ -313,11 +456,36 @@ impl Scheduler {
         seq.blocks = hit;
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.num_computed);
-            self.counters.prefix_query_tokens += seq.tokens.len() as u64;
-            self.counters.prefix_hit_tokens += seq.num_computed as u64;
-            self.counters.state_miss_tokens += (seq.junction - seq.num_computed) as u64;
+            let c = &mut self.counters;
+            c.prefix_query_tokens += seq.tokens.len() as u64;
+            c.prefix_hit_tokens += seq.num_computed as u64;
+            c.state_miss_tokens += (seq.junction - seq.num_computed) as u64;
+            if self.host.is_some() {
+                c.host_query_tokens +=
+                    (seq.tokens.len() - device_hit.min(seq.blocks.len()) * bs) as u64;
+                c.host_hit_tokens += (m.loads.len() * bs) as u64;
+            }
         }
-        Ok(restore)
+        Ok(m)
+    }
+
+    /// Undoes a prefix match whose sequence could not be admitted after all: paged-in blocks
+    /// lose their names (their copies are dropped), then every block is released.
+    /// Whether a state checkpoint after the prefix named `h` is on the device or the host.
+    fn has_checkpoint(&self, h: &crate::cache::prefix::BlockHash) -> bool {
+        self.checkpoints.contains(h) || self.host.as_ref().is_some_and(|t| t.contains_state(h))
+    }
+
+    /// Keeps a state checkpoint evicted from its device slot in the host tier.
+    pub fn store_state(&mut self, h: &crate::cache::prefix::BlockHash, rows: HostRows) -> bool {
+        self.host.as_mut().is_some_and(|t| t.store_state(h, rows))
+    }
+
+    fn unmatch(&mut self, seq: &mut Sequence, m: &Match) -> Result<()> {
+        for (b, _) in &m.loads {
+            self.pool.forget(*b);
+        }
+        self.rewind(seq)
     }
 
     /// Tokens of `seq` to compute now, at most `limit`: cut so that a recurrent model's
@@ -347,7 +515,9 @@ impl Scheduler {
                 e = p;
             }
         };
-        cut(seq.prompt_len);
+        // The last aligned point before the prompt end: a repeat of the prompt hits there (hits
+        // stop one token short of the prompt), and so does a longer next turn.
+        cut(seq.prompt_len - 1);
         cut(seq.junction);
         if self.prefix.checkpoint_interval > 0 {
             let i = self.prefix.checkpoint_interval;
@@ -396,7 +566,7 @@ impl Scheduler {
             if need > self.pool.num_free() {
                 // Free memory by preempting the newest sequence; if that is this one, stop here.
                 let last = self.running.len() - 1;
-                self.preempt_last()?;
+                self.preempt_last(&mut plan)?;
                 plan.restores
                     .retain(|&(_, to)| self.running.iter().any(|s| s.slot == Some(to)));
                 if last == i {
@@ -439,7 +609,53 @@ impl Scheduler {
             };
             // `running.len() < max_num_seqs` guarantees a free slot.
             seq.slot = self.free_slots.pop();
-            let restore = self.match_prefix(&mut seq)?;
+            if let Some(sw) = seq.swapped.take() {
+                // A swapped-out sequence comes back with its own blocks' bytes and state.
+                let rows = match &sw.rows {
+                    Some(r) if !plan.swap_out.iter().any(|o| o.0 == seq.id) => r.clone(),
+                    _ => {
+                        // Its copy-out is still pending (preempted in this very step).
+                        seq.swapped = Some(sw);
+                        self.release_slot(&mut seq);
+                        self.requeue_front(seq);
+                        break;
+                    }
+                };
+                let limit = if seq.long {
+                    budget.min(long_budget)
+                } else {
+                    budget
+                };
+                let len = self.chunk_len(&seq, limit);
+                let held = seq.num_computed.div_ceil(self.config.block_size);
+                let need = self.blocks_needed(&seq, seq.num_computed + len);
+                if len == 0 || need > self.pool.num_free() {
+                    seq.swapped = Some(sw);
+                    self.release_slot(&mut seq);
+                    self.requeue_front(seq);
+                    break;
+                }
+                seq.blocks = self.pool.allocate(need).expect("checked free blocks");
+                plan.swap_in
+                    .push((seq.blocks[..held].to_vec(), seq.slot, rows));
+                if let Some(tier) = &mut self.host {
+                    tier.release_swap(sw.bytes);
+                }
+                if seq.long && seq.prefilling() {
+                    long_slots = long_slots.saturating_sub(1);
+                    long_budget = long_budget.saturating_sub(len);
+                }
+                plan.chunks.push(ScheduledChunk {
+                    index: self.running.len(),
+                    start: seq.num_computed,
+                    len,
+                    wants_logits: seq.num_computed + len == seq.tokens.len(),
+                });
+                budget -= len;
+                self.running.push(seq);
+                continue;
+            }
+            let m = self.match_prefix(&mut seq)?;
             let limit = if seq.long {
                 budget.min(long_budget)
             } else {
@@ -449,19 +665,16 @@ impl Scheduler {
             let need = self.blocks_needed(&seq, seq.num_computed + len);
             if len == 0 || need > self.pool.num_free() {
                 // Does not fit now: give back what the lookup took and wait.
-                self.rewind(&mut seq)?;
-                let queue = if from_long {
-                    &mut self.waiting_long
-                } else {
-                    &mut self.waiting
-                };
-                queue.push_front(seq);
+                self.unmatch(&mut seq, &m)?;
+                self.requeue_front(seq);
                 break;
             }
             seq.blocks
                 .extend(self.pool.allocate(need).expect("checked free blocks"));
             seq.first_scheduled.get_or_insert(now);
-            plan.restores.extend(restore);
+            plan.restores.extend(m.restore);
+            plan.host_loads.extend(m.loads);
+            plan.state_loads.extend(m.state_load);
             if seq.long {
                 long_slots -= 1;
                 long_budget = long_budget.saturating_sub(len);
@@ -480,9 +693,13 @@ impl Scheduler {
 
     /// Records a step's progress: each chunk's tokens are now in the cache, newly full blocks
     /// are named in the prefix cache, and a recurrent model's prefill steps that end on a block
-    /// boundary leave a state checkpoint. Returns the state copies to make now,
-    /// `(running slot, checkpoint slot)`.
-    pub fn update_from_output(&mut self, chunks: &[ScheduledChunk]) -> Vec<(u32, u32)> {
+    /// boundary leave a state checkpoint. Returns the state copies to make now, in order,
+    /// `(running slot, checkpoint slot, the checkpoint that slot held)`: the engine may keep
+    /// the old one in the host tier before copying over it.
+    pub fn update_from_output(
+        &mut self,
+        chunks: &[ScheduledChunk],
+    ) -> Vec<(u32, u32, Option<crate::cache::prefix::BlockHash>)> {
         let bs = self.config.block_size;
         let mut saves = Vec::new();
         for c in chunks {
@@ -505,8 +722,9 @@ impl Scheduler {
             let n = seq.num_computed;
             let a = self.prefix.alignment;
             if self.prefix.recurrent && n.is_multiple_of(a) && n > 0 && n <= seq.prompt_len {
-                if let Some(to) = self.checkpoints.store(seq.block_hashes[n / bs - 1]) {
-                    saves.push((seq.slot.expect("running sequences hold a slot"), to));
+                if let Some((to, old)) = self.checkpoints.store(seq.block_hashes[n / bs - 1]) {
+                    let from = seq.slot.expect("running sequences hold a slot");
+                    saves.push((from, to, old));
                     self.counters.checkpoints_stored += 1;
                 }
             }
@@ -521,6 +739,9 @@ impl Scheduler {
             if let Some(i) = queue.iter().position(|s| s.id == id) {
                 let mut seq = queue.remove(i).expect("position found");
                 seq.finished = Some(FinishReason::Abort);
+                if let (Some(sw), Some(tier)) = (seq.swapped.take(), self.host.as_mut()) {
+                    tier.release_swap(sw.bytes);
+                }
                 return Ok(Some(seq));
             }
         }
@@ -583,6 +804,21 @@ impl Scheduler {
                 "{slots} state slots accounted for, {} exist",
                 self.config.max_num_seqs
             );
+        }
+        if let Some(tier) = &self.host {
+            let swapped: u64 = self
+                .waiting
+                .iter()
+                .chain(&self.waiting_long)
+                .filter_map(|s| s.swapped.as_ref().map(|w| w.bytes))
+                .sum();
+            if tier.used() != tier.entry_bytes() + swapped {
+                bail!(
+                    "host tier: {} bytes used but {} cached + {swapped} reserved for swaps",
+                    tier.used(),
+                    tier.entry_bytes()
+                );
+            }
         }
         if self.running.is_empty() && self.pool.num_free() != self.pool.num_blocks() {
             bail!(

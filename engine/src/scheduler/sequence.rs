@@ -78,6 +78,18 @@ pub struct Sequence {
     pub first_token: Option<Instant>,
     /// When its latest token was sampled.
     pub last_token: Option<Instant>,
+    /// Set while it waits swapped out to the host tier.
+    pub swapped: Option<Swapped>,
+}
+
+/// A sequence's cache and state held in the host tier while it is preempted.
+#[derive(Clone, Debug)]
+pub struct Swapped {
+    /// Bytes reserved for it in the host tier.
+    pub bytes: u64,
+    /// Its blocks' bytes (per block tensor) then its state (per state tensor), once the engine
+    /// has copied them; `None` until then.
+    pub rows: Option<crate::cache::HostRows>,
 }
 
 impl Sequence {
@@ -104,6 +116,7 @@ impl Sequence {
             first_scheduled: None,
             first_token: None,
             last_token: None,
+            swapped: None,
         }
     }
 
