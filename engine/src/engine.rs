@@ -556,10 +556,13 @@ impl<B: Backend> Engine<B> {
         }
         let t1 = Instant::now();
         let mut in_bytes = 0u64;
-        for (block, rows) in &plan.host_loads {
-            for (t, r) in blocks_t.iter().zip(rows.iter()) {
-                b.write_rows(t, &[*block], r)?;
-                in_bytes += r.data.len() as u64;
+        if !plan.host_loads.is_empty() {
+            // One copy per cache tensor for all of this step's blocks.
+            let ids: Vec<u32> = plan.host_loads.iter().map(|l| l.0).collect();
+            for (j, t) in blocks_t.iter().enumerate() {
+                let rows = concat_rows(plan.host_loads.iter().map(|l| &l.1[j]));
+                in_bytes += rows.data.len() as u64;
+                b.write_rows(t, &ids, &rows)?;
             }
         }
         for (blocks, slot, rows) in &plan.swap_in {
@@ -727,4 +730,19 @@ fn split_rows(t: HostTensor) -> Vec<HostTensor> {
             data: c.to_vec(),
         })
         .collect()
+}
+
+/// Tensors `[1, …]` stacked into `[n, …]` (bytes verbatim).
+fn concat_rows<'a>(rows: impl Iterator<Item = &'a HostTensor>) -> HostTensor {
+    let mut out: Option<HostTensor> = None;
+    for r in rows {
+        match &mut out {
+            None => out = Some(r.clone()),
+            Some(o) => {
+                o.shape[0] += r.shape[0];
+                o.data.extend_from_slice(&r.data);
+            }
+        }
+    }
+    out.expect("at least one row")
 }
