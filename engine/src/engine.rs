@@ -346,8 +346,18 @@ impl<B: Backend> Engine<B> {
                 format!("--max-tokens ({generated})")
             };
             bail!(
-                "prompt ({} tokens) + {gen} need {need} tokens of KV cache (all but the last token are cached) but it holds {capacity}: raise --kv-cache-tokens or lower --max-tokens",
-                prompt.len()
+                "prompt ({} tokens) + {gen} need {need} tokens of KV cache (all but the last token are cached) but the device cache holds {capacity}{}: raise --kv-cache-tokens or lower --max-tokens",
+                prompt.len(),
+                match self.scheduler.host_tier() {
+                    // A sequence computes with all its tokens on the device; the host tier
+                    // holds prefixes and swapped sequences, not a running working set.
+                    Some(t) => format!(
+                        " and the host tier {} tokens ({}), which only keeps prefixes and swapped-out requests",
+                        t.capacity() / t.block_bytes.max(1) * self.cache.block_size as u64,
+                        crate::cache::human_bytes(t.capacity())
+                    ),
+                    None => String::new(),
+                }
             );
         }
         let id = self.next_id;
