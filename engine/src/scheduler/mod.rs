@@ -924,4 +924,45 @@ mod tests {
         s.reap_finished().unwrap();
         assert_eq!(s.pool.num_free(), 3);
     }
+
+    #[test]
+    fn long_prompts_wait_apart_and_short_ones_keep_their_turn() {
+        let cfg = SchedulerConfig {
+            max_batched_tokens: 64,
+            max_prefill_chunk: 64,
+            max_num_seqs: 8,
+            block_size: 4,
+            long_prefill_threshold: 100,
+            max_long_partial_prefills: 1,
+            long_prefill_token_cap: 16,
+            max_queued_requests: 4,
+        };
+        let mut s = Scheduler::new(cfg, 256, PrefixSettings::default()).unwrap();
+        s.add(seq(0, 300)).unwrap();
+        s.add(seq(1, 200)).unwrap();
+        s.add(seq(2, 10)).unwrap();
+        assert_eq!(s.num_waiting_long(), 2);
+        // The short request is admitted first; only one long prompt prefills, capped at 16.
+        let c = s.schedule().unwrap().chunks;
+        let lens: Vec<(u64, usize)> = c.iter().map(|c| (s.running[c.index].id, c.len)).collect();
+        assert_eq!(lens, vec![(2, 10), (0, 16)]);
+        for ch in &c {
+            s.running[ch.index].num_computed += ch.len;
+        }
+        assert_eq!(
+            s.num_waiting_long(),
+            1,
+            "the second long prompt waits its turn"
+        );
+        // Alone (the short one finished), the long prompt takes the whole budget.
+        s.running.retain(|q| q.id == 0);
+        let c = s.schedule().unwrap().chunks;
+        assert_eq!((c.len(), c[0].len), (1, 64));
+        // A full queue refuses at once.
+        s.add(seq(3, 5)).unwrap();
+        s.add(seq(4, 5)).unwrap();
+        s.add(seq(5, 5)).unwrap();
+        let err = s.add(seq(6, 5)).unwrap_err().to_string();
+        assert!(err.contains("queue is full"), "{err}");
+    }
 }
