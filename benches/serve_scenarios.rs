@@ -58,6 +58,9 @@ enum Scenario {
     Multiturn,
     /// Both.
     All,
+    /// Host-memory tier: a working set of prompts larger than the device cache, submitted
+    /// twice; the second pass hits blocks paged back from the host (needs `--host-cache-gb`).
+    HostTier,
 }
 
 /// Which long-request queue configurations long-short runs (one engine load each).
@@ -75,6 +78,7 @@ enum Queue {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "serve-scenarios",
+    args_override_self = true,
     about = "TTFT of serving scenarios: shorts behind a long prefill (long-request queue off/on), second turn with the prefix cache on/off"
 )]
 struct Args {
@@ -142,6 +146,12 @@ struct Args {
     /// measurement: its hits and load bytes are reported in the multiturn rows.
     #[arg(long, default_value_t = 0.0)]
     host_cache_gb: f64,
+    /// host-tier: distinct prompts in the working set.
+    #[arg(long, default_value_t = 24, value_parser = positive)]
+    host_prompts: usize,
+    /// host-tier: tokens per prompt (the device cache defaults to a third of the working set).
+    #[arg(long, default_value_t = 4096, value_parser = positive)]
+    host_prompt_len: usize,
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -269,6 +279,22 @@ fn run(a: &Args, cmdline: &str) -> Result<Vec<Row>> {
         "model {} | backend {} | dtype {} | kv cache {kv} tokens | chunk {} | {}",
         ctx.model, ctx.backend, ctx.dtype, a.chunk, ctx.date
     ));
+    if a.scenario == Scenario::HostTier {
+        let handle = start(a, engine_config(a, kv, false))?;
+        warm_up(&handle, a)?;
+        let row = host_tier_run(&handle, a, kv)?;
+        if a.json {
+            println!("{}", row.to_json(&ctx));
+        }
+        say(&format!(
+            "host-tier: {} prompts x {} tokens, device cache {kv} tokens: {}",
+            a.host_prompts,
+            a.host_prompt_len,
+            serde_json::to_string(&row.fields)?
+        ));
+        handle.shutdown(Duration::from_secs(5));
+        return Ok(vec![row]);
+    }
     let long_short = matches!(a.scenario, Scenario::LongShort | Scenario::All);
     let multiturn = matches!(a.scenario, Scenario::Multiturn | Scenario::All);
     let queue_off = !long_short || matches!(a.queue, Queue::Off | Queue::Both);
@@ -319,6 +345,12 @@ fn run(a: &Args, cmdline: &str) -> Result<Vec<Row>> {
 }
 
 fn check_args(a: &Args) -> Result<()> {
+    if !a.model.exists() {
+        bail!("--model {}: no such file or directory", a.model.display());
+    }
+    if a.scenario == Scenario::HostTier && a.host_cache_gb <= 0.0 {
+        bail!("--scenario host-tier needs a host tier: give --host-cache-gb");
+    }
     let long_short = matches!(a.scenario, Scenario::LongShort | Scenario::All);
     if long_short && matches!(a.queue, Queue::On | Queue::Both) {
         if a.long_len <= a.long_threshold {
@@ -362,6 +394,11 @@ fn field(row: &Row, key: &str) -> f64 {
 /// the cache on and turn 2 again under a fresh salt (the warm-up's blocks are evictable).
 fn kv_tokens_needed(a: &Args) -> usize {
     let bs = SchedulerConfig::default().block_size;
+    if a.scenario == Scenario::HostTier {
+        // A third of the working set (but room for one prompt and its chunk).
+        let third = a.host_prompts * a.host_prompt_len / 3;
+        return third.max(a.host_prompt_len + a.chunk + 2 * bs).div_ceil(bs) * bs;
+    }
     let mut need = 0;
     if matches!(a.scenario, Scenario::LongShort | Scenario::All) {
         let seqs = a.shorts + 1;
@@ -452,6 +489,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, salt: &str) -> Request {
 #[derive(Clone, Debug)]
 struct Outcome {
     tokens: Vec<u32>,
+    arrival: Instant,
     ttft: Duration,
     e2e: Duration,
     cached_tokens: usize,
@@ -480,6 +518,7 @@ fn collect(stream: dayone_engine::service::RequestStream) -> Result<Outcome> {
                     .with_context(|| format!("request {id} ended ({reason:?}) without a token"))?;
                 return Ok(Outcome {
                     tokens,
+                    arrival: timing.arrival,
                     ttft,
                     e2e: timing.e2e(),
                     cached_tokens,
@@ -551,6 +590,15 @@ fn long_short_run(handle: &EngineHandle, a: &Args, config: &str) -> Result<Row> 
         .into_iter()
         .collect::<Result<Vec<_>>>()
         .context("a short request")?;
+    // The measurement means something only if the shorts arrived before the long prompt's
+    // first token (its prefill over); say so in the row, and loudly when they did not.
+    let long_first = long_out.arrival + long_out.ttft;
+    let during = short_outs.iter().all(|o| o.arrival < long_first);
+    if !during {
+        eprintln!(
+            "warning: {config}: some shorts arrived after the long prompt's prefill had ended (raise --long-len or lower --short-delay-ms/--short-interval-ms)"
+        );
+    }
     let mut ttfts: Vec<f64> = short_outs.iter().map(|o| ms(o.ttft)).collect();
     ttfts.sort_by(f64::total_cmp);
     let e2e: Vec<f64> = short_outs.iter().map(|o| ms(o.e2e)).collect();
@@ -566,6 +614,7 @@ fn long_short_run(handle: &EngineHandle, a: &Args, config: &str) -> Result<Row> 
     fields.insert("long_ttft_ms".into(), json!(ms(long_out.ttft)));
     fields.insert("long_e2e_ms".into(), json!(ms(long_out.e2e)));
     fields.insert("shorts_submitted_after_ms".into(), json!(ms(shorts_after)));
+    fields.insert("shorts_during_long_prefill".into(), json!(during));
     fields.insert("long_len".into(), json!(a.long_len));
     fields.insert("short_len".into(), json!(a.short_len));
     fields.insert("shorts".into(), json!(a.shorts));
@@ -629,6 +678,8 @@ struct CacheCounters {
     prefix_hit: u64,
     host_hit: u64,
     host_load_bytes: u64,
+    host_load_seconds: f64,
+    host_store_bytes: u64,
 }
 
 fn cache_counters(handle: &EngineHandle) -> Result<CacheCounters> {
@@ -641,6 +692,58 @@ fn cache_counters(handle: &EngineHandle) -> Result<CacheCounters> {
         prefix_hit: m.prefix_cache_hits,
         host_hit: m.host_cache_hits,
         host_load_bytes: m.host_load.bytes,
+        host_load_seconds: m.host_load.seconds,
+        host_store_bytes: m.host_store.bytes,
+    })
+}
+
+/// The working set twice: pass 1 fills the device cache and spills to the host tier, pass 2
+/// hits — mostly blocks paged back from the host. One request at a time, one generated token.
+fn host_tier_run(handle: &EngineHandle, a: &Args, kv: usize) -> Result<Row> {
+    let prompts: Vec<Vec<u32>> = (0..a.host_prompts)
+        .map(|i| random_prompt(a, handle, (3 << 32) + i as u64, a.host_prompt_len))
+        .collect();
+    let mut pass_ttft = Vec::new();
+    let mut fields = Map::new();
+    for pass in 0..2 {
+        let before = cache_counters(handle)?;
+        let mut ttft = Vec::new();
+        for p in &prompts {
+            ttft.push(ms(submit_and_wait(handle, request(p.clone(), 1, "host"))?.ttft));
+        }
+        let after = cache_counters(handle)?;
+        ttft.sort_by(f64::total_cmp);
+        pass_ttft.push(mean(&ttft));
+        if pass == 1 {
+            let query = after.prefix_query - before.prefix_query;
+            let hit = after.prefix_hit - before.prefix_hit;
+            let host = after.host_hit - before.host_hit;
+            let bytes = after.host_load_bytes - before.host_load_bytes;
+            let secs = after.host_load_seconds - before.host_load_seconds;
+            fields.insert("query_tokens".into(), json!(query));
+            fields.insert("hit_tokens".into(), json!(hit));
+            fields.insert("host_hit_tokens".into(), json!(host));
+            fields.insert("device_hit_tokens".into(), json!(hit - host.min(hit)));
+            fields.insert("hit_rate".into(), json!(hit as f64 / query.max(1) as f64));
+            fields.insert("host_load_bytes".into(), json!(bytes));
+            fields.insert("host_load_s".into(), json!(secs));
+            fields.insert(
+                "host_load_gb_per_s".into(),
+                json!(if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 }),
+            );
+            fields.insert("host_store_bytes".into(), json!(after.host_store_bytes));
+        }
+    }
+    fields.insert("pass1_ttft_mean_ms".into(), json!(pass_ttft[0]));
+    fields.insert("pass2_ttft_mean_ms".into(), json!(pass_ttft[1]));
+    fields.insert("prompts".into(), json!(a.host_prompts));
+    fields.insert("prompt_len".into(), json!(a.host_prompt_len));
+    fields.insert("device_cache_tokens".into(), json!(kv));
+    fields.insert("host_cache_gb".into(), json!(a.host_cache_gb));
+    Ok(Row {
+        scenario: "host-tier",
+        config: "host".into(),
+        fields,
     })
 }
 
@@ -864,6 +967,7 @@ mod tests {
             assert!(p50 > 0.0 && p50 <= p99 && p99 <= max, "{v}");
             assert!(v["long_ttft_ms"].as_f64().unwrap() > 0.0, "{v}");
             assert_eq!(v["backend"], "cpu");
+            assert!(v["shorts_during_long_prefill"].is_boolean(), "{v}");
         }
         let on = &parsed[1];
         let off = &parsed[2];
@@ -901,10 +1005,11 @@ mod tests {
 
     #[test]
     fn queue_needs_a_long_prompt_above_the_threshold() {
+        let model = fixture("llama_tiny");
         let args = Args::try_parse_from([
             "serve-scenarios",
             "--model",
-            "x",
+            &model,
             "--long-len",
             "1000",
             "--long-threshold",
@@ -916,6 +1021,25 @@ mod tests {
             e.contains("--long-len (1000)") && e.contains("--long-threshold (2000)"),
             "{e}"
         );
+        let args = Args::try_parse_from(["serve-scenarios", "--model", "/nonexistent/m"]).unwrap();
+        let e = check_args(&args).unwrap_err().to_string();
+        assert!(e.contains("--model /nonexistent/m"), "{e}");
+    }
+
+    #[test]
+    fn a_later_flag_overrides_an_earlier_one() {
+        // run_serving.sh appends $EXTRA after its own flags.
+        let args = Args::try_parse_from([
+            "serve-scenarios",
+            "--model",
+            "m",
+            "--shorts",
+            "8",
+            "--shorts",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(args.shorts, 3);
     }
 
     #[test]
