@@ -709,7 +709,9 @@ fn host_tier_run(handle: &EngineHandle, a: &Args, kv: usize) -> Result<Row> {
         let before = cache_counters(handle)?;
         let mut ttft = Vec::new();
         for p in &prompts {
-            ttft.push(ms(submit_and_wait(handle, request(p.clone(), 1, "host"))?.ttft));
+            ttft.push(ms(
+                submit_and_wait(handle, request(p.clone(), 1, "host"))?.ttft
+            ));
         }
         let after = cache_counters(handle)?;
         ttft.sort_by(f64::total_cmp);
@@ -729,7 +731,11 @@ fn host_tier_run(handle: &EngineHandle, a: &Args, kv: usize) -> Result<Row> {
             fields.insert("host_load_s".into(), json!(secs));
             fields.insert(
                 "host_load_gb_per_s".into(),
-                json!(if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 }),
+                json!(if secs > 0.0 {
+                    bytes as f64 / secs / 1e9
+                } else {
+                    0.0
+                }),
             );
             fields.insert("host_store_bytes".into(), json!(after.host_store_bytes));
         }
