@@ -4,11 +4,11 @@
 # while one long prompt prefills, long-request queue off vs on; second turn of a 32K-token
 # conversation, prefix cache on vs off. Binary: benches/serve_scenarios.rs.
 #
-# Build here (the GPU machine has no Rust toolchain), then carry .bin:
+# Build here (the GPU machine has no Rust toolchain), then carry .bin: either
+# benches/gpu/build_for_device.sh (copies serve-scenarios with the other binaries), or just this one:
 #   cargo build --release -p dayone-benches --bin serve-scenarios
 #   mkdir -p .bin && cp target/release/serve-scenarios .bin/ && strip .bin/serve-scenarios \
-#     && gzip -9 -f .bin/serve-scenarios                       # ≈ 5 MB gzipped
-# (benches/gpu/build_for_device.sh does not copy serve-scenarios yet.)
+#     && gzip -9 -f .bin/serve-scenarios                       # 4.7 MB gzipped
 #
 # Usage (device calls: at most 10 min each):
 #   bash benches/gpu/run_serving.sh off   # call 1: checkpoint + long-short queue-off + multiturn (1 load)
