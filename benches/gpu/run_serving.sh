@@ -19,8 +19,8 @@
 # build), so queue off and on cost one model load each; multiturn shares the queue-off engine.
 #
 # Lengths: the 128K-token prefill alone took 64.1 s on this card (docs/perf.md, 2026-11-30), more
-# than the 60 s this plan allows per long prefill (it runs twice, plus a slower capped run with
-# the queue on), so LONG_LEN defaults to 65536 (≈ 18 s estimated from the 32K/128K rows).
+# than the 60 s this plan allows per long prefill (it runs once per queue configuration, slower
+# under the queue's per-step cap), so LONG_LEN defaults to 65536 (≈ 18 s estimated from the 32K/128K rows).
 # LONG_LEN=131072 gives the figure when a call has room for it.
 # Estimated device time after the load: off ≈ 40 s (64K prefill + shorts, 32K turn 1, turn 2
 # twice), on ≈ 30 s; the checkpoint write (4 GB of random values) about a minute; the 98 GB
