@@ -41,10 +41,7 @@ type Run = (Vec<u32>, Vec<Vec<u32>>);
 type Outcome = (Vec<(u64, Vec<u32>)>, u64, u64);
 
 /// Tokens and logits bits of each prompt, run one after another.
-fn run_each<B: Backend>(
-    e: &mut Engine<B>,
-    prompts: &[Vec<u32>],
-) -> Result<Vec<Run>> {
+fn run_each<B: Backend>(e: &mut Engine<B>, prompts: &[Vec<u32>]) -> Result<Vec<Run>> {
     e.capture_logits = true;
     let mut out = Vec::new();
     for p in prompts {
@@ -112,6 +109,35 @@ fn host_hit_equals_miss<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<(
     Ok(())
 }
 
+/// A host hit == the same hit from the device, tokens and logits bit for bit: the host tier
+/// restores the device bytes verbatim and the steps split the prompts alike. (Unlike
+/// [`host_hit_equals_miss`] this holds on backends whose kernels are not split-invariant.)
+fn host_hit_equals_device_hit<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
+    let prompts = prompts();
+    let mut roomy = config(4096, 0, true);
+    roomy.state_checkpoints = Some(64); // keeps every checkpoint on the device
+    let mut device = engine(mk(), model, roomy)?;
+    let want = run_each(&mut device, &prompts)?;
+    let mut host = engine(mk(), model, config(160, 64 << 20, true))?;
+    let got = run_each(&mut host, &prompts)?;
+    ensure!(host.counters().host_hit_tokens > 0, "{model}: no host hit");
+    ensure!(
+        host.counters().prefix_hit_tokens == device.counters().prefix_hit_tokens,
+        "{model}: the host tier should hit as much as a cache that holds everything"
+    );
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        ensure!(
+            g.0 == w.0,
+            "{model} prompt {i}: host-hit tokens != device-hit tokens"
+        );
+        ensure!(
+            g.1 == w.1,
+            "{model} prompt {i}: host-hit logits != device-hit logits"
+        );
+    }
+    Ok(())
+}
+
 /// Several sequences in a cache too small for all: swapped (host tier) == recomputed (none) ==
 /// never preempted (a roomy cache).
 fn swap_equals_recompute<B: Backend>(mk: impl Fn() -> B, model: &str) -> Result<()> {
@@ -151,6 +177,9 @@ on_every_backend! {
     mla_host_hit => |mk: fn() -> _| host_hit_equals_miss(mk, "deepseek_v3_tiny");
     dsa_host_hit => |mk: fn() -> _| host_hit_equals_miss(mk, "deepseek_v32_tiny");
     kda_host_hit => |mk: fn() -> _| host_hit_equals_miss(mk, "kimi_linear_tiny");
+    llama_host_device => |mk: fn() -> _| host_hit_equals_device_hit(mk, "llama_tiny");
+    kda_host_device => |mk: fn() -> _| host_hit_equals_device_hit(mk, "kimi_linear_tiny");
+    dsa_host_device => |mk: fn() -> _| host_hit_equals_device_hit(mk, "deepseek_v32_tiny");
     llama_swap => |mk: fn() -> _| swap_equals_recompute(mk, "llama_tiny");
     kda_swap => |mk: fn() -> _| swap_equals_recompute(mk, "kimi_linear_tiny");
     mla_swap => |mk: fn() -> _| swap_equals_recompute(mk, "deepseek_v3_tiny");
