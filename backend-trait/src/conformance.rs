@@ -1618,7 +1618,62 @@ pub fn check_row_ops<B: Backend>(b: &B) -> Result<()> {
     }
     let ids: Vec<u32> = (0..30).map(|_| rng.next_u64() as u32).collect();
     check_read_write_rows(b, &HostTensor::from_u32(vec![6, 5], &ids)?, &mut rng)?;
+    // Many scattered rows (the host KV tier's block traffic): 256-byte rows, and rows of 28
+    // and 30 bytes (not multiples of 16 or of 4).
+    let many: [(DType, &[usize]); 3] = [
+        (DType::BF16, &[1024, 8, 16]),
+        (DType::F32, &[1024, 7]),
+        (DType::BF16, &[1024, 3, 5]),
+    ];
+    for (dt, shape) in many {
+        check_many_rows(b, &rand_tensor(&mut rng, shape, dt, 2.0)?, &mut rng)?;
+    }
     check_row_errors(b)
+}
+
+/// `read_rows` and `write_rows` of 300 distinct, non-contiguous rows of `h` (`h.shape[0]` a
+/// power of two ≥ 300; rows `(37·i + 5) mod R`, in that order): the gather matches the
+/// uploaded bytes, the scatter leaves every other row alone, and reading back gives `src`.
+pub fn check_many_rows<B: Backend>(b: &B, h: &HostTensor, rng: &mut Rng) -> Result<()> {
+    let case = format!("{} {:?}, 300 scattered rows", h.dtype, h.shape);
+    let r = h.shape[0];
+    ensure!(
+        r.is_power_of_two() && r >= 300,
+        "check_many_rows: needs a power-of-two row count ≥ 300, got shape {:?}",
+        h.shape
+    );
+    // 37 is odd, so i ↦ 37·i + 5 is a bijection mod a power of two: distinct rows, no two
+    // consecutive.
+    let rows: Vec<u32> = (0..300).map(|i| ((37 * i + 5) % r) as u32).collect();
+    let t = b.upload(h)?;
+    let stored = run(b, &t)?;
+    let got = b
+        .read_rows(&t, &rows)
+        .with_context(|| format!("read_rows [{case}]"))?;
+    let mut bytes = Vec::new();
+    for &i in &rows {
+        bytes.extend_from_slice(row_bytes_of(&stored, i as usize));
+    }
+    let want = HostTensor::new(rows::rows_shape(&h.shape, rows.len()), stored.dtype, bytes)?;
+    same_bytes("read_rows", &case, &got, &want)?;
+    let n = want.data.len();
+    let noise: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
+    let src = HostTensor::new(want.shape.clone(), stored.dtype, noise)?;
+    b.write_rows(&t, &rows, &src)
+        .with_context(|| format!("write_rows [{case}]"))?;
+    let mut want = stored.clone();
+    let rb = n / rows.len();
+    for (k, &i) in rows.iter().enumerate() {
+        let i = i as usize;
+        want.data[i * rb..(i + 1) * rb].copy_from_slice(&src.data[k * rb..(k + 1) * rb]);
+    }
+    same_bytes("write_rows", &case, &run(b, &t)?, &want)?;
+    same_bytes(
+        "write_rows then read_rows",
+        &case,
+        &b.read_rows(&t, &rows)?,
+        &src,
+    )
 }
 
 /// `copy_rows` on fresh uploads of `h`: chains, a cycle, a swap, overlapping shifted runs,

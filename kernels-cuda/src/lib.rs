@@ -107,6 +107,8 @@ pub struct CudaBackend {
     pool: Arc<Pool>,
     blas: Mutex<CudaBlas>,
     staging: Mutex<Staging>,
+    /// Pinned staging of `read_rows`/`write_rows` calls with several runs of rows.
+    rows_staging: Mutex<rows::RowStaging>,
     kernels: Kernels,
     info: DeviceInfo,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `DAYONE_CUDA_PDL=0`).
@@ -220,6 +222,7 @@ impl CudaBackend {
             mma_attention,
             pdl,
             staging,
+            rows_staging: Mutex::new(rows::RowStaging::new()),
             kernels: Kernels {
                 target,
                 dir: nvrtc_cache::cache_dir(),
@@ -265,7 +268,7 @@ impl CudaBackend {
     pub fn precompile(&self, dtype: DType) -> Result<()> {
         let sfx = dtype_suffix("precompile", dtype)?;
         for (family, _) in nvrtc_cache::KERNEL_SOURCES {
-            let variant = if matches!(*family, "embedding" | "kv_cache") {
+            let variant = if matches!(*family, "embedding" | "kv_cache" | "rows") {
                 ""
             } else {
                 sfx

@@ -21,6 +21,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("gemv", include_str!("../kernels/gemv.cu")),
     ("kv_cache", include_str!("../kernels/kv_cache.cu")),
+    ("rows", include_str!("../kernels/rows.cu")),
     ("argmax", include_str!("../kernels/argmax.cu")),
     (
         "attention_paged",

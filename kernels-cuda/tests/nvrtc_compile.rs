@@ -31,7 +31,7 @@ fn every_kernel_family_compiles() {
     // syntax. Jobs run on all cores: the attention family takes ~6 s per dtype on one core.
     let mut jobs: Vec<(&str, &str, Target, Option<String>)> = Vec::new();
     for (family, src) in KERNEL_SOURCES {
-        let dtypes: &[Option<&str>] = if matches!(*family, "embedding" | "kv_cache") {
+        let dtypes: &[Option<&str>] = if matches!(*family, "embedding" | "kv_cache" | "rows") {
             &[None]
         } else {
             &[Some("f32"), Some("bf16"), Some("f16")]
