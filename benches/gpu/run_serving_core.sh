@@ -16,9 +16,9 @@ date -u | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/env.txt"
 
 if [[ " $steps " == *" tests "* ]]; then
-  for t in .bin/test-dayone-tests-prefix_cache .bin/test-dayone-tests-host_tier \
-           .bin/test-dayone-tests-service .bin/test-dayone-tests-scheduler_parity \
-           .bin/test-dayone-cuda-cuda_conformance; do
+  for t in .bin/test-tests-prefix_cache .bin/test-tests-host_tier \
+           .bin/test-tests-service .bin/test-tests-scheduler_parity \
+           .bin/test-kernels-cuda-cuda_conformance; do
     echo "== $t" | tee -a "$OUT/tests.log"
     timeout 240 "$t" cuda --test-threads 1 2>&1 | grep -vE '^\s*$' | tee -a "$OUT/tests.log" \
       | grep -E 'test result|FAILED|panicked|Error' | head -20

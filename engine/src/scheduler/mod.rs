@@ -397,15 +397,7 @@ impl Scheduler {
             }
         }
         let kv_blocks = hit.len() + host.len();
-        let mut k = kv_blocks;
-        if self.prefix.recurrent {
-            // The state exists only where a checkpoint was taken: the longest hit with one.
-            let step = self.prefix.alignment / bs;
-            k = kv_blocks / step * step;
-            while k > 0 && !self.has_checkpoint(&seq.block_hashes[k - 1]) {
-                k -= step;
-            }
-        }
+        let k = self.resume_blocks(&seq.block_hashes, kv_blocks);
         host.truncate(k.saturating_sub(hit.len()));
         hit.truncate(k);
         for &b in &hit {
@@ -426,14 +418,7 @@ impl Scheduler {
                 None => {
                     // No room to page them in: fall back to the device hit (for a recurrent
                     // model, to its last checkpoint within it).
-                    let mut k = device_hit;
-                    if self.prefix.recurrent {
-                        let step = self.prefix.alignment / bs;
-                        k = k / step * step;
-                        while k > 0 && !self.has_checkpoint(&seq.block_hashes[k - 1]) {
-                            k -= step;
-                        }
-                    }
+                    let k = self.resume_blocks(&seq.block_hashes, device_hit);
                     self.pool.release(&hit[k..])?;
                     hit.truncate(k);
                 }
@@ -471,6 +456,21 @@ impl Scheduler {
 
     /// Undoes a prefix match whose sequence could not be admitted after all: paged-in blocks
     /// lose their names (their copies are dropped), then every block is released.
+    /// How many of the first `blocks` cached blocks a sequence can resume after: all of them
+    /// for per-token caches; for a recurrent model the longest aligned prefix with a state
+    /// checkpoint (the state exists only where a copy was taken).
+    fn resume_blocks(&self, hashes: &[crate::cache::prefix::BlockHash], blocks: usize) -> usize {
+        if !self.prefix.recurrent {
+            return blocks;
+        }
+        let step = self.prefix.alignment / self.config.block_size;
+        let mut k = blocks / step * step;
+        while k > 0 && !self.has_checkpoint(&hashes[k - 1]) {
+            k -= step;
+        }
+        k
+    }
+
     /// Whether a state checkpoint after the prefix named `h` is on the device or the host.
     fn has_checkpoint(&self, h: &crate::cache::prefix::BlockHash) -> bool {
         self.checkpoints.contains(h) || self.host.as_ref().is_some_and(|t| t.contains_state(h))
