@@ -85,7 +85,10 @@ impl RowStaging {
                 slot.ptr = std::ptr::null_mut();
                 slot.cap = 0;
             }
-            let cap = bytes.max(2 * slot.cap).next_multiple_of(1 << 20);
+            // Doubling (up to a batch) so a slowly growing size reallocates rarely.
+            let cap = bytes
+                .max((2 * slot.cap).min(BATCH_BYTES))
+                .next_multiple_of(1 << 20);
             // SAFETY: plain pinned allocation, freed above on growth or in Drop.
             let p = unsafe { dr::malloc_host(cap, 0) }.map_err(drv("cuMemHostAlloc"))?;
             slot.ptr = p as *mut u8;
