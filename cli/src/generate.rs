@@ -386,7 +386,7 @@ fn report<B: Backend>(
         Some(FinishReason::ContextFull) => eprintln!(
             "note: stopped after {} of --max-tokens {max_tokens} tokens: prompt + output filled the context window ({} tokens)",
             first.generated.len(),
-            engine.config.max_context()
+            engine.max_context()
         ),
         Some(FinishReason::Abort) => eprintln!(
             "note: interrupted (Ctrl-C) after {} generated tokens",

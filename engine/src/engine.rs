@@ -129,6 +129,20 @@ impl<B: Backend> Engine<B> {
             checkpoints: cfg.state_checkpoints.unwrap_or(cfg.scheduler.max_num_seqs),
             alignment: lcm(bs, backend.recurrent_split_alignment().max(1)),
         };
+        // Refuse absurd slot counts before sizing anything by them.
+        let max = crate::scheduler::MAX_NUM_SEQS;
+        if cfg.scheduler.max_num_seqs > max {
+            bail!(
+                "--max-num-seqs is {} but at most {max} sequences can run at once",
+                cfg.scheduler.max_num_seqs
+            );
+        }
+        if prefix.checkpoints > max {
+            bail!(
+                "state_checkpoints is {} but at most {max} are kept",
+                prefix.checkpoints
+            );
+        }
         // Checkpoint slots are extra rows of the state tensors, after the running slots.
         let state_slots = cfg.scheduler.max_num_seqs
             + if prefix.enabled && prefix.recurrent {

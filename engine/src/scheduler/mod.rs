@@ -49,6 +49,9 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// The most sequences that may run at once (`max_num_seqs`); vLLM's largest default is 1024.
+pub const MAX_NUM_SEQS: usize = 1 << 16;
+
 /// One sequence's share of a step: tokens `start..start + len` of `running[index]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScheduledChunk {
@@ -164,6 +167,20 @@ impl Scheduler {
             || config.block_size == 0
         {
             bail!("scheduler limits must be positive: {config:?}");
+        }
+        // Slot ids are u32 and every slot costs host (and, for recurrent models, device)
+        // memory up front: refuse sizes no deployment needs instead of wrapping or allocating GBs.
+        if config.max_num_seqs > MAX_NUM_SEQS {
+            bail!(
+                "--max-num-seqs (max_num_seqs) is {} but at most {MAX_NUM_SEQS} sequences can run at once",
+                config.max_num_seqs
+            );
+        }
+        if prefix.checkpoints > MAX_NUM_SEQS {
+            bail!(
+                "state_checkpoints is {} but at most {MAX_NUM_SEQS} checkpoint slots are kept",
+                prefix.checkpoints
+            );
         }
         if config.long_prefill_threshold > 0 && config.max_long_partial_prefills == 0 {
             bail!(
@@ -964,5 +981,15 @@ mod tests {
         s.add(seq(5, 5)).unwrap();
         let err = s.add(seq(6, 5)).unwrap_err().to_string();
         assert!(err.contains("queue is full"), "{err}");
+    }
+
+    #[test]
+    fn absurd_slot_counts_are_refused() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: MAX_NUM_SEQS + 1,
+            ..Default::default()
+        };
+        let err = Scheduler::new(cfg, 4, PrefixSettings::default()).err().unwrap();
+        assert!(err.to_string().contains("--max-num-seqs"), "{err}");
     }
 }
