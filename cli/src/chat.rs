@@ -143,11 +143,12 @@ fn chat<B: Backend>(b: B, ckpt: &Checkpoint, cfg: &EngineConfig, s: &Session) ->
             Err(e) => {
                 // The session survives a turn that cannot run (e.g. the conversation outgrew
                 // the context window): say why and drop the turn.
-                eprintln!("error: {e:#}");
                 messages.pop();
                 if !interactive {
+                    // Piped input is a script: stop with the error (printed once, by main).
                     return Err(e);
                 }
+                eprintln!("error: {e:#} (/reset starts a new conversation)");
                 continue;
             }
         };
