@@ -583,10 +583,33 @@ impl<B: Backend> Engine<B> {
         if !plan.host_loads.is_empty() {
             // One copy per cache tensor for all of this step's blocks.
             let ids: Vec<u32> = plan.host_loads.iter().map(|l| l.0).collect();
-            for (j, t) in blocks_t.iter().enumerate() {
-                let rows = concat_rows(plan.host_loads.iter().map(|l| &l.1[j]));
+            // Stacking the blocks' rows is host memcpy (and fresh pages) over every byte: one
+            // thread per cache tensor, then the device writes in order.
+            let bytes: usize = plan
+                .host_loads
+                .iter()
+                .flat_map(|l| l.1.iter())
+                .map(|r| r.data.len())
+                .sum();
+            let stacked: Vec<HostTensor> = if bytes < 8 << 20 {
+                (0..blocks_t.len())
+                    .map(|j| concat_rows(plan.host_loads.iter().map(|l| &l.1[j])))
+                    .collect()
+            } else {
+                std::thread::scope(|sc| {
+                    let jobs: Vec<_> = (0..blocks_t.len())
+                        .map(|j| {
+                            sc.spawn(move || concat_rows(plan.host_loads.iter().map(|l| &l.1[j])))
+                        })
+                        .collect();
+                    jobs.into_iter()
+                        .map(|h| h.join().expect("row stacking does not panic"))
+                        .collect()
+                })
+            };
+            for (t, rows) in blocks_t.iter().zip(&stacked) {
                 in_bytes += rows.data.len() as u64;
-                b.write_rows(t, &ids, &rows)?;
+                b.write_rows(t, &ids, rows)?;
             }
         }
         for (blocks, slot, rows) in &plan.swap_in {
