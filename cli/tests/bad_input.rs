@@ -567,3 +567,13 @@ fn full_stdout_is_a_clear_error() {
     assert!(stderr.contains("error: writing to stdout"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn max_model_len_above_the_model_window() {
+    let m = fixture("llama_tiny");
+    let m = m.to_str().unwrap();
+    fails_with(
+        &gen(m, &["--prompt-ids", "1,2", "--max-model-len", "100000"]),
+        &["--max-model-len", "100000", "512", "config.json"],
+    );
+}

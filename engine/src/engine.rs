@@ -116,8 +116,16 @@ impl<B: Backend> Engine<B> {
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
         let spec = model.cache_spec();
-        if cfg.max_model_len == Some(0) {
-            bail!("--max-model-len must be at least 1");
+        match cfg.max_model_len {
+            Some(0) => bail!("--max-model-len must be at least 1"),
+            // As vLLM: a cap above the model's window is a mistake, not a silent no-op.
+            Some(m) if m > config.max_context() => bail!(
+                "--max-model-len (max_model_len) is {m} but the model's context window is {} \
+                 (max_position_embeddings in {})",
+                config.max_context(),
+                origin.display()
+            ),
+            _ => {}
         }
         let max_context = config
             .max_context()
