@@ -39,7 +39,7 @@ pub struct SamplingArgs {
     #[arg(long, value_parser = parse::seed, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Stop when the output contains this text (not included in the output); repeatable.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", value_parser = non_empty_stop)]
     pub stop: Vec<String>,
     /// Report each generated token's log-probability and the N most likely alternatives (0:
     /// the chosen token only; at most 20, as vLLM).
@@ -146,4 +146,13 @@ impl SamplingArgs {
     pub fn seed_was_drawn(&self) -> bool {
         self.seed.is_none() && self.temperature > 0.0
     }
+}
+
+/// A stop string: an empty one would match before any output (vLLM ignores it; a typo here
+/// should say so instead).
+fn non_empty_stop(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("an empty stop string would stop before any output: give some text".into());
+    }
+    Ok(s.to_string())
 }

@@ -577,3 +577,25 @@ fn max_model_len_above_the_model_window() {
         &["--max-model-len", "100000", "512", "config.json"],
     );
 }
+
+#[test]
+fn empty_stop_string_is_a_usage_error() {
+    let m = fixture("llama_tiny");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "generate",
+            "--backend",
+            "cpu",
+            "--model",
+            m.to_str().unwrap(),
+        ])
+        .args(["--prompt-ids", "1,2", "--stop", ""])
+        .output()
+        .expect("run dayone");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--stop") && stderr.contains("empty"),
+        "{stderr}"
+    );
+}
