@@ -30,9 +30,10 @@ pub struct CheckArgs {
     /// are --backends.
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Comma-separated backends to run, each once (wgsl, cuda, cpu, auto). One backend and no
-    /// --reference: it is compared with the CPU reference backend.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    /// Comma-separated backends to run, each once (wgsl, cuda, cpu, auto); default: the config
+    /// file's `runtime.backend`, else auto. One backend and no --reference: it is compared with
+    /// the CPU reference backend.
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub backends: Vec<BackendArg>,
     /// Reference outputs whose prompts are used: a `reference.json` of `tests/fixtures/gen_*.py`
     /// (`cases[]`: `prompt_ids` and `float32`/`bfloat16` hidden states, logits, greedy ids) or
@@ -361,19 +362,23 @@ pub fn run(a: CheckArgs) -> Result<()> {
             "check runs the backends of --backends (e.g. --backends wgsl,cpu): drop --backend",
         ));
     }
-    // f32 unless a flag or the config file names a dtype; `runtime.backend` of a file is unused.
+    // f32 unless a flag or the config file names a dtype; without --backends the file's
+    // `runtime.backend` (else auto) is the backend to check.
     let resolved = a.engine.resolve(&CommandDefaults {
         dtype: Some(DType::F32),
         ..Default::default()
     })?;
     let cfg = resolved.engine;
     let dtype = cfg.dtype;
-    let mut kinds =
-        backend_choice::resolve_list(&a.backends).map_err(|e| usage(format!("{e:#}")))?;
+    let mut kinds = if a.backends.is_empty() {
+        vec![resolved.backend]
+    } else {
+        backend_choice::resolve_list(&a.backends).map_err(|e| usage(format!("{e:#}")))?
+    };
     if kinds.len() == 1 && a.reference.is_none() {
         if kinds[0] == BackendKind::Cpu {
             return Err(usage(
-                "nothing to compare: --backends names only the CPU backend and no --reference is given: add a second backend (e.g. --backends wgsl,cpu) or --reference FILE",
+                "nothing to compare: the only backend to check is the CPU reference (from --backends or the config's runtime.backend) and no --reference is given: add a second backend (e.g. --backends wgsl,cpu) or --reference FILE",
             ));
         }
         // One backend alone proves nothing: the CPU reference implementation is the comparison.

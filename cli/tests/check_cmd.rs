@@ -149,3 +149,28 @@ fn check_reads_the_smollm2_reference_layout() {
     assert!(!ok, "a wrong greedy token must fail: {text}");
     assert!(text.contains("check failed"), "{text}");
 }
+
+/// Without --backends, `check` checks the config file's `runtime.backend` (here the CPU
+/// reference alone: nothing to compare, a usage error), not auto.
+#[test]
+fn check_takes_the_config_files_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cpu.yaml");
+    std::fs::write(&cfg, "serving:\n  runtime: {backend: cpu}\n").unwrap();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/llama_tiny");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "check",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2,3",
+            "--config",
+        ])
+        .arg(&cfg)
+        .output()
+        .expect("run dayone");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("runtime.backend"), "{stderr}");
+}
