@@ -68,6 +68,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "--system is the system message of --chat: add --chat or drop --system",
         ));
     }
+    if a.sampling.logprobs.is_some() && a.output == OutputArg::Text {
+        return Err(usage(
+            "--logprobs is reported in JSON only: add --output json (text output shows no logprobs)",
+        ));
+    }
     // Read and parse the prompt before loading anything, so a typo fails fast.
     let given = prompt_input::resolve(&PromptFlags {
         text: a.prompt.as_deref(),

@@ -599,3 +599,22 @@ fn empty_stop_string_is_a_usage_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn logprobs_in_text_output_is_a_usage_error() {
+    let m = fixture("llama_tiny");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args([
+            "generate",
+            "--backend",
+            "cpu",
+            "--model",
+            m.to_str().unwrap(),
+        ])
+        .args(["--prompt-ids", "1,2", "--logprobs", "2"])
+        .output()
+        .expect("run dayone");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--output json"), "{stderr}");
+}
