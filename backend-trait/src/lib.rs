@@ -16,6 +16,6 @@ pub use dtype::{DType, HostTensor};
 pub mod conformance;
 pub mod cpu;
 pub mod reference;
-pub mod rows;
 #[cfg(test)]
 mod reference_tests;
+pub mod rows;
