@@ -339,6 +339,35 @@ impl WgslBackend {
         self.max_chunk
     }
 
+    /// Waits for the queued copies into the map-readable `staging` buffer and copies its bytes
+    /// into `out` (`out.len()` = the buffer's size); `op` names the caller in errors.
+    pub(crate) fn read_staging(
+        &self,
+        op: &str,
+        staging: &wgpu::Buffer,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("{op}: device poll failed: {e}"))?;
+        self.check_error()?;
+        rx.recv()
+            .map_err(|_| anyhow!("{op}: map callback dropped"))?
+            .map_err(|e| anyhow!("{op}: buffer map failed: {e}"))?;
+        {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| anyhow!("{op}: {e}"))?;
+            out.copy_from_slice(&view);
+        }
+        staging.unmap();
+        Ok(())
+    }
+
     fn check_error(&self) -> Result<()> {
         let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
         match g.take() {
@@ -666,24 +695,7 @@ impl Backend for WgslBackend {
                 }
                 self.flush_locked(&mut rec);
             }
-            let (tx, rx) = std::sync::mpsc::channel();
-            staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| anyhow!("download: device poll failed: {e}"))?;
-            self.check_error()?;
-            rx.recv()
-                .map_err(|_| anyhow!("download: map callback dropped"))?
-                .map_err(|e| anyhow!("download: buffer map failed: {e}"))?;
-            {
-                let view = staging
-                    .get_mapped_range(..)
-                    .map_err(|e| anyhow!("download: {e}"))?;
-                out.copy_from_slice(&view);
-            }
-            staging.unmap();
+            self.read_staging("download", &staging, &mut out)?;
         }
         self.check_error()?;
         HostTensor::new(t.shape.clone(), t.dtype, out)

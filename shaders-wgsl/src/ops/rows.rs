@@ -9,7 +9,7 @@
 //! then all scatters). Downloads go through a map-read buffer of at most one chunk per batch.
 
 use crate::{WTensor, WgslBackend};
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{ensure, Result};
 use dayone_backend::rows::{self, RowLayout, RowRun};
 use dayone_backend::{DType, HostTensor};
 
@@ -191,25 +191,7 @@ impl WgslBackend {
             }
             self.flush_locked(&mut rec);
         }
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("{OP}: device poll failed: {e}"))?;
-        self.check_error()?;
-        rx.recv()
-            .map_err(|_| anyhow!("{OP}: map callback dropped"))?
-            .map_err(|e| anyhow!("{OP}: buffer map failed: {e}"))?;
-        {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| anyhow!("{OP}: {e}"))?;
-            out.copy_from_slice(&view);
-        }
-        staging.unmap();
-        Ok(())
+        self.read_staging(OP, &staging, out)
     }
 
     pub(crate) fn write_rows_impl(
