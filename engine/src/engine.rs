@@ -602,8 +602,7 @@ impl<B: Backend> Engine<B> {
             .scheduler
             .abort(id)?
             .expect("just added, not yet scheduled");
-        let mut seq = Sequence::new(seq.id, seq.tokens, seq.params);
-        seq.finished = None;
+        let seq = Sequence::new(seq.id, seq.tokens, seq.params);
         let index = self.scheduler.run_alone(seq)?;
         let chunk = ScheduledChunk {
             index,

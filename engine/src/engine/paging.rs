@@ -39,12 +39,15 @@ impl<B: Backend> Engine<B> {
         }
         if !evicted.is_empty() {
             let ids: Vec<u32> = evicted.iter().map(|e| e.0).collect();
-            let mut per_tensor = Vec::new();
+            // One read per cache tensor for all evicted blocks, regrouped by block (moved, not
+            // copied again).
+            let mut per_block: Vec<Vec<HostTensor>> = evicted.iter().map(|_| Vec::new()).collect();
             for t in &blocks_t {
-                per_tensor.push(split_rows(b.read_rows(t, &ids)?));
+                for (block, row) in per_block.iter_mut().zip(split_rows(b.read_rows(t, &ids)?)) {
+                    block.push(row);
+                }
             }
-            for (i, (_, h)) in evicted.iter().enumerate() {
-                let rows: Vec<HostTensor> = per_tensor.iter().map(|p| p[i].clone()).collect();
+            for ((_, h), rows) in evicted.iter().zip(per_block) {
                 out_bytes += rows.iter().map(|r| r.data.len() as u64).sum::<u64>();
                 self.scheduler.store_evicted(*h, std::sync::Arc::new(rows));
             }

@@ -86,6 +86,14 @@ pub struct StepPlan {
     pub state_loads: Vec<(u32, HostRows)>,
 }
 
+/// How an admitted sequence gets its first computed tokens.
+enum Resume {
+    /// Paged back from the host tier: its reservation and bytes (blocks, then state).
+    Swapped(Swapped, HostRows),
+    /// From the prefix cache (possibly nothing).
+    Fresh(prefix_match::Match),
+}
+
 /// Prefix-caching settings the scheduler needs (from [`crate::EngineConfig`] and the model's
 /// cache spec).
 #[derive(Clone, Copy, Debug, Default)]
@@ -449,10 +457,13 @@ impl Scheduler {
             };
             // `running.len() < max_num_seqs` guarantees a free slot.
             seq.slot = self.free_slots.pop();
-            if let Some(sw) = seq.swapped.take() {
-                // A swapped-out sequence comes back with its own blocks' bytes and state.
-                let rows = match &sw.rows {
-                    Some(r) if !plan.swap_out.iter().any(|o| o.0 == seq.id) => r.clone(),
+            // A swapped-out sequence comes back with its own blocks' bytes and state; any other
+            // starts from the longest cached prefix.
+            let resume = match seq.swapped.take() {
+                Some(sw) => match sw.rows.clone() {
+                    Some(rows) if !plan.swap_out.iter().any(|o| o.0 == seq.id) => {
+                        Resume::Swapped(sw, rows)
+                    }
                     _ => {
                         // Its copy-out is still pending (preempted in this very step).
                         seq.swapped = Some(sw);
@@ -460,42 +471,9 @@ impl Scheduler {
                         self.requeue_front(seq);
                         break;
                     }
-                };
-                let limit = if seq.long {
-                    budget.min(long_budget)
-                } else {
-                    budget
-                };
-                let len = self.chunk_len(&seq, limit);
-                let held = seq.num_computed.div_ceil(self.config.block_size);
-                let need = self.blocks_needed(&seq, seq.num_computed + len);
-                if len == 0 || need > self.pool.num_free() {
-                    seq.swapped = Some(sw);
-                    self.release_slot(&mut seq);
-                    self.requeue_front(seq);
-                    break;
-                }
-                seq.blocks = self.pool.allocate(need).expect("checked free blocks");
-                plan.swap_in
-                    .push((seq.blocks[..held].to_vec(), seq.slot, rows));
-                if let Some(tier) = &mut self.host {
-                    tier.release_swap(sw.bytes);
-                }
-                if seq.long && seq.prefilling() {
-                    long_slots = long_slots.saturating_sub(1);
-                    long_budget = long_budget.saturating_sub(len);
-                }
-                plan.chunks.push(ScheduledChunk {
-                    index: self.running.len(),
-                    start: seq.num_computed,
-                    len,
-                    wants_logits: seq.num_computed + len == seq.tokens.len(),
-                });
-                budget -= len;
-                self.running.push(seq);
-                continue;
-            }
-            let m = self.match_prefix(&mut seq)?;
+                },
+                None => Resume::Fresh(self.match_prefix(&mut seq)?),
+            };
             let limit = if seq.long {
                 budget.min(long_budget)
             } else {
@@ -505,18 +483,37 @@ impl Scheduler {
             let need = self.blocks_needed(&seq, seq.num_computed + len);
             if len == 0 || need > self.pool.num_free() {
                 // Does not fit now: give back what the lookup took and wait.
-                self.unmatch(&mut seq, &m)?;
+                match resume {
+                    Resume::Swapped(sw, _) => {
+                        seq.swapped = Some(sw);
+                        self.release_slot(&mut seq);
+                    }
+                    Resume::Fresh(m) => self.unmatch(&mut seq, &m)?,
+                }
                 self.requeue_front(seq);
                 break;
             }
+            let held = seq.blocks.len();
             seq.blocks
                 .extend(self.pool.allocate(need).expect("checked free blocks"));
             seq.first_scheduled.get_or_insert(now);
-            plan.restores.extend(m.restore);
-            plan.host_loads.extend(m.loads);
-            plan.state_loads.extend(m.state_load);
-            if seq.long {
-                long_slots -= 1;
+            match resume {
+                Resume::Swapped(sw, rows) => {
+                    let back = seq.num_computed.div_ceil(self.config.block_size);
+                    plan.swap_in
+                        .push((seq.blocks[held..held + back].to_vec(), seq.slot, rows));
+                    if let Some(tier) = &mut self.host {
+                        tier.release_swap(sw.bytes);
+                    }
+                }
+                Resume::Fresh(m) => {
+                    plan.restores.extend(m.restore);
+                    plan.host_loads.extend(m.loads);
+                    plan.state_loads.extend(m.state_load);
+                }
+            }
+            if seq.long && seq.prefilling() {
+                long_slots = long_slots.saturating_sub(1);
                 long_budget = long_budget.saturating_sub(len);
             }
             plan.chunks.push(ScheduledChunk {

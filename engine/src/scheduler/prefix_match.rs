@@ -102,8 +102,7 @@ impl Scheduler {
             c.prefix_hit_tokens += seq.num_computed as u64;
             c.state_miss_tokens += (seq.junction - seq.num_computed) as u64;
             if self.host.is_some() {
-                c.host_query_tokens +=
-                    (seq.tokens.len() - device_hit.min(seq.blocks.len()) * bs) as u64;
+                c.host_query_tokens += (seq.tokens.len() - device_hit * bs) as u64;
                 c.host_hit_tokens += (m.loads.len() * bs) as u64;
             }
         }
