@@ -578,43 +578,39 @@ fn max_model_len_above_the_model_window() {
     );
 }
 
-#[test]
-fn empty_stop_string_is_a_usage_error() {
+/// `dayone generate --backend cpu --model llama_tiny --prompt-ids 1,2 <extra>` exits 2 (a usage
+/// error) and its stderr mentions every string of `want`.
+fn generate_usage_error(extra: &[&str], want: &[&str]) {
     let m = fixture("llama_tiny");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dayone"))
         .args([
             "generate",
             "--backend",
             "cpu",
+            "--prompt-ids",
+            "1,2",
             "--model",
-            m.to_str().unwrap(),
         ])
-        .args(["--prompt-ids", "1,2", "--stop", ""])
+        .arg(&m)
+        .args(extra)
         .output()
         .expect("run dayone");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("--stop") && stderr.contains("empty"),
-        "{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+    for w in want {
+        assert!(
+            stderr.contains(w),
+            "{extra:?}: stderr should mention {w:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn empty_stop_string_is_a_usage_error() {
+    generate_usage_error(&["--stop", ""], &["--stop", "empty"]);
 }
 
 #[test]
 fn logprobs_in_text_output_is_a_usage_error() {
-    let m = fixture("llama_tiny");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dayone"))
-        .args([
-            "generate",
-            "--backend",
-            "cpu",
-            "--model",
-            m.to_str().unwrap(),
-        ])
-        .args(["--prompt-ids", "1,2", "--logprobs", "2"])
-        .output()
-        .expect("run dayone");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--output json"), "{stderr}");
+    generate_usage_error(&["--logprobs", "2"], &["--output json"]);
 }
