@@ -3,6 +3,7 @@
 
 mod backend_choice;
 mod bench;
+mod bench_serve;
 mod chat;
 mod check;
 mod config_cmd;
@@ -16,6 +17,7 @@ mod output;
 mod progress;
 mod prompt_input;
 mod sampling_args;
+mod serve;
 mod tokenize;
 mod usage;
 
@@ -151,6 +153,11 @@ enum Command {
     /// Print the effective engine settings (defaults < --config FILE < flags) as YAML, usable
     /// as a --config file.
     Config(config_cmd::ConfigArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).
+    Serve(serve::ServeArgs),
+    /// Load-test an OpenAI-compatible server; prints what `vllm bench serve` prints.
+    BenchServe(bench_serve::BenchServeArgs),
 }
 
 impl Command {
@@ -165,6 +172,8 @@ impl Command {
             Command::Tokenize(_) => "tokenize",
             Command::Chat(_) => "chat",
             Command::Config(_) => "config",
+            Command::Serve(_) => "serve",
+            Command::BenchServe(_) => "bench-serve",
         }
     }
 }
@@ -197,7 +206,10 @@ fn main() {
         .init();
     let cli = Cli::parse_from(engine_args::vllm_spellings(std::env::args_os()));
     // After parsing: --help and usage errors exit before any handler exists.
-    interrupt::install();
+    // The server drains on SIGINT/SIGTERM itself (tokio's signal handlers).
+    if !matches!(cli.command, Command::Serve(_)) {
+        interrupt::install();
+    }
     let name = cli.command.name();
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
@@ -208,6 +220,8 @@ fn main() {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Chat(a) => chat::run(a),
         Command::Config(a) => config_cmd::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
     };
     match result {
         // llama.cpp's convention: stats printed, then 128 + SIGINT.

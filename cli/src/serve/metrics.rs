@@ -1,0 +1,1 @@
+//! `/metrics`: the engine's metrics in Prometheus text.

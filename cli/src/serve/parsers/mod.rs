@@ -1,0 +1,1 @@
+//! Tool-call and reasoning parsers: one state machine per output format.
