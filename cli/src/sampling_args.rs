@@ -129,6 +129,7 @@ impl SamplingArgs {
             seed,
             max_tokens: self.max_tokens,
             ignore_eos: self.ignore_eos,
+            ..SamplingParams::default()
         };
         p.validate()?;
         let ignored = p.ignored_when_greedy();

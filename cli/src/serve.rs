@@ -1,18 +1,304 @@
-//! `dayone serve`: loads the model, starts the engine service and serves the OpenAI API.
+//! `dayone serve`: an OpenAI-compatible HTTP server over the engine service.
+//!
+//! It binds first (so `/health` answers 503 while the model loads, as llama-server does),
+//! loads the model into an [`EngineHandle`] on its own thread, prints its URL once ready and
+//! serves until SIGINT/SIGTERM, then drains: no new connections, in-flight requests get
+//! `--shutdown-timeout` seconds to finish, the rest are aborted, exit 0. The server knows the
+//! engine handle only — not the scheduler, the cache or the backend.
 
-#[allow(dead_code)]
+mod chat;
+mod completions;
+mod errors;
 mod metrics;
-#[allow(dead_code)]
 mod parsers;
+mod protocol;
+mod routes;
+mod session;
+mod sse;
+mod state;
 
-use anyhow::Result;
+use crate::backend_choice::BackendKind;
+use crate::engine_args::{CommandDefaults, EngineArgs};
+use crate::load;
+use crate::usage::usage;
+use anyhow::{Context, Result};
 use clap::Args;
+use dayone_backend::Backend;
+use dayone_engine::chat_template::ChatTemplate;
+use dayone_engine::loader::Checkpoint;
+use dayone_engine::service::EngineHandle;
+use dayone_engine::tokenizer::Tokenizer;
+use dayone_engine::EngineConfig;
+use errors::ApiError;
+use parsers::{ReasoningFormat, ToolFormat};
+use state::{AppState, Loaded, Settings};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// `dayone serve` flags.
+/// `dayone serve` flags: the engine flags every command takes, and the server's own.
 #[derive(Args, Debug)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// The engine flags.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind (loopback by default; 0.0.0.0 or :: to serve other machines).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the URL printed says which).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also from env DAYONE_API_KEY); /health,
+    /// /metrics, /tokenize and /detokenize stay open.
+    #[arg(long, env = "DAYONE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The model name clients send and /v1/models lists [default: the --model path as given].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Tool-call format of the model's output [default: picked from config.json and the chat
+    /// template]; `none` turns tool parsing off.
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_parser: Option<String>,
+    /// Reasoning format of the model's output [default: picked like --tool-call-parser];
+    /// `none` sends reasoning as content.
+    #[arg(long, value_name = "NAME")]
+    pub reasoning_parser: Option<String>,
+    /// Largest request body, MiB (a larger one gets 413).
+    #[arg(long, default_value_t = 8, value_parser = crate::parse::at_least_one, allow_negative_numbers = true)]
+    pub max_body_mb: usize,
+    /// Most choices (`n`) per request.
+    #[arg(long, default_value_t = 16, value_parser = crate::parse::at_least_one, allow_negative_numbers = true)]
+    pub max_n: usize,
+    /// Most alternatives per token for `top_logprobs` / `logprobs` (vLLM's --max-logprobs).
+    #[arg(long, default_value_t = 20, value_parser = crate::parse::non_negative, allow_negative_numbers = true)]
+    pub max_logprobs: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.
+    #[arg(long, default_value_t = 30, value_parser = crate::parse::non_negative, allow_negative_numbers = true)]
+    pub shutdown_timeout: usize,
+}
+
+/// A fresh id: `prefix-` and 32 hex digits (OpenAI's `chatcmpl-…`, `cmpl-…`).
+pub(crate) fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{:032x}", rand::random::<u128>())
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The loaded model and its tokenizer, or 503 while it loads.
+pub(crate) fn ready(state: &'static AppState) -> Result<(&'static Loaded, &'static Tokenizer), ApiError> {
+    let loaded = state
+        .loaded
+        .get()
+        .ok_or_else(|| ApiError::unavailable("the model is still loading"))?;
+    let tok = loaded
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| ApiError::bad_request("this checkpoint has no tokenizer"))?;
+    Ok((loaded, tok))
+}
+
+fn parser_formats(
+    a: &ServeArgs,
+    ckpt: &Checkpoint,
+) -> Result<(Option<ToolFormat>, Option<ReasoningFormat>)> {
+    let model_type = ckpt
+        .config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    let (auto_tool, auto_reasoning) =
+        parsers::auto_formats(model_type, ckpt.assets.chat_template.as_deref());
+    let tool = match a.tool_call_parser.as_deref() {
+        None => auto_tool,
+        Some("none") => None,
+        Some(name) => Some(ToolFormat::from_name(name).ok_or_else(|| {
+            usage(format!(
+                "--tool-call-parser: unknown parser '{name}': expected none or one of {}",
+                ToolFormat::names().join(", ")
+            ))
+        })?),
+    };
+    let reasoning = match a.reasoning_parser.as_deref() {
+        None => auto_reasoning,
+        Some("none") => None,
+        Some(name) => Some(ReasoningFormat::from_name(name).ok_or_else(|| {
+            usage(format!(
+                "--reasoning-parser: unknown parser '{name}': expected none or one of {}",
+                ReasoningFormat::names().join(", ")
+            ))
+        })?),
+    };
+    Ok((tool, reasoning))
+}
+
+/// Starts the engine thread for `kind`: the backend is created on that thread, so it need
+/// not be `Send`.
+fn start_engine(kind: BackendKind, ckpt: Checkpoint, cfg: EngineConfig) -> Result<EngineHandle> {
+    fn on<B: Backend>(
+        make: impl FnOnce() -> Result<B> + Send + 'static,
+        ckpt: Checkpoint,
+        cfg: EngineConfig,
+    ) -> Result<EngineHandle> {
+        EngineHandle::start(move || load::engine(make()?, &ckpt, &cfg, false))
+    }
+    match kind {
+        BackendKind::Cpu => on(|| Ok(dayone_backend::cpu::CpuBackend), ckpt, cfg),
+        BackendKind::Cuda => on(|| dayone_cuda::CudaBackend::new(0), ckpt, cfg),
+        BackendKind::Wgsl => match crate::backend_choice::wgsl_or_cpu_fallback()? {
+            Ok(_) => on(dayone_wgsl::WgslBackend::new, ckpt, cfg),
+            Err(cpu) => on(move || Ok(cpu), ckpt, cfg),
+        },
+    }
+}
 
 /// Runs the server until SIGINT/SIGTERM.
-pub fn run(_a: ServeArgs) -> Result<()> {
-    anyhow::bail!("serve is not built yet")
+pub fn run(a: ServeArgs) -> Result<()> {
+    let r = a.engine.resolve(&CommandDefaults::default())?;
+    let path = load::model_path(r.model.clone())?;
+    let ckpt = load::open(&path)?;
+    let (tool_format, reasoning_format) = parser_formats(&a, &ckpt)?;
+    let assets = ckpt.assets.clone();
+    if assets.tokenizer.is_none() {
+        anyhow::bail!(
+            "{}: serve needs a tokenizer (tokenizer.json or GGUF vocabulary)",
+            path.display()
+        );
+    }
+    let template = assets
+        .chat_template
+        .as_deref()
+        .map(ChatTemplate::new)
+        .transpose()
+        .with_context(|| format!("{}: the chat template", path.display()))?;
+    // vLLM's rule: the --model argument as given; the default model goes by its short name.
+    let model_name = a.served_model_name.clone().unwrap_or_else(|| match &r.model {
+        Some(m) => m.display().to_string(),
+        None => "SmolLM2-135M-Instruct".to_string(),
+    });
+    let settings = Settings {
+        model_name,
+        root: path.display().to_string(),
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        max_n: a.max_n,
+        max_logprobs: a.max_logprobs,
+        created: now_unix(),
+    };
+    // The state lives as long as the process: handlers and runs borrow it as `&'static`.
+    let state: &'static AppState = Box::leak(Box::new(AppState::new(settings)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let addr = format!("{}:{}", bracket_v6(&a.host), a.port);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr().context("the listening address")?;
+    let app = routes::router(state, a.max_body_mb << 20);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = rt.spawn(async move {
+        let mut stop = stop_rx;
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    eprintln!("dayone serve: loading {} …", path.display());
+    let weights_bytes = weights_bytes(&ckpt, r.engine.dtype);
+    let handle = match start_engine(r.backend, ckpt, r.engine.clone()) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = stop_tx.send(true);
+            return Err(e);
+        }
+    };
+    let stats = handle.stats().ok();
+    let kv_cache_bytes = stats.as_ref().map_or(0, |s| {
+        (s.total_blocks * r.engine.scheduler.block_size) as u64 * cache_bytes_per_token(&handle)
+    });
+    let loaded = Loaded {
+        handle: handle.clone(),
+        tokenizer: assets.tokenizer.clone(),
+        template,
+        bos_token: assets.bos_token.clone().unwrap_or_default(),
+        eos_token: assets.eos_token.clone().unwrap_or_default(),
+        add_bos: assets.add_bos,
+        bos_id: assets.bos_id,
+        tool_format,
+        reasoning_format,
+        gauges: metrics::ServerGauges {
+            weights_bytes,
+            kv_cache_bytes,
+            workspace_bytes: 0,
+            requests_rejected: 0,
+        },
+    };
+    let _ = state.loaded.set(loaded);
+    println!("dayone serve: ready at http://{local} (model `{}`)", state.settings.model_name);
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    rt.block_on(wait_for_signal())?;
+    eprintln!(
+        "dayone serve: stopping: draining in-flight requests (up to {} s)",
+        a.shutdown_timeout
+    );
+    let _ = stop_tx.send(true);
+    // Finishes what runs (aborting it after the grace), then the connections close.
+    let grace = Duration::from_secs(a.shutdown_timeout as u64);
+    handle.shutdown(grace);
+    let drained = rt.block_on(async {
+        tokio::time::timeout(grace + Duration::from_secs(5), server).await
+    });
+    if drained.is_err() {
+        eprintln!("dayone serve: connections still open after the grace period: closing them");
+    }
+    rt.shutdown_timeout(Duration::from_secs(1));
+    eprintln!("dayone serve: stopped");
+    Ok(())
+}
+
+/// `::1` → `[::1]` for `host:port`.
+fn bracket_v6(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    }
+}
+
+/// Bytes per cached token, from the engine (0 when it has stopped).
+fn cache_bytes_per_token(handle: &EngineHandle) -> u64 {
+    handle.model_info().cache_bytes_per_token as u64
+}
+
+/// The weights' bytes at the load dtype (quantized tensors count as the dtype they load to).
+fn weights_bytes(ckpt: &Checkpoint, dtype: dayone_backend::DType) -> u64 {
+    let elem = dtype.size() as u64;
+    ckpt.tensors
+        .names()
+        .iter()
+        .filter_map(|n| ckpt.tensors.shape(n))
+        .map(|s| s.iter().product::<usize>() as u64 * elem)
+        .sum()
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn wait_for_signal() -> Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(())
 }

@@ -70,6 +70,39 @@ impl ChatTemplate {
         tpl.render(ctx)
             .map_err(|e| anyhow!("chat template failed to render: {}", describe(&e)))
     }
+
+    /// Renders OpenAI-shaped messages as JSON values (`tool_calls`, `tool_call_id`,
+    /// `reasoning_content`, content parts: whatever the template reads), with `vars` as extra
+    /// template variables: `tools` (the request's tool list) and each `chat_template_kwargs`
+    /// entry (`enable_thinking`, `thinking`, …), as transformers' `apply_chat_template(...,
+    /// tools=..., **kwargs)` passes them. `vars` cannot override `messages`,
+    /// `add_generation_prompt`, `bos_token` or `eos_token`.
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        bos: &str,
+        eos: &str,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let tpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| anyhow!("chat template: {}", describe(&e)))?;
+        let mut ctx: std::collections::BTreeMap<String, Value> = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+            .collect();
+        ctx.insert("messages".into(), Value::from_serialize(messages));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        ctx.insert("bos_token".into(), Value::from(bos));
+        ctx.insert("eos_token".into(), Value::from(eos));
+        tpl.render(ctx)
+            .map_err(|e| anyhow!("chat template failed to render: {}", describe(&e)))
+    }
 }
 
 /// An error with its detail and line, on one line.
@@ -295,6 +328,21 @@ mod tests {
                 content: c.to_string(),
             })
             .collect()
+    }
+
+    #[test]
+    fn render_json_passes_tools_kwargs_and_tool_calls() {
+        let src = "{% if tools %}T:{{ tools[0].function.name }};{% endif %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% else %}{{ m.content }}{% endif %};{% endfor %}{% if enable_thinking is defined and not enable_thinking %}nothink{% endif %}";
+        let t = ChatTemplate::new(src).unwrap();
+        let messages = serde_json::json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+        ]);
+        let vars = serde_json::json!({"tools": [{"type": "function", "function": {"name": "g"}}], "enable_thinking": false, "messages": "ignored"});
+        let out = t
+            .render_json(&messages, false, "", "", vars.as_object().unwrap())
+            .unwrap();
+        assert_eq!(out, "T:g;user:hi;assistant:f;nothink");
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Default for EngineConfig {
 }
 
 /// A token produced by a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TokenEvent {
     /// The sequence it belongs to.
     pub seq_id: u64,
@@ -74,6 +74,9 @@ pub struct TokenEvent {
     /// Set when the sequence stopped with this token: `stop` (EOS), `length` (`max_tokens`) or
     /// `context` (the context window is full); see [`FinishReason::as_str`].
     pub finish: Option<FinishReason>,
+    /// The token's log-probability and top alternatives, when the request asked for them
+    /// ([`SamplingParams::logprobs`]).
+    pub logprobs: Option<crate::sampling::TokenLogprobs>,
 }
 
 /// A model on a backend with its cache and scheduler.
@@ -442,9 +445,11 @@ impl<B: Backend> Engine<B> {
             .collect();
         let meta = b.upload_meta(meta)?;
         let logits = self.model.forward(b, &ids, &meta, &self.cache, None)?;
-        let greedy = want
-            .iter()
-            .all(|&i| self.scheduler.running[i].params.is_greedy());
+        let greedy = want.iter().all(|&i| {
+            let p = &self.scheduler.running[i].params;
+            p.is_greedy() && p.logprobs.is_none()
+        });
+        let mut logprobs: Vec<Option<crate::sampling::TokenLogprobs>> = vec![None; want.len()];
         let tokens: Vec<u32> = if greedy && !self.capture_logits {
             b.download(&b.argmax(&logits)?)?.to_u32()?
         } else {
@@ -459,8 +464,16 @@ impl<B: Backend> Engine<B> {
                     if self.capture_logits {
                         self.last_logits.push((seq.id, row.to_vec()));
                     }
-                    seq.sampler
-                        .sample_with_history(row, &seq.params, &seq.tokens, seq.prompt_len)
+                    let token = seq.sampler.sample_with_history(
+                        row,
+                        &seq.params,
+                        &seq.tokens,
+                        seq.prompt_len,
+                    );
+                    if let Some(n) = seq.params.logprobs {
+                        logprobs[r] = Some(crate::sampling::token_logprobs(row, token, n));
+                    }
+                    token
                 })
                 .collect()
         };
@@ -468,7 +481,7 @@ impl<B: Backend> Engine<B> {
         let ctx = self.max_context;
         let now = Instant::now();
         let mut events = Vec::with_capacity(want.len());
-        for (&i, &token) in want.iter().zip(&tokens) {
+        for ((&i, &token), logprobs) in want.iter().zip(&tokens).zip(logprobs) {
             let seq = &mut self.scheduler.running[i];
             seq.tokens.push(token);
             match seq.last_token {
@@ -482,7 +495,9 @@ impl<B: Backend> Engine<B> {
                     .on_next_token(now.duration_since(t).as_secs_f64()),
             }
             seq.last_token = Some(now);
-            let finish = if !seq.params.ignore_eos && self.eos_ids.contains(&token) {
+            let finish = if (!seq.params.ignore_eos && self.eos_ids.contains(&token))
+                || seq.params.stop_token_ids.contains(&token)
+            {
                 Some(FinishReason::Eos)
             } else if seq.generated().len() >= seq.params.max_tokens {
                 Some(FinishReason::Length)
@@ -498,6 +513,7 @@ impl<B: Backend> Engine<B> {
                 prompt_tokens: seq.prompt_len,
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
+                logprobs,
             });
         }
         for seq in self.scheduler.reap_finished()? {

@@ -33,7 +33,17 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Keep generating past EOS (benchmarks).
     pub ignore_eos: bool,
+    /// Token ids that also end generation (OpenAI/vLLM `stop_token_ids`; finish reason `stop`),
+    /// honoured even with `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
+    /// Report each generated token's log-probability and this many alternatives
+    /// ([`token_logprobs`]) on its [`crate::TokenEvent`] (OpenAI `logprobs` / `top_logprobs`;
+    /// at most [`MAX_LOGPROBS`]). `None`: none (and greedy rows may stay on the device).
+    pub logprobs: Option<usize>,
 }
+
+/// Most alternatives [`SamplingParams::logprobs`] may ask for (vLLM's default `--max-logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -48,6 +58,8 @@ impl Default for SamplingParams {
             seed: 0,
             max_tokens: 128,
             ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            logprobs: None,
         }
     }
 }
@@ -99,6 +111,9 @@ impl SamplingParams {
         }
         if self.max_tokens == 0 {
             anyhow::bail!("--max-tokens must be at least 1");
+        }
+        if let Some(n) = self.logprobs.filter(|&n| n > MAX_LOGPROBS) {
+            anyhow::bail!("--logprobs must be at most {MAX_LOGPROBS}, got {n}");
         }
         Ok(())
     }

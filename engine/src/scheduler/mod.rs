@@ -228,10 +228,11 @@ impl Scheduler {
     pub fn add(&mut self, mut seq: Sequence) -> Result<()> {
         let queued = self.num_waiting();
         if queued >= self.config.max_queued_requests {
-            bail!(
-                "the request queue is full ({queued} waiting, max_queued_requests {}): retry later",
-                self.config.max_queued_requests
-            );
+            return Err(QueueFull {
+                waiting: queued,
+                max_queued_requests: self.config.max_queued_requests,
+            }
+            .into());
         }
         let t = self.config.long_prefill_threshold;
         seq.long = t > 0 && seq.prompt_len > t;
@@ -670,3 +671,14 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests;
+
+/// [`Scheduler::add`]'s error when `max_queued_requests` are already waiting (a server answers
+/// 503, like vLLM's `--max-num-queued-reqs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the request queue is full ({waiting} waiting, max_queued_requests {max_queued_requests}): retry later")]
+pub struct QueueFull {
+    /// Requests waiting when this one arrived.
+    pub waiting: usize,
+    /// The limit.
+    pub max_queued_requests: usize,
+}

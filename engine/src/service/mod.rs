@@ -67,6 +67,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Token ids that end generation (unless `ignore_eos`).
     pub eos_ids: Vec<u32>,
+    /// Device bytes one cached token takes over all layers ([`Engine::cache_bytes_per_token`]).
+    pub cache_bytes_per_token: usize,
 }
 
 /// A snapshot of the engine's state ([`EngineHandle::stats`]).
@@ -116,6 +118,7 @@ impl EngineHandle {
                 max_context: engine.config.max_context(),
                 vocab_size: engine.config.vocab_size(),
                 eos_ids: engine.eos_ids().to_vec(),
+                cache_bytes_per_token: engine.cache_bytes_per_token(),
             };
             Ok((engine, model))
         })

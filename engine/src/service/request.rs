@@ -77,6 +77,9 @@ pub enum StreamEvent {
         /// When the engine produced it (tokens of one engine step share it); the gaps between
         /// consecutive tokens are the inter-token latencies.
         time: Instant,
+        /// Its log-probability and top alternatives, when the request's
+        /// [`SamplingParams::logprobs`] asked for them.
+        logprobs: Option<crate::sampling::TokenLogprobs>,
     },
     /// The request ended normally or was aborted ([`FinishReason::Abort`]); its cache blocks and
     /// state slot are already free.

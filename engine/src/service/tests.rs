@@ -80,6 +80,7 @@ impl Stepper for Fake {
                 token,
                 finish,
                 cached_tokens: 0,
+                logprobs: None,
             });
         }
         self.running.retain(|s| s.generated < s.max_tokens);
@@ -113,6 +114,7 @@ fn start(fake: Fake) -> Result<EngineHandle> {
             max_context: 512,
             vocab_size: 256,
             eos_ids: vec![],
+            cache_bytes_per_token: 0,
         };
         Ok((fake, model))
     })
@@ -374,6 +376,7 @@ fn token(t: u32, index: usize) -> StreamEvent {
         token: t,
         index,
         time: Instant::now(),
+        logprobs: None,
     }
 }
 

@@ -6,6 +6,7 @@ use super::EngineStats;
 use crate::cache::prefix::ExtraKeys;
 use crate::sampling::SamplingParams;
 use crate::scheduler::FinishReason;
+use crate::sampling::TokenLogprobs;
 use crate::{Engine, TokenEvent};
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -41,6 +42,7 @@ pub(crate) struct Produced {
     pub(crate) finish: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache.
     pub(crate) cached_tokens: usize,
+    pub(crate) logprobs: Option<TokenLogprobs>,
 }
 
 /// What the loop needs of an engine: [`Engine`]'s public API (a test double stands in for it
@@ -76,6 +78,7 @@ impl<B: Backend> Stepper for Engine<B> {
                 token: e.token,
                 finish: e.finish,
                 cached_tokens: e.cached_tokens,
+                logprobs: e.logprobs,
             })
             .collect())
     }
@@ -276,6 +279,7 @@ impl<S: Stepper> EngineLoop<S> {
                 token: e.token,
                 index,
                 time: now,
+                logprobs: e.logprobs,
             });
             if let Some(reason) = e.finish {
                 let a = self.active.remove(&e.seq_id).expect("looked up above");
