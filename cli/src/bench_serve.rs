@@ -87,7 +87,7 @@ fn request_rate(s: &str) -> Result<f64, String> {
     let v: f64 = t
         .parse()
         .map_err(|_| format!("'{s}' is not a number or 'inf'"))?;
-    if !(v > 0.0) {
+    if v.is_nan() || v <= 0.0 {
         return Err(format!("must be > 0 or 'inf', got {t}"));
     }
     Ok(v)
