@@ -442,6 +442,9 @@ async fn bench(
         Instant::now(),
     )
     .await;
+    if !test.success && test.error.starts_with("error sending request") {
+        bail!("cannot reach {}: {}", plan.base, test.error);
+    }
     if !test.success {
         bail!(
             "initial test request to {} failed: {} (check --url, --endpoint, --model)",
