@@ -354,4 +354,11 @@ mod tests {
         let p = check(&v32(true), "plan</think>The answer.", false);
         assert_eq!(p, parsed(Some("The answer."), Some("plan"), &[]));
     }
+
+    #[test]
+    fn after_tool_result_without_thinking_is_content() {
+        // sglang#17551: a later turn's answer is not all reasoning.
+        let p = check(&v32(false), "The weather is sunny.", false);
+        assert_eq!(p, parsed(Some("The weather is sunny."), None, &[]));
+    }
 }

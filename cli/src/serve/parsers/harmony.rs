@@ -275,4 +275,15 @@ mod tests {
             parsed(Some("{\"city\":\"SF\"}"), Some("User wants weather."), &[])
         );
     }
+
+    #[test]
+    fn recipient_on_analysis_channel_is_a_call() {
+        // vllm-mlx#562: the recipient decides, not the channel.
+        let text =
+            "<|channel|>analysis to=functions.f <|constrain|>json<|message|>{\"a\": [1]}<|call|>";
+        assert_eq!(
+            check(&gpt(true), text, false),
+            parsed(None, None, &[("call_t_0", "f", "{\"a\": [1]}")])
+        );
+    }
 }

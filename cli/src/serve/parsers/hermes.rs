@@ -460,4 +460,20 @@ mod tests {
         let text = "<tool_call>{\"name\": \"f\"}</tool_call>";
         assert_eq!(check(&m, text, false), parsed(Some(text), None, &[]));
     }
+
+    #[test]
+    fn call_inside_reasoning_ends_it() {
+        let m = maker(
+            Some(ToolFormat::Hermes),
+            Some(ReasoningFormat::Think),
+            true,
+            true,
+        );
+        let text =
+            "I should call f.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(
+            check(&m, text, false),
+            parsed(None, Some("I should call f."), &[("call_t_0", "f", "{}")])
+        );
+    }
 }

@@ -352,4 +352,20 @@ mod tests {
         let p = check(&kimi(false), &text, false);
         assert_eq!(p.content.as_deref(), Some("I'll check."));
     }
+
+    #[test]
+    fn fan_out_of_22_calls() {
+        // llama.cpp#24658: many calls with `functions_Bash_N` ids all parse.
+        let mut text = String::from("<|tool_calls_section_begin|>");
+        for i in 0..22 {
+            text.push_str(&format!(
+                "<|tool_call_begin|>functions_Bash_{i}<|tool_call_argument_begin|>{{\"cmd\": \"echo {i}\"}}<|tool_call_end|>"
+            ));
+        }
+        text.push_str("<|tool_calls_section_end|>");
+        let p = check(&kimi(false), &text, false);
+        assert_eq!(p.tool_calls.len(), 22);
+        assert!(p.tool_calls.iter().all(|c| c.name == "Bash"));
+        assert_eq!(p.tool_calls[21].arguments, "{\"cmd\": \"echo 21\"}");
+    }
 }
