@@ -235,6 +235,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             kv_cache_bytes,
             workspace_bytes: 0,
             requests_rejected: 0,
+            resident_bytes: 0,
         },
     };
     let _ = state.loaded.set(loaded);

@@ -55,6 +55,9 @@ pub struct ServerGauges {
     /// HTTP requests refused (4xx, 503 when overloaded or shutting down); a counter
     /// (`dayone:http_requests_rejected_total`).
     pub requests_rejected: u64,
+    /// The server process's resident host memory, bytes
+    /// (`dayone:process_resident_memory_bytes`; 0 where it cannot be read).
+    pub resident_bytes: u64,
 }
 
 /// The Content-Type of `render`'s output.
@@ -436,6 +439,12 @@ impl Collector for Exposition {
                 ("workspace", g.workspace_bytes),
             ],
         )?;
+        gauge(
+            e,
+            "dayone:process_resident_memory_bytes",
+            "Resident host memory of the server process, in bytes.",
+            g.resident_bytes,
+        )?;
         counter(
             e,
             "dayone:http_requests_rejected",
@@ -621,6 +630,7 @@ mod tests {
         kv_cache_bytes: 40 << 30,
         workspace_bytes: 1 << 30,
         requests_rejected: 4,
+        resident_bytes: 7 << 20,
     };
 
     const GAUGES: &[&str] = &[
@@ -632,6 +642,7 @@ mod tests {
         "dayone:kv_blocks_free",
         "dayone:kv_blocks_cached",
         "dayone:device_memory_bytes",
+        "dayone:process_resident_memory_bytes",
     ];
     const COUNTERS: &[&str] = &[
         "dayone:prefix_cache_queries",
@@ -757,6 +768,7 @@ mod tests {
         assert_eq!(mem("kv_cache"), (40u64 << 30) as f64);
         assert_eq!(mem("workspace"), (1u64 << 30) as f64);
         assert_eq!(v("dayone:http_requests_rejected_total"), 4.0);
+        assert_eq!(v("dayone:process_resident_memory_bytes"), (7u64 << 20) as f64);
     }
 
     #[test]

@@ -233,7 +233,7 @@ impl Common {
             1.0,
         )?;
         let top_k = match self.top_k.unwrap_or(0) {
-            k if k <= 0 && k >= -1 => 0,
+            k if (-1..=0).contains(&k) => 0,
             k if k > 0 => k as usize,
             k => {
                 return Err(ApiError::bad_field(

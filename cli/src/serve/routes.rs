@@ -146,10 +146,19 @@ async fn metrics_text(State(state): State<&'static AppState>) -> Response {
     };
     let gauges = metrics::ServerGauges {
         requests_rejected: state.rejected.load(Ordering::Relaxed),
-        ..l.gauges.clone()
+        resident_bytes: resident_bytes(),
+        ..l.gauges
     };
     let text = metrics::render(&snapshot, &gauges, &state.settings.model_name);
     ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], Body::from(text)).into_response()
+}
+
+/// This process's resident memory (Linux `/proc/self/statm`, pages × 4096; 0 elsewhere).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 #[derive(Deserialize)]
