@@ -7,12 +7,18 @@
 //! timed run (arrivals from [`schedule`], one streaming request each through [`client`]), and
 //! report through [`report`]. `GET /metrics` is read before and after for the prefix-cache hit
 //! rate. Ctrl-C stops the run and reports the requests finished so far.
+//!
+//! `--duration-minutes` turns the run into a soak ([`soak`]): requests keep going out until the
+//! time is up (optionally some dropped mid-stream, `--abort-fraction`), and a soak section
+//! follows the usual block (per-minute p99, drift, the server's state and memory after); the
+//! exit code is 1 when a request failed or KV blocks leaked.
 
 mod client;
 mod dataset;
 mod report;
 mod schedule;
 mod server_metrics;
+mod soak;
 
 use crate::parse;
 use crate::usage::usage;
@@ -105,6 +111,18 @@ fn range_ratio(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// A fraction in [0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("must be in [0, 1], got {}", s.trim()));
+    }
+    Ok(v)
+}
+
 /// `dayone bench-serve` flags (vLLM's `vllm bench serve` names).
 #[derive(Args, Debug)]
 pub struct BenchServeArgs {
@@ -133,7 +151,8 @@ pub struct BenchServeArgs {
     /// random dataset its vocabulary and turns random ids into text for the chat endpoint.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Requests to send.
+    /// Requests to send (with --duration-minutes: the pool of prompts cycled; the random
+    /// dataset draws a fresh pool of this size each pass).
     #[arg(long, default_value_t = 1000, value_parser = parse::at_least_one)]
     pub num_prompts: usize,
     /// Random dataset: input tokens per request (besides the prefix).
@@ -194,6 +213,21 @@ pub struct BenchServeArgs {
     /// Sampling temperature sent with every request.
     #[arg(long, default_value_t = 0.0, value_parser = parse::non_negative_finite)]
     pub temperature: f32,
+    /// Soak: instead of --num-prompts requests, keep sending (at --max-concurrency) for this
+    /// many minutes, then wait for the requests in flight (each bounded by --timeout); adds a
+    /// soak report and exits 1 when a request failed or KV blocks leaked.
+    #[arg(long, value_parser = parse::positive_finite)]
+    pub duration_minutes: Option<f64>,
+    /// Soak: the share of requests (0..1, seeded by --seed) the client drops after 1..=5
+    /// output chunks, closing the connection mid-stream (counted as aborted, not failed).
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    pub abort_fraction: f64,
+    /// Soak: the server's process id, to read its RSS from /proc/PID/status at start and end.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Soak: seconds per report row (for tests).
+    #[arg(long, default_value_t = 60.0, value_parser = parse::positive_finite, hide = true)]
+    pub soak_minute_s: f64,
 }
 
 /// The base URL without a trailing `/` or `/v1`.
@@ -308,6 +342,48 @@ struct Plan {
     sampling: Sampling,
 }
 
+/// The random dataset's spec, vocabulary and (for the chat endpoint) the tokenizer that turns
+/// its ids into text.
+fn random_parts<'t>(
+    a: &BenchServeArgs,
+    api: Api,
+    tok: Option<&'t Tokenizer>,
+) -> Result<(dataset::RandomSpec, dataset::Vocab, Option<&'t Tokenizer>)> {
+    let vocab = match (a.random_vocab_size, tok) {
+        (Some(n), _) => dataset::Vocab::Range(u32::try_from(n).map_err(|_| {
+            usage(format!(
+                "--random-vocab-size {n} is too large (at most {})",
+                u32::MAX
+            ))
+        })?),
+        (None, Some(t)) => dataset::Vocab::from_tokenizer(t)?,
+        (None, None) => {
+            return Err(usage(
+                "--dataset-name random needs --tokenizer PATH or --random-vocab-size N \
+                 (the model's vocabulary size) to draw prompt token ids",
+            ))
+        }
+    };
+    let as_text = match api {
+        Api::Completions => None,
+        Api::Chat => Some(tok.ok_or_else(|| {
+            usage(
+                "--dataset-name random with a chat endpoint needs --tokenizer (random ids \
+                 are decoded to text for the chat message)",
+            )
+        })?),
+    };
+    let spec = dataset::RandomSpec {
+        num_prompts: a.num_prompts,
+        input_len: a.random_input_len,
+        output_len: a.random_output_len,
+        range_ratio: a.random_range_ratio,
+        prefix_len: a.random_prefix_len,
+        seed: a.seed,
+    };
+    Ok((spec, vocab, as_text))
+}
+
 fn build_dataset(
     a: &BenchServeArgs,
     api: Api,
@@ -321,37 +397,7 @@ fn build_dataset(
             dataset::sharegpt_requests(path, a.num_prompts, a.sharegpt_output_len, tok, a.seed)
         }
         DatasetName::Random => {
-            let vocab =
-                match (a.random_vocab_size, tok) {
-                    (Some(n), _) => dataset::Vocab::Range(u32::try_from(n).map_err(|_| {
-                        usage(format!(
-                            "--random-vocab-size {n} is too large (at most {})",
-                            u32::MAX
-                        ))
-                    })?),
-                    (None, Some(t)) => dataset::Vocab::from_tokenizer(t)?,
-                    (None, None) => return Err(usage(
-                        "--dataset-name random needs --tokenizer PATH or --random-vocab-size N \
-                         (the model's vocabulary size) to draw prompt token ids",
-                    )),
-                };
-            let as_text = match api {
-                Api::Completions => None,
-                Api::Chat => Some(tok.ok_or_else(|| {
-                    usage(
-                        "--dataset-name random with a chat endpoint needs --tokenizer (random ids \
-                         are decoded to text for the chat message)",
-                    )
-                })?),
-            };
-            let spec = dataset::RandomSpec {
-                num_prompts: a.num_prompts,
-                input_len: a.random_input_len,
-                output_len: a.random_output_len,
-                range_ratio: a.random_range_ratio,
-                prefix_len: a.random_prefix_len,
-                seed: a.seed,
-            };
+            let (spec, vocab, as_text) = random_parts(a, api, tok)?;
             dataset::random_requests(&spec, &vocab, as_text)
         }
     }
@@ -383,6 +429,21 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
     })?;
     if a.dataset_path.is_some() && a.dataset_name != DatasetName::Sharegpt {
         return Err(usage("--dataset-path is for --dataset-name sharegpt"));
+    }
+    if a.duration_minutes.is_none() {
+        if a.abort_fraction > 0.0 {
+            return Err(usage(
+                "--abort-fraction is for a soak (--duration-minutes M)",
+            ));
+        }
+        if a.server_pid.is_some() {
+            return Err(usage("--server-pid is for a soak (--duration-minutes M)"));
+        }
+    } else if a.max_concurrency.is_none() && a.request_rate.is_infinite() {
+        return Err(usage(
+            "--duration-minutes needs --max-concurrency N (or a finite --request-rate): \
+             without either the soak would send without pause",
+        ));
     }
     let api_key = a
         .api_key
@@ -420,8 +481,174 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
                 ignore_eos: a.ignore_eos,
             },
         };
-        bench(&a, &http, plan, &endpoint).await
+        bench(&a, &http, plan, &endpoint, tok.as_ref()).await
     })
+}
+
+/// What the timed part produced: the outputs reported in the usual block (aborted ones left
+/// out), whether each prompt length was counted, the duration, the requests sent, and the soak
+/// report of a soak.
+struct Timed {
+    outputs: Vec<RequestOutput>,
+    counted: Vec<bool>,
+    duration: f64,
+    sent: usize,
+    soak: Option<soak::SoakReport>,
+}
+
+/// The fixed-size run: `--num-prompts` requests at their arrival times.
+async fn fixed_run(a: &BenchServeArgs, http: &reqwest::Client, plan: &Arc<Plan>) -> Timed {
+    let n = plan.requests.len();
+    let offsets = schedule::arrival_offsets(n, a.request_rate, a.burstiness, a.seed);
+    let bar = progress(
+        a,
+        n as u64,
+        "requests [{bar:30}] {pos}/{len} {elapsed_precise} {wide_msg}",
+    );
+    let bodies: Arc<Vec<serde_json::Value>> =
+        Arc::new(plan.requests.iter().map(|r| body(plan, r)).collect());
+    let t0 = Instant::now();
+    let mut failed = 0usize;
+    let results = schedule::dispatch(
+        &offsets,
+        a.max_concurrency,
+        t0,
+        |i| {
+            let (h, p, b) = (http.clone(), plan.clone(), bodies.clone());
+            async move { client::send(&h, &p.target, &b[i], p.requests[i].prompt_len, t0).await }
+        },
+        |_, o: &RequestOutput| {
+            if !o.success {
+                failed += 1;
+                bar.set_message(format!("{failed} failed"));
+            }
+            bar.inc(1);
+        },
+        crate::interrupt::requested,
+    )
+    .await;
+    let duration = t0.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    // Interrupted runs report the requests that finished.
+    let finished: Vec<usize> = (0..n).filter(|&i| results[i].is_some()).collect();
+    if finished.len() < n {
+        eprintln!(
+            "interrupted: reporting the {} of {n} requests that finished",
+            finished.len()
+        );
+    }
+    let counted = finished
+        .iter()
+        .map(|&i| plan.requests[i].prompt_len_counted)
+        .collect();
+    Timed {
+        outputs: results.into_iter().flatten().collect(),
+        counted,
+        duration,
+        sent: a.num_prompts,
+        soak: None,
+    }
+}
+
+/// The soak: `--duration-minutes` of requests, then the server's state once idle.
+async fn soak_run(
+    a: &BenchServeArgs,
+    http: &reqwest::Client,
+    plan: &Arc<Plan>,
+    tok: Option<&Tokenizer>,
+    minutes: f64,
+) -> Result<Timed> {
+    let key = plan.target.api_key.as_deref();
+    let start = soak::snapshot(http, &plan.base, key, a.server_pid, false).await;
+    let refill: Option<Box<dyn FnMut(u64) -> Result<Vec<SampleRequest>> + '_>> =
+        match a.dataset_name {
+            DatasetName::Sharegpt => None,
+            DatasetName::Random => {
+                let (spec, vocab, as_text) = random_parts(a, plan.api, tok)?;
+                Some(Box::new(move |pass| {
+                    dataset::random_batch(&spec, &vocab, as_text, pass)
+                }))
+            }
+        };
+    let mut feed = soak::Feed::new(plan.requests.clone(), refill);
+    let cfg = soak::SoakConfig {
+        duration: Duration::from_secs_f64(minutes * 60.0),
+        max_concurrency: a.max_concurrency,
+        request_rate: a.request_rate,
+        burstiness: a.burstiness,
+        abort_fraction: a.abort_fraction,
+        seed: a.seed,
+    };
+    eprintln!(
+        "Soak: {minutes} min, then up to {} s for the requests in flight; abort fraction {}",
+        a.timeout, a.abort_fraction
+    );
+    let secs = cfg.duration.as_secs().max(1);
+    let bar = progress(a, secs, "soak [{bar:30}] {pos}/{len} s {wide_msg}");
+    let (mut done, mut aborted, mut failed) = (0usize, 0usize, 0usize);
+    let t0 = Instant::now();
+    let run = soak::run(
+        &cfg,
+        t0,
+        &mut feed,
+        |r, abort| {
+            let (h, p) = (http.clone(), plan.clone());
+            let b = body(plan, r);
+            let len = r.prompt_len;
+            async move { client::send_with(&h, &p.target, &b, len, t0, abort).await }
+        },
+        |o, in_flight| {
+            if o.success {
+                done += 1;
+            } else if o.aborted {
+                aborted += 1;
+            } else {
+                failed += 1;
+            }
+            bar.set_position(t0.elapsed().as_secs().min(secs));
+            bar.set_message(format!(
+                "{done} done, {aborted} aborted, {failed} failed, {in_flight} in flight"
+            ));
+        },
+        crate::interrupt::requested,
+    )
+    .await;
+    bar.finish_and_clear();
+    if run.interrupted {
+        eprintln!(
+            "interrupted: reporting the {} of {} requests that landed",
+            run.outputs.len(),
+            run.sent
+        );
+    } else {
+        eprintln!("Soak sending done; waiting for the server to go idle...");
+    }
+    let end = soak::snapshot(http, &plan.base, key, a.server_pid, !run.interrupted).await;
+    let report =
+        soak::SoakReport::new(&run, minutes, a.abort_fraction, a.soak_minute_s, start, end);
+    let (outputs, counted) = run.outputs.into_iter().filter(|(o, _)| !o.aborted).unzip();
+    Ok(Timed {
+        outputs,
+        counted,
+        duration: run.elapsed_s,
+        sent: run.sent,
+        soak: Some(report),
+    })
+}
+
+/// A progress bar on stderr (hidden with --disable-tqdm).
+fn progress(a: &BenchServeArgs, len: u64, template: &str) -> ProgressBar {
+    let bar = if a.disable_tqdm {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
 }
 
 async fn bench(
@@ -429,6 +656,7 @@ async fn bench(
     http: &reqwest::Client,
     plan: Plan,
     endpoint: &str,
+    tok: Option<&Tokenizer>,
 ) -> Result<()> {
     let plan = Arc::new(plan);
     let http = http.clone();
@@ -489,60 +717,18 @@ async fn bench(
         None => eprintln!("Maximum request concurrency: None"),
     }
     let before = server_metrics::scrape(&http, &plan.base, plan.target.api_key.as_deref()).await;
-
-    let n = plan.requests.len();
-    let offsets = schedule::arrival_offsets(n, a.request_rate, a.burstiness, a.seed);
-    let bar = if a.disable_tqdm {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(n as u64), ProgressDrawTarget::stderr())
+    let Timed {
+        outputs,
+        counted,
+        duration,
+        sent,
+        soak,
+    } = match a.duration_minutes {
+        None => fixed_run(a, &http, &plan).await,
+        Some(m) => soak_run(a, &http, &plan, tok, m).await?,
     };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "requests [{bar:30}] {pos}/{len} {elapsed_precise} {wide_msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    let bodies: Arc<Vec<serde_json::Value>> =
-        Arc::new(plan.requests.iter().map(|r| body(&plan, r)).collect());
-    let t0 = Instant::now();
-    let mut failed = 0usize;
-    let results = schedule::dispatch(
-        &offsets,
-        a.max_concurrency,
-        t0,
-        |i| {
-            let (h, p, b) = (http.clone(), plan.clone(), bodies.clone());
-            async move { client::send(&h, &p.target, &b[i], p.requests[i].prompt_len, t0).await }
-        },
-        |_, o: &RequestOutput| {
-            if !o.success {
-                failed += 1;
-                bar.set_message(format!("{failed} failed"));
-            }
-            bar.inc(1);
-        },
-        crate::interrupt::requested,
-    )
-    .await;
-    let duration = t0.elapsed().as_secs_f64();
-    bar.finish_and_clear();
     let after = server_metrics::scrape(&http, &plan.base, plan.target.api_key.as_deref()).await;
 
-    // Interrupted runs report the requests that finished.
-    let finished: Vec<usize> = (0..n).filter(|&i| results[i].is_some()).collect();
-    if finished.len() < n {
-        eprintln!(
-            "interrupted: reporting the {} of {n} requests that finished",
-            finished.len()
-        );
-    }
-    let outputs: Vec<RequestOutput> = results.into_iter().flatten().collect();
-    let counted: Vec<bool> = finished
-        .iter()
-        .map(|&i| plan.requests[i].prompt_len_counted)
-        .collect();
     let m = report::calculate(&outputs, &counted, duration);
     let info = report::RunInfo {
         max_concurrency: a.max_concurrency,
@@ -553,7 +739,7 @@ async fn bench(
         duration,
         prefix_cache: server_metrics::delta(before, after),
     };
-    if m.completed == 0 {
+    if m.completed == 0 && !outputs.is_empty() {
         eprintln!(
             "warning: all requests failed; first error: {}",
             outputs.first().map(|o| o.error.as_str()).unwrap_or("")
@@ -578,7 +764,10 @@ async fn bench(
              the server's usage.prompt_tokens where it reports them)"
         );
     }
-    let text = report::render(&m, &info);
+    let mut text = report::render(&m, &info);
+    if let Some(s) = &soak {
+        text.push_str(&s.render());
+    }
     for line in text.lines() {
         crate::outln!("{line}")?;
     }
@@ -590,14 +779,17 @@ async fn bench(
             endpoint: endpoint.to_string(),
             model_id: plan.model.clone(),
             tokenizer_id: a.tokenizer.as_ref().map(|p| p.display().to_string()),
-            num_prompts: a.num_prompts,
+            num_prompts: sent,
         };
         let input_lens: Vec<usize> = outputs
             .iter()
             .zip(&counted)
             .map(|(o, &c)| report::input_len(o, c))
             .collect();
-        let json = report::to_json(&header, &m, &info, &outputs, &input_lens);
+        let mut json = report::to_json(&header, &m, &info, &outputs, &input_lens);
+        if let Some(s) = &soak {
+            json["soak"] = s.to_json();
+        }
         let name = match &a.result_filename {
             Some(f) => f.clone(),
             None => {
@@ -626,6 +818,12 @@ async fn bench(
         std::fs::write(&path, s).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("saved result to {}", path.display());
     }
+    if let Some(s) = &soak {
+        let why = s.failures();
+        if !why.is_empty() {
+            bail!("soak failed: {}", why.join("; "));
+        }
+    }
     Ok(())
 }
 
@@ -652,5 +850,8 @@ mod tests {
         assert_eq!(py_float(10.0), "10.0");
         assert_eq!(py_float(f64::INFINITY), "inf");
         assert_eq!(local_date().len(), 15);
+        assert_eq!(fraction("0"), Ok(0.0));
+        assert_eq!(fraction("1"), Ok(1.0));
+        assert!(fraction("1.01").is_err() && fraction("-0.1").is_err() && fraction("x").is_err());
     }
 }

@@ -114,6 +114,9 @@ pub struct RequestOutput {
     pub start_time: f64,
     /// Why it failed ("" on success).
     pub error: String,
+    /// The client closed the connection mid-stream on purpose (soak `--abort-fraction`): not a
+    /// success and not a failure.
+    pub aborted: bool,
 }
 
 /// What a line of the stream means for the caller.
@@ -306,9 +309,23 @@ pub async fn send(
     prompt_len: usize,
     t0: Instant,
 ) -> RequestOutput {
+    send_with(client, target, body, prompt_len, t0, None).await
+}
+
+/// [`send`], and with `abort_after: Some(k)` the request is dropped (its connection closed)
+/// once `k` output chunks have arrived; it then comes back `aborted` (a stream that ends
+/// before `k` chunks is an ordinary request).
+pub async fn send_with(
+    client: &reqwest::Client,
+    target: &Target,
+    body: &Value,
+    prompt_len: usize,
+    t0: Instant,
+    abort_after: Option<usize>,
+) -> RequestOutput {
     let st = Instant::now();
-    let mut out = match tokio::time::timeout(target.timeout, stream(client, target, body, st)).await
-    {
+    let fut = stream(client, target, body, st, abort_after);
+    let mut out = match tokio::time::timeout(target.timeout, fut).await {
         Ok(o) => o,
         Err(_) => RequestOutput {
             error: format!(
@@ -328,6 +345,7 @@ async fn stream(
     target: &Target,
     body: &Value,
     st: Instant,
+    abort_after: Option<usize>,
 ) -> RequestOutput {
     use futures_util::StreamExt;
     let fail = |error: String| RequestOutput {
@@ -360,6 +378,16 @@ async fn stream(
         for line in lines.push(&chunk) {
             if state.feed_line(&line, t) == Flow::Done {
                 break 'read;
+            }
+            if let Some(k) = abort_after.filter(|&k| state.chunks >= k && state.error.is_none()) {
+                // Dropping the body stream closes the connection: the server sees a client
+                // that went away mid-stream.
+                drop(bytes);
+                return RequestOutput {
+                    aborted: true,
+                    error: format!("aborted by the client after {k} chunks"),
+                    ..Default::default()
+                };
             }
         }
     }

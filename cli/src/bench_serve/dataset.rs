@@ -96,10 +96,25 @@ pub fn random_requests(
     vocab: &Vocab,
     as_text: Option<&Tokenizer>,
 ) -> Result<Vec<SampleRequest>> {
+    random_batch(spec, vocab, as_text, 0)
+}
+
+/// Batch `batch` of the random dataset (the soak's fresh prompts): batch 0 is
+/// [`random_requests`]; later batches keep its shared prefix and draw new prompts from a
+/// stream of their own (same seed and batch, same prompts).
+pub fn random_batch(
+    spec: &RandomSpec,
+    vocab: &Vocab,
+    as_text: Option<&Tokenizer>,
+    batch: u64,
+) -> Result<Vec<SampleRequest>> {
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let prefix: Vec<u32> = (0..spec.prefix_len)
         .map(|_| vocab.sample(&mut rng))
         .collect();
+    if batch > 0 {
+        rng = StdRng::seed_from_u64(spec.seed ^ batch.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    }
     let (in_lo, in_hi) = length_range(spec.input_len, spec.range_ratio);
     let (out_lo, out_hi) = length_range(spec.output_len, spec.range_ratio);
     let mut out = Vec::with_capacity(spec.num_prompts);
@@ -294,6 +309,25 @@ mod tests {
         // Same seed, same prompts.
         let again = random_requests(&spec(50, 16, 4, 0.0, 3), &Vocab::Range(100), None).unwrap();
         assert_eq!(reqs, again);
+    }
+
+    #[test]
+    fn random_batches_keep_prefix_and_change_prompts() {
+        let sp = spec(20, 16, 4, 0.0, 3);
+        let b0 = random_batch(&sp, &Vocab::Range(1000), None, 0).unwrap();
+        assert_eq!(b0, random_requests(&sp, &Vocab::Range(1000), None).unwrap());
+        let b1 = random_batch(&sp, &Vocab::Range(1000), None, 1).unwrap();
+        let b2 = random_batch(&sp, &Vocab::Range(1000), None, 2).unwrap();
+        assert_eq!(b1, random_batch(&sp, &Vocab::Range(1000), None, 1).unwrap());
+        let ids = |r: &SampleRequest| match &r.prompt {
+            Prompt::Ids(v) => v.clone(),
+            Prompt::Text(_) => panic!("ids expected"),
+        };
+        assert_eq!(ids(&b0[0])[..3], ids(&b1[0])[..3], "same shared prefix");
+        assert_eq!(ids(&b0[0])[..3], ids(&b2[5])[..3]);
+        assert_ne!(ids(&b0[0]), ids(&b1[0]), "fresh prompts");
+        assert_ne!(ids(&b1[0]), ids(&b2[0]));
+        assert!(b1.iter().all(|r| r.prompt_len == 19 && r.output_len == 4));
     }
 
     #[test]

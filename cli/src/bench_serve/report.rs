@@ -511,6 +511,7 @@ mod tests {
             server_prompt_tokens: None,
             start_time: start,
             error: String::new(),
+            aborted: false,
         }
     }
 

@@ -49,13 +49,13 @@ pub fn prefix_counters(text: &str) -> Option<(f64, f64)> {
     None
 }
 
-/// Reads the counters from `base/metrics`; `None` when the server has no such endpoint or
-/// counters (never an error: the metrics are an extra).
-pub async fn scrape(
+/// The text of `base/metrics`; `None` when the server has no such endpoint (never an error:
+/// the metrics are an extra).
+pub async fn scrape_text(
     client: &reqwest::Client,
     base: &str,
     api_key: Option<&str>,
-) -> Option<(f64, f64)> {
+) -> Option<String> {
     let mut req = client
         .get(format!("{base}/metrics"))
         .timeout(Duration::from_secs(10));
@@ -66,7 +66,55 @@ pub async fn scrape(
     if !resp.status().is_success() {
         return None;
     }
-    prefix_counters(&resp.text().await.ok()?)
+    resp.text().await.ok()
+}
+
+/// Reads the prefix-cache counters from `base/metrics`; `None` when the server has no such
+/// endpoint or counters.
+pub async fn scrape(
+    client: &reqwest::Client,
+    base: &str,
+    api_key: Option<&str>,
+) -> Option<(f64, f64)> {
+    prefix_counters(&scrape_text(client, base, api_key).await?)
+}
+
+/// The server's load and memory gauges of one `/metrics` text (the soak's start and end
+/// state); `None` for a gauge the server does not expose.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServerState {
+    /// `dayone:num_requests_running` (else `vllm:`).
+    pub running: Option<f64>,
+    /// `dayone:num_requests_waiting` (else `vllm:`).
+    pub waiting: Option<f64>,
+    /// `dayone:kv_blocks_used`: KV blocks some request holds (0 when idle; more is a leak).
+    pub kv_blocks_used: Option<f64>,
+    /// `dayone:kv_cache_usage_perc` (else `vllm:`), 0..1.
+    pub kv_cache_usage: Option<f64>,
+    /// `dayone:process_resident_memory_bytes`, else the standard
+    /// `process_resident_memory_bytes`.
+    pub resident_bytes: Option<f64>,
+    /// Σ `dayone:device_memory_bytes` over its `kind` labels.
+    pub device_bytes: Option<f64>,
+}
+
+/// The first of `dayone:NAME`, `vllm:NAME` present.
+fn namespaced(text: &str, name: &str) -> Option<f64> {
+    sum_samples(text, &format!("dayone:{name}"))
+        .or_else(|| sum_samples(text, &format!("vllm:{name}")))
+}
+
+/// The [`ServerState`] of a `/metrics` text.
+pub fn server_state(text: &str) -> ServerState {
+    ServerState {
+        running: namespaced(text, "num_requests_running"),
+        waiting: namespaced(text, "num_requests_waiting"),
+        kv_blocks_used: sum_samples(text, "dayone:kv_blocks_used"),
+        kv_cache_usage: namespaced(text, "kv_cache_usage_perc"),
+        resident_bytes: sum_samples(text, "dayone:process_resident_memory_bytes")
+            .or_else(|| sum_samples(text, "process_resident_memory_bytes")),
+        device_bytes: sum_samples(text, "dayone:device_memory_bytes"),
+    }
 }
 
 /// The delta between two scrapes (after − before), when both exist.
@@ -101,5 +149,44 @@ vllm:external_prefix_cache_hits_total 5
             Some((30.0, 60.0))
         );
         assert_eq!(delta(None, Some((1.0, 1.0))), None);
+    }
+
+    #[test]
+    fn server_state_gauges() {
+        let text = "\
+# TYPE dayone:num_requests_running gauge
+dayone:num_requests_running{model_name=\"m\"} 0
+dayone:num_requests_waiting{model_name=\"m\"} 2
+dayone:num_requests_waiting_by_reason{model_name=\"m\",reason=\"capacity\"} 9
+dayone:kv_blocks_used{model_name=\"m\"} 3
+dayone:kv_blocks_used_total 100
+dayone:kv_cache_usage_perc{model_name=\"m\"} 0.25
+dayone:device_memory_bytes{model_name=\"m\",kind=\"weights\"} 1000
+dayone:device_memory_bytes{model_name=\"m\",kind=\"kv_cache\"} 500
+process_resident_memory_bytes 7e6
+";
+        let s = server_state(text);
+        assert_eq!(s.running, Some(0.0));
+        assert_eq!(
+            s.waiting,
+            Some(2.0),
+            "the _by_reason family is another name"
+        );
+        assert_eq!(s.kv_blocks_used, Some(3.0));
+        assert_eq!(s.kv_cache_usage, Some(0.25));
+        assert_eq!(s.device_bytes, Some(1500.0));
+        assert_eq!(
+            s.resident_bytes,
+            Some(7e6),
+            "the standard name as a fallback"
+        );
+        let own = format!("{text}dayone:process_resident_memory_bytes{{model_name=\"m\"}} 8e6\n");
+        assert_eq!(server_state(&own).resident_bytes, Some(8e6));
+        let v = server_state("vllm:num_requests_running{engine=\"0\"} 4\n");
+        assert_eq!(v.running, Some(4.0));
+        assert_eq!(
+            (v.kv_blocks_used, v.resident_bytes, v.device_bytes),
+            (None, None, None)
+        );
     }
 }
