@@ -1,6 +1,8 @@
 //! `dayone bench-serve` against a mock OpenAI server (axum on 127.0.0.1:0 streaming a few SSE
 //! chunks with small sleeps, a usage chunk and `[DONE]`), and its answers to bad input. Every
-//! run is bounded (a few requests, a deadline on the child process).
+//! run is bounded (a few requests, a deadline on the child process). The mock's `/metrics`
+//! carries dayone's gauges (requests running, KV blocks held: two per open stream, memory) for
+//! the soak (`--duration-minutes`).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -10,7 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,18 +22,34 @@ struct Seen {
     requests: AtomicUsize,
     bodies: Mutex<Vec<Value>>,
     auth: Mutex<Vec<String>>,
+    /// Streams open now (a stream the client dropped closes when the mock next writes).
+    running: AtomicUsize,
+    /// A `leaky` request came: /metrics reports 7 KV blocks held for good.
+    leaky: AtomicBool,
+}
+
+/// Counts an open stream until dropped.
+struct Open(S);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 type S = Arc<Seen>;
 
 const CHUNKS: usize = 4;
 
-fn sse(events: Vec<(u64, String)>) -> Response {
-    let stream = futures_util::stream::unfold(events.into_iter(), |mut it| async move {
-        let (sleep_ms, data) = it.next()?;
-        tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
-        Some((Ok::<_, std::convert::Infallible>(data), it))
-    });
+fn sse(s: &S, events: Vec<(u64, String)>) -> Response {
+    s.running.fetch_add(1, Ordering::SeqCst);
+    let open = Open(s.clone());
+    let stream =
+        futures_util::stream::unfold((events.into_iter(), open), |(mut it, open)| async move {
+            let (sleep_ms, data) = it.next()?;
+            tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+            Some((Ok::<_, std::convert::Infallible>(data), (it, open)))
+        });
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(Body::from_stream(stream))
@@ -48,6 +66,9 @@ fn record(s: &S, headers: &HeaderMap, body: &Value) -> Option<Response> {
             .lock()
             .unwrap()
             .push(a.to_str().unwrap_or("").to_string());
+    }
+    if body["model"] == "leaky" {
+        s.leaky.store(true, Ordering::SeqCst);
     }
     if body["model"] == "flaky" && n % 3 == 2 {
         let err = json!({"error": {"message": "overloaded", "type": "ServiceUnavailable"}});
@@ -75,7 +96,7 @@ async fn completions(State(s): State<S>, headers: HeaderMap, Json(body): Json<Va
         json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max}});
     ev.push((5, format!("data: {usage}\n\n")));
     ev.push((0, "data: [DONE]\n\n".into()));
-    sse(ev)
+    sse(&s, ev)
 }
 
 async fn chat(State(s): State<S>, headers: HeaderMap, Json(body): Json<Value>) -> Response {
@@ -100,15 +121,24 @@ async fn chat(State(s): State<S>, headers: HeaderMap, Json(body): Json<Value>) -
         json!({"choices": [], "usage": {"prompt_tokens": words + 5, "completion_tokens": max}});
     ev.push((200, format!("data: {usage}\n\n")));
     ev.push((0, "data: [DONE]\n\n".into()));
-    sse(ev)
+    sse(&s, ev)
 }
 
 async fn metrics(State(s): State<S>) -> String {
     let n = s.requests.load(Ordering::SeqCst);
+    let running = s.running.load(Ordering::SeqCst);
+    let blocks = 2 * running + if s.leaky.load(Ordering::SeqCst) { 7 } else { 0 };
     format!(
         "# TYPE dayone:prefix_cache_hits counter\n\
          dayone:prefix_cache_hits_total{{model_name=\"m\"}} {}\n\
-         dayone:prefix_cache_queries_total{{model_name=\"m\"}} {}\n# EOF\n",
+         dayone:prefix_cache_queries_total{{model_name=\"m\"}} {}\n\
+         dayone:num_requests_running{{model_name=\"m\"}} {running}\n\
+         dayone:num_requests_waiting{{model_name=\"m\"}} 0\n\
+         dayone:kv_blocks_used{{model_name=\"m\"}} {blocks}\n\
+         dayone:kv_cache_usage_perc{{model_name=\"m\"}} 0.0\n\
+         dayone:device_memory_bytes{{model_name=\"m\",kind=\"weights\"}} 1048576\n\
+         dayone:device_memory_bytes{{model_name=\"m\",kind=\"kv_cache\"}} 2097152\n\
+         process_resident_memory_bytes 5242880\n# EOF\n",
         10 * n,
         20 * n
     )
@@ -533,6 +563,20 @@ fn bench_serve_bad_input() {
             "5",
         ],
         &["--url", "https://example.com", "--random-vocab-size", "5"],
+        &["--random-vocab-size", "5", "--abort-fraction", "0.5"],
+        &["--random-vocab-size", "5", "--server-pid", "1"],
+        &["--random-vocab-size", "5", "--duration-minutes", "1"],
+        &[
+            "--random-vocab-size",
+            "5",
+            "--duration-minutes",
+            "1",
+            "--max-concurrency",
+            "2",
+            "--abort-fraction",
+            "1.5",
+        ],
+        &["--random-vocab-size", "5", "--duration-minutes", "0"],
     ] {
         let mut a = vec!["--url", "http://127.0.0.1:9"];
         a.extend_from_slice(args);
@@ -615,4 +659,233 @@ fn bench_serve_timeouts_are_failures() {
     assert_eq!(row(&stdout, "Failed requests:"), "2");
     assert!(stderr.contains("timed out after 0.5 s"), "{stderr}");
     assert!(t.elapsed() < Duration::from_secs(3), "bounded by --timeout");
+}
+
+#[test]
+fn bench_serve_soak_with_aborts() {
+    let (url, seen) = mock();
+    let dir = tempfile::tempdir().unwrap();
+    let pid = std::process::id().to_string();
+    let t = Instant::now();
+    let out = bench(
+        &[
+            "--url",
+            &url,
+            "--random-vocab-size",
+            "1000",
+            "--num-prompts",
+            "7",
+            "--random-input-len",
+            "8",
+            "--random-output-len",
+            "5",
+            "--max-concurrency",
+            "4",
+            "--duration-minutes",
+            "0.05",
+            "--abort-fraction",
+            "0.5",
+            "--soak-minute-s",
+            "1",
+            "--server-pid",
+            &pid,
+            "--disable-tqdm",
+            "--result-dir",
+            dir.path().to_str().unwrap(),
+            "--result-filename",
+            "soak.json",
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    println!("{stderr}{stdout}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    // 3 s of sending, then the last streams (≈ 80 ms each) and the idle check.
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(stdout.starts_with("============ Serving Benchmark Result ============\n"));
+    assert!(stdout.contains(&format!("{:=^50}\n", " Soak Result ")));
+    assert_eq!(
+        row(&stdout, "Failed requests:"),
+        "0",
+        "aborts are not failures"
+    );
+    assert_eq!(row(&stdout, "Requests failed:"), "0");
+    assert_eq!(row(&stdout, "KV blocks used (leaked):"), "0");
+    assert_eq!(row(&stdout, "Server RSS start (MiB):"), "5.0");
+    assert_eq!(row(&stdout, "Device memory end (MiB):"), "3.0");
+    assert_eq!(row(&stdout, "Soak verdict:"), "pass");
+    assert!(
+        row(&stdout, "TTFT P99 drift:").parse::<f64>().is_ok(),
+        "{stdout}"
+    );
+
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("soak.json")).unwrap())
+            .unwrap();
+    let soak = &j["soak"];
+    for k in [
+        "duration_minutes",
+        "abort_fraction",
+        "bucket_seconds",
+        "send_seconds",
+        "elapsed_seconds",
+        "interrupted",
+        "sent",
+        "completed",
+        "aborted",
+        "failed",
+        "minutes",
+        "p99_drift",
+        "leaked_blocks",
+        "server_start",
+        "server_end",
+        "passed",
+        "failures",
+    ] {
+        assert!(soak.get(k).is_some(), "soak.{k} missing: {soak}");
+    }
+    let n = |k: &str| soak[k].as_u64().unwrap();
+    assert!(n("aborted") > 0, "{soak}");
+    assert!(n("completed") > 0, "{soak}");
+    assert_eq!(n("failed"), 0, "{soak}");
+    assert_eq!(n("sent"), n("completed") + n("aborted"));
+    // Half aborted, give or take (aborts after 5 chunks complete: the mock sends 4).
+    let share = n("aborted") as f64 / n("sent") as f64;
+    assert!(share > 0.2 && share < 0.6, "aborted share {share}");
+    assert_eq!(soak["passed"], true);
+    assert_eq!(soak["leaked_blocks"], 0.0);
+    assert_eq!(soak["server_end"]["num_requests_running"], 0.0);
+    assert_eq!(soak["server_end"]["device_memory_bytes"], 3145728.0);
+    assert_eq!(soak["server_start"]["resident_memory_bytes"], 5242880.0);
+    assert!(soak["server_end"]["pid_rss_bytes"].as_u64().unwrap() > 0);
+    let minutes = soak["minutes"].as_array().unwrap();
+    assert!(minutes.len() >= 3, "{minutes:?}");
+    for m in minutes {
+        for k in [
+            "minute",
+            "full",
+            "completed",
+            "aborted",
+            "failed",
+            "p99_ttft_ms",
+            "p99_itl_ms",
+            "output_throughput",
+        ] {
+            assert!(m.get(k).is_some(), "{k} missing: {m}");
+        }
+    }
+    assert_eq!(
+        minutes.iter().filter(|m| m["full"] == true).count(),
+        3,
+        "{minutes:?}"
+    );
+    let total: u64 = minutes
+        .iter()
+        .map(|m| m["completed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, n("completed"));
+    let d = &soak["p99_drift"];
+    assert_eq!(
+        (d["first_minute"].as_u64(), d["last_minute"].as_u64()),
+        (Some(0), Some(2))
+    );
+    assert!(d["ttft"].as_f64().unwrap() > 0.0 && d["itl"].as_f64().unwrap() > 0.0);
+    // The usual block counts the landed requests without the aborted ones.
+    assert_eq!(j["completed"].as_u64(), Some(n("completed")));
+    assert_eq!(j["num_prompts"].as_u64(), Some(n("sent")));
+    // Fresh random prompts past the pool of 7 (1 test request + the soak's).
+    let bodies = seen.bodies.lock().unwrap();
+    assert_eq!(bodies.len() as u64, 1 + n("sent"));
+    let distinct: std::collections::HashSet<String> =
+        bodies.iter().map(|b| b["prompt"].to_string()).collect();
+    assert!(distinct.len() > 7, "{} distinct prompts", distinct.len());
+    assert_eq!(seen.running.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn bench_serve_soak_fails_on_leaked_blocks() {
+    let (url, _) = mock();
+    let out = bench(
+        &[
+            "--url",
+            &url,
+            "--model",
+            "leaky",
+            "--random-vocab-size",
+            "50",
+            "--num-prompts",
+            "3",
+            "--random-input-len",
+            "4",
+            "--random-output-len",
+            "2",
+            "--max-concurrency",
+            "2",
+            "--duration-minutes",
+            "0.01",
+            "--disable-tqdm",
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_eq!(row(&stdout, "KV blocks used (leaked):"), "7");
+    assert_eq!(row(&stdout, "Soak verdict:"), "FAIL");
+    assert_eq!(row(&stdout, "Requests aborted (by the client):"), "0");
+    let err: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(err.len(), 1, "{stderr}");
+    assert!(
+        err[0].contains("soak failed")
+            && err[0].contains("7 KV blocks")
+            && err[0].contains("leaked"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_serve_soak_fails_on_failed_requests() {
+    let (url, _) = mock();
+    let out = bench(
+        &[
+            "--url",
+            &url,
+            "--model",
+            "flaky",
+            "--random-vocab-size",
+            "50",
+            "--num-prompts",
+            "3",
+            "--random-input-len",
+            "4",
+            "--random-output-len",
+            "2",
+            "--max-concurrency",
+            "2",
+            "--duration-minutes",
+            "0.01",
+            "--disable-tqdm",
+        ],
+        &[],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert_ne!(row(&stdout, "Requests failed:"), "0");
+    let err: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(err.len(), 1, "{stderr}");
+    assert!(
+        err[0].contains("requests failed") && err[0].contains("503"),
+        "{stderr}"
+    );
 }

@@ -607,7 +607,7 @@ impl SoakReport {
                 row(
                     &mut s,
                     "Minutes compared:",
-                    format!("{} vs {}", d.last, d.first),
+                    format!("{} -> {}", d.first, d.last),
                 );
                 row(&mut s, "TTFT P99 drift:", ratio(d.ttft));
                 row(&mut s, "ITL P99 drift:", ratio(d.itl));
