@@ -560,16 +560,15 @@ async fn soak_run(
 ) -> Result<Timed> {
     let key = plan.target.api_key.as_deref();
     let start = soak::snapshot(http, &plan.base, key, a.server_pid, false).await;
-    let refill: Option<Box<dyn FnMut(u64) -> Result<Vec<SampleRequest>> + '_>> =
-        match a.dataset_name {
-            DatasetName::Sharegpt => None,
-            DatasetName::Random => {
-                let (spec, vocab, as_text) = random_parts(a, plan.api, tok)?;
-                Some(Box::new(move |pass| {
-                    dataset::random_batch(&spec, &vocab, as_text, pass)
-                }))
-            }
-        };
+    let refill: Option<soak::Refill<'_>> = match a.dataset_name {
+        DatasetName::Sharegpt => None,
+        DatasetName::Random => {
+            let (spec, vocab, as_text) = random_parts(a, plan.api, tok)?;
+            Some(Box::new(move |pass| {
+                dataset::random_batch(&spec, &vocab, as_text, pass)
+            }))
+        }
+    };
     let mut feed = soak::Feed::new(plan.requests.clone(), refill);
     let cfg = soak::SoakConfig {
         duration: Duration::from_secs_f64(minutes * 60.0),

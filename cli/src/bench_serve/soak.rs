@@ -54,21 +54,21 @@ impl AbortPlan {
     }
 }
 
+/// Makes pass `n` of the prompts (the random dataset's fresh ones).
+pub type Refill<'a> = Box<dyn FnMut(u64) -> anyhow::Result<Vec<SampleRequest>> + 'a>;
+
 /// Where the soak's prompts come from: a pool cycled in order, refilled (the random dataset's
 /// fresh prompts) by `refill(pass)` when it is used up.
 pub struct Feed<'a> {
     pool: Vec<SampleRequest>,
     pos: usize,
     pass: u64,
-    refill: Option<Box<dyn FnMut(u64) -> anyhow::Result<Vec<SampleRequest>> + 'a>>,
+    refill: Option<Refill<'a>>,
 }
 
 impl<'a> Feed<'a> {
     /// Cycles `pool` (not empty); with `refill`, pass `n` (from 1) gets `refill(n)` instead.
-    pub fn new(
-        pool: Vec<SampleRequest>,
-        refill: Option<Box<dyn FnMut(u64) -> anyhow::Result<Vec<SampleRequest>> + 'a>>,
-    ) -> Feed<'a> {
+    pub fn new(pool: Vec<SampleRequest>, refill: Option<Refill<'a>>) -> Feed<'a> {
         assert!(!pool.is_empty(), "a soak needs at least one prompt");
         Feed {
             pool,
