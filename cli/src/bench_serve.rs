@@ -585,6 +585,8 @@ async fn soak_run(
     let secs = cfg.duration.as_secs().max(1);
     let bar = progress(a, secs, "soak [{bar:30}] {pos}/{len} s {wide_msg}");
     let (mut done, mut aborted, mut failed) = (0usize, 0usize, 0usize);
+    // Without a bar (logs), one line a minute.
+    let mut logged_minute = 0u64;
     let t0 = Instant::now();
     let run = soak::run(
         &cfg,
@@ -604,7 +606,15 @@ async fn soak_run(
             } else {
                 failed += 1;
             }
-            bar.set_position(t0.elapsed().as_secs().min(secs));
+            let el = t0.elapsed().as_secs();
+            bar.set_position(el.min(secs));
+            if a.disable_tqdm && el / 60 > logged_minute {
+                logged_minute = el / 60;
+                eprintln!(
+                    "soak: {logged_minute} min: {done} done, {aborted} aborted, {failed} failed, \
+                     {in_flight} in flight"
+                );
+            }
             bar.set_message(format!(
                 "{done} done, {aborted} aborted, {failed} failed, {in_flight} in flight"
             ));
