@@ -1134,6 +1134,13 @@ fn sigterm_drains_a_stream() {
         tail(&all, 2000)
     );
     assert!(
+        all.contains(r#""finish_reason":"length""#),
+        "the stream ran to its end within the grace:\n{}",
+        tail(&all, 2000)
+    );
+    let err = server.stderr();
+    assert!(err.contains("draining"), "SIGTERM was seen: {err}");
+    assert!(
         status.is_some_and(|s| s.success()),
         "exit status {status:?}; stderr:\n{}",
         server.stderr()

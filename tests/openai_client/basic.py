@@ -94,6 +94,17 @@ class Chat(unittest.TestCase):
         _, _, _, usage = collect_chat_stream(chat(max_tokens=4, stream=True, **GREEDY))
         self.assertIsNone(usage)
 
+    def test_continuous_usage_and_n2_usage(self):
+        chunks = list(chat(max_tokens=5, n=2, stream=True, **GREEDY, extra_body=NO_EOS,
+                           stream_options={"include_usage": True,
+                                           "continuous_usage_stats": True}))
+        for c in chunks:
+            self.assertIsNotNone(c.usage, "continuous_usage_stats: usage on every chunk")
+        counts = [c.usage.completion_tokens for c in chunks]
+        self.assertEqual(counts, sorted(counts), "usage grows")
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 10, "two choices of 5")
+
     def test_stream_equals_non_stream(self):
         for n_tokens in (1, 5, 17):
             r = chat(max_tokens=n_tokens, **GREEDY, extra_body=NO_EOS)

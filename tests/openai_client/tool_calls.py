@@ -141,6 +141,25 @@ class ToolCalls(unittest.TestCase):
             with self.subTest(trigger=s["trigger"], note=s.get("note")):
                 self.run_one(s["trigger"], s["expect"], "%s/%s" % (GROUP["name"], s["trigger"]))
 
+    def test_reasoning_usage_and_include_reasoning(self):
+        for s in GROUP["scripts"]:
+            if not s["expect"]["reasoning"]:
+                continue
+            with self.subTest(trigger=s["trigger"]):
+                c = client()
+                r = c.chat.completions.create(**request(s["trigger"]))
+                details = r.usage.completion_tokens_details
+                self.assertTrue(details and details.reasoning_tokens > 0, r.usage)
+                self.assertLess(details.reasoning_tokens, r.usage.completion_tokens)
+                hidden = non_stream(c.chat.completions.create(
+                    **request(s["trigger"], extra_body={"include_reasoning": False})))
+                self.assertIsNone(hidden["reasoning"], "include_reasoning false hides it")
+                self.check_expect("include_reasoning=false", hidden,
+                                  dict(s["expect"], reasoning=None))
+                st = merge_stream(self, list(c.chat.completions.create(**request(
+                    s["trigger"], stream=True, extra_body={"include_reasoning": False}))))
+                self.assertIsNone(st["reasoning"])
+
     def test_cases(self):
         for case in GROUP.get("cases", []):
             with self.subTest(case=case):
