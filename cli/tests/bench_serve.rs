@@ -755,7 +755,7 @@ fn bench_serve_soak_with_aborts() {
     assert_eq!(n("sent"), n("completed") + n("aborted"));
     // Half aborted, give or take (aborts after 5 chunks complete: the mock sends 4).
     let share = n("aborted") as f64 / n("sent") as f64;
-    assert!(share > 0.2 && share < 0.6, "aborted share {share}");
+    assert!(share > 0.15 && share < 0.65, "aborted share {share}");
     assert_eq!(soak["passed"], true);
     assert_eq!(soak["leaked_blocks"], 0.0);
     assert_eq!(soak["server_end"]["num_requests_running"], 0.0);
