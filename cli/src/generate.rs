@@ -189,10 +189,12 @@ fn generate<B: Backend>(
     let max_tokens = g.params.max_tokens;
     let start = Instant::now();
     let mut live = Vec::with_capacity(g.n);
-    for _ in 0..g.n {
-        // A fresh engine numbers requests 0, 1, …: completion i samples with seed + i.
+    for i in 0..g.n {
+        // Completion i samples with seed + i (the server's rule for `n`).
+        let mut params = g.params.clone();
+        params.seed = params.seed.wrapping_add(i as u64);
         live.push(Live {
-            id: engine.add_request(ids.clone(), g.params.clone())?,
+            id: engine.add_request(ids.clone(), params)?,
             choice: Choice {
                 generated: Vec::new(),
                 text: tok.map(|_| String::new()),

@@ -88,7 +88,9 @@ pub(crate) fn now_unix() -> u64 {
 }
 
 /// The loaded model and its tokenizer, or 503 while it loads.
-pub(crate) fn ready(state: &'static AppState) -> Result<(&'static Loaded, &'static Tokenizer), ApiError> {
+pub(crate) fn ready(
+    state: &'static AppState,
+) -> Result<(&'static Loaded, &'static Tokenizer), ApiError> {
     let loaded = state
         .loaded
         .get()
@@ -174,10 +176,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .transpose()
         .with_context(|| format!("{}: the chat template", path.display()))?;
     // vLLM's rule: the --model argument as given; the default model goes by its short name.
-    let model_name = a.served_model_name.clone().unwrap_or_else(|| match &r.model {
-        Some(m) => m.display().to_string(),
-        None => "SmolLM2-135M-Instruct".to_string(),
-    });
+    let model_name = a
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| match &r.model {
+            Some(m) => m.display().to_string(),
+            None => "SmolLM2-135M-Instruct".to_string(),
+        });
     let settings = Settings {
         model_name,
         root: path.display().to_string(),
@@ -237,9 +242,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
             requests_rejected: 0,
             resident_bytes: 0,
         },
+        json_table: std::sync::OnceLock::new(),
     };
     let _ = state.loaded.set(loaded);
-    println!("dayone serve: ready at http://{local} (model `{}`)", state.settings.model_name);
+    println!(
+        "dayone serve: ready at http://{local} (model `{}`)",
+        state.settings.model_name
+    );
     let _ = std::io::Write::flush(&mut std::io::stdout());
     rt.block_on(wait_for_signal())?;
     eprintln!(
@@ -250,9 +259,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // Finishes what runs (aborting it after the grace), then the connections close.
     let grace = Duration::from_secs(a.shutdown_timeout as u64);
     handle.shutdown(grace);
-    let drained = rt.block_on(async {
-        tokio::time::timeout(grace + Duration::from_secs(5), server).await
-    });
+    let drained =
+        rt.block_on(async { tokio::time::timeout(grace + Duration::from_secs(5), server).await });
     if drained.is_err() {
         eprintln!("dayone serve: connections still open after the grace period: closing them");
     }

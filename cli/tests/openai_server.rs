@@ -683,7 +683,6 @@ fn openai_client_basic() {
 
 /// The seed cases of basic.py: the same seed must give the same sampled text in two requests.
 #[test]
-#[ignore = "server bug: a seed does not reproduce across requests (engine/src/scheduler/sequence.rs seeds each sequence with seed + its engine-wide request id)"]
 fn openai_client_seed() {
     basic_suite(&["-k", "Seeds"], true);
 }
@@ -1040,7 +1039,6 @@ fn load_64_streams_with_disconnects() {
 /// With `return_token_ids`, the streamed `token_ids` are the non-stream ones: also the ids of
 /// tokens whose text is empty (a special token dropped by skip_special_tokens, the EOS).
 #[test]
-#[ignore = "server bug: a stream drops the chunk (and so the token_ids) of a token with no text: completions.rs:185 / chat.rs:311 skip the chunk"]
 fn stream_token_ids_keep_tokens_without_text() {
     let model = word_model();
     let server = Server::start(&["--model", model.path().to_str().unwrap()]);

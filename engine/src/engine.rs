@@ -335,6 +335,21 @@ impl<B: Backend> Engine<B> {
         self.add_request_with(prompt, params, Default::default())
     }
 
+    /// Attaches a [`crate::sampling::LogitsProcessor`] to request `id` (constrained decoding);
+    /// it runs before every sample of that request. Errors: no such unfinished request.
+    pub fn set_logits_processor(
+        &mut self,
+        id: u64,
+        processor: Box<dyn crate::sampling::LogitsProcessor>,
+    ) -> Result<()> {
+        let seq = self
+            .scheduler
+            .sequence_mut(id)
+            .ok_or_else(|| anyhow::anyhow!("no unfinished request {id}"))?;
+        seq.processor = Some(processor);
+        Ok(())
+    }
+
     /// [`Engine::add_request`] with prefix-cache extra keys (a cache salt, image hashes):
     /// prefixes are shared only between requests whose keys agree.
     pub fn add_request_with(
@@ -446,8 +461,8 @@ impl<B: Backend> Engine<B> {
         let meta = b.upload_meta(meta)?;
         let logits = self.model.forward(b, &ids, &meta, &self.cache, None)?;
         let greedy = want.iter().all(|&i| {
-            let p = &self.scheduler.running[i].params;
-            p.is_greedy() && p.logprobs.is_none()
+            let seq = &self.scheduler.running[i];
+            seq.params.is_greedy() && seq.params.logprobs.is_none() && seq.processor.is_none()
         });
         let mut logprobs: Vec<Option<crate::sampling::TokenLogprobs>> = vec![None; want.len()];
         let tokens: Vec<u32> = if greedy && !self.capture_logits {
@@ -464,8 +479,18 @@ impl<B: Backend> Engine<B> {
                     if self.capture_logits {
                         self.last_logits.push((seq.id, row.to_vec()));
                     }
+                    let masked;
+                    let sample_row = match seq.processor.as_mut() {
+                        Some(p) => {
+                            let mut r = row.to_vec();
+                            p.apply(&seq.tokens[seq.prompt_len..], &mut r);
+                            masked = r;
+                            &masked[..]
+                        }
+                        None => row,
+                    };
                     let token = seq.sampler.sample_with_history(
-                        row,
+                        sample_row,
                         &seq.params,
                         &seq.tokens,
                         seq.prompt_len,

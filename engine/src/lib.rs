@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod default_model;
 pub mod engine;
+pub mod json_constraint;
 pub mod layers;
 pub mod loader;
 pub mod metrics;

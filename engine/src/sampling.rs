@@ -64,6 +64,16 @@ impl Default for SamplingParams {
     }
 }
 
+/// Changes one sequence's logits before each sample: constrained decoding (a grammar removes
+/// the tokens that cannot continue a valid output). Set with [`crate::Engine::set_logits_processor`].
+pub trait LogitsProcessor: Send {
+    /// `generated`: the tokens generated so far (not the prompt); `logits` `[V]` f32, the
+    /// model's raw logits, changed in place (`f32::NEG_INFINITY` removes a token). Penalties,
+    /// temperature and the top-k/p filters apply after it. Log-probabilities are reported from
+    /// the logits before it.
+    fn apply(&mut self, generated: &[u32], logits: &mut [f32]);
+}
+
 /// Largest |presence_penalty| and |frequency_penalty| (OpenAI's and vLLM's range).
 pub const MAX_PENALTY: f32 = 2.0;
 

@@ -7,10 +7,10 @@ use super::session::{ChoiceDelta, ChoiceUpdate, ParserChoice, Run, TokenLogprob}
 use super::sse::{self, ChunkShape, Envelope};
 use super::state::{AppState, Loaded};
 use super::{new_id, now_unix, ready};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -74,7 +74,12 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
     } else {
         "max_tokens"
     };
-    let spec = common.spec(prompt, loaded.handle.model_info().max_context, settings, field)?;
+    let spec = common.spec(
+        prompt,
+        loaded.handle.model_info().max_context,
+        settings,
+        field,
+    )?;
     let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (false, Some(k)) if k > 0 => {
             return Err(ApiError::bad_field(
@@ -88,7 +93,10 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
             if k > settings.max_logprobs as u64 {
                 return Err(ApiError::bad_field(
                     "top_logprobs",
-                    format!("top_logprobs must be at most {}, got {k}", settings.max_logprobs),
+                    format!(
+                        "top_logprobs must be at most {}, got {k}",
+                        settings.max_logprobs
+                    ),
                 ));
             }
             Some(k as usize)
@@ -111,8 +119,10 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
         logprobs: logprobs.is_some(),
     };
     if spec.stream {
-        return Ok(sse::respond(run, shape, env, spec.include_usage, spec.continuous_usage)
-            .into_response());
+        return Ok(
+            sse::respond(run, shape, env, spec.include_usage, spec.continuous_usage)
+                .into_response(),
+        );
     }
     Ok(Json(collect(run, &shape, env).await?).into_response())
 }
@@ -182,7 +192,10 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
     for (i, m) in messages.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}]{f}");
         let Some(obj) = m.as_object() else {
-            return Err(ApiError::bad_field(&at(""), "each message must be an object"));
+            return Err(ApiError::bad_field(
+                &at(""),
+                "each message must be an object",
+            ));
         };
         let mut obj = obj.clone();
         match obj.get("role").and_then(Value::as_str) {
@@ -190,7 +203,9 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
             Some(r) => {
                 return Err(ApiError::bad_field(
                     &at(".role"),
-                    format!("unknown role '{r}': expected system, developer, user, assistant or tool"),
+                    format!(
+                        "unknown role '{r}': expected system, developer, user, assistant or tool"
+                    ),
                 ))
             }
             None => return Err(ApiError::bad_field(&at(".role"), "role must be a string")),
@@ -308,7 +323,9 @@ impl ChunkShape for ChatShape {
             delta.insert("tool_calls".into(), json!(tool_calls_json(d)));
         }
         let has_logprobs = self.logprobs && !d.logprobs.is_empty();
-        if delta.is_empty() && u.finish.is_none() && !has_logprobs {
+        // A token without text still goes out when its id is asked for (`return_token_ids`).
+        let has_ids = self.token_ids && !d.token_ids.is_empty();
+        if delta.is_empty() && u.finish.is_none() && !has_logprobs && !has_ids {
             return None;
         }
         let mut c = json!({

@@ -57,7 +57,11 @@ fn prompts(v: &Value, loaded: &Loaded, tok: &Tokenizer) -> Result<Vec<Vec<u32>>,
     };
     let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
         a.iter()
-            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad))
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(bad)
+            })
             .collect()
     };
     match v {
@@ -111,7 +115,10 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
         Some(k) if k > settings.max_logprobs as u64 => {
             return Err(ApiError::bad_field(
                 "logprobs",
-                format!("logprobs must be at most {}, got {k}", settings.max_logprobs),
+                format!(
+                    "logprobs must be at most {}, got {k}",
+                    settings.max_logprobs
+                ),
             ))
         }
         k => k.map(|k| k as usize),
@@ -129,7 +136,8 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
         id: new_id("cmpl"),
         created: now_unix(),
         model: settings.model_name.clone(),
-        prompt_token_ids: (spec0.return_token_ids && specs.len() == 1).then(|| spec0.prompt.clone()),
+        prompt_token_ids: (spec0.return_token_ids && specs.len() == 1)
+            .then(|| spec0.prompt.clone()),
     };
     let shape = TextShape {
         token_ids: spec0.return_token_ids,
@@ -182,7 +190,9 @@ impl ChunkShape for TextShape {
     fn choice(&mut self, u: &ChoiceUpdate) -> Option<Value> {
         let d = &u.delta;
         let has_logprobs = self.logprobs && !d.logprobs.is_empty();
-        if d.content.is_empty() && u.finish.is_none() && !has_logprobs {
+        // A token without text still goes out when its id is asked for (`return_token_ids`).
+        let has_ids = self.token_ids && !d.token_ids.is_empty();
+        if d.content.is_empty() && u.finish.is_none() && !has_logprobs && !has_ids {
             return None;
         }
         let mut c = json!({

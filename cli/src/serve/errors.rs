@@ -92,7 +92,8 @@ impl From<serde_json::Error> for ApiError {
 /// → 500, anything else (the engine's validation of the request) → 400.
 pub fn from_engine(e: anyhow::Error) -> ApiError {
     let msg = format!("{e:#}");
-    if e.downcast_ref::<dayone_engine::scheduler::QueueFull>().is_some()
+    if e.downcast_ref::<dayone_engine::scheduler::QueueFull>()
+        .is_some()
         || msg.starts_with("engine is shutting down")
     {
         ApiError::unavailable(msg)

@@ -768,7 +768,10 @@ mod tests {
         assert_eq!(mem("kv_cache"), (40u64 << 30) as f64);
         assert_eq!(mem("workspace"), (1u64 << 30) as f64);
         assert_eq!(v("dayone:http_requests_rejected_total"), 4.0);
-        assert_eq!(v("dayone:process_resident_memory_bytes"), (7u64 << 20) as f64);
+        assert_eq!(
+            v("dayone:process_resident_memory_bytes"),
+            (7u64 << 20) as f64
+        );
     }
 
     #[test]

@@ -129,6 +129,8 @@ pub struct GenSpec {
     pub return_token_ids: bool,
     /// Prefix-cache salt.
     pub cache_salt: Option<String>,
+    /// `response_format: json_object`: the answer is constrained to one JSON object.
+    pub json_object: bool,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
@@ -219,7 +221,7 @@ impl Common {
                 "min_tokens is not supported yet: only 0",
             ));
         }
-        check_response_format(self.response_format.as_ref())?;
+        let json_object = check_response_format(self.response_format.as_ref())?;
         let temperature = range("temperature", self.temperature, 0.0, 2.0, 1.0)?;
         let top_p = range("top_p", self.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
         let min_p = range("min_p", self.min_p, 0.0, 1.0, 0.0)?;
@@ -276,15 +278,17 @@ impl Common {
             continuous_usage: opts.continuous_usage_stats.unwrap_or(false),
             return_token_ids: self.return_token_ids.unwrap_or(false),
             cache_salt: self.cache_salt.clone(),
+            json_object,
         })
     }
 }
 
-/// `response_format`: `text` runs as usual; `json_object` and `json_schema` need constrained
-/// decoding, which dayone does not have yet, so they are refused (400) rather than ignored.
-fn check_response_format(rf: Option<&Value>) -> Result<(), ApiError> {
+/// `response_format`: `text` runs as usual (`false`); `json_object` constrains the answer to
+/// one JSON object (`true`); `json_schema` would need a schema compiler, which dayone does not
+/// have, so it is refused (400) rather than ignored.
+fn check_response_format(rf: Option<&Value>) -> Result<bool, ApiError> {
     let Some(rf) = rf.filter(|v| !v.is_null()) else {
-        return Ok(());
+        return Ok(false);
     };
     let kind = rf.get("type").and_then(Value::as_str).ok_or_else(|| {
         ApiError::bad_field(
@@ -293,10 +297,11 @@ fn check_response_format(rf: Option<&Value>) -> Result<(), ApiError> {
         )
     })?;
     match kind {
-        "text" => Ok(()),
-        "json_object" | "json_schema" => Err(ApiError::bad_field(
+        "text" => Ok(false),
+        "json_object" => Ok(true),
+        "json_schema" => Err(ApiError::bad_field(
             "response_format",
-            format!("response_format {kind} is not supported: dayone has no constrained decoding yet, so it cannot guarantee the format"),
+            "response_format json_schema is not supported: dayone constrains output to JSON (json_object) but cannot enforce a schema",
         )),
         other => Err(ApiError::bad_field(
             "response_format.type",
@@ -345,12 +350,24 @@ mod tests {
         let e = c.spec(vec![1], 10, &s, "max_tokens").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let c = common(serde_json::json!({"n": 1_000_000})).unwrap();
-        assert_eq!(c.spec(vec![1], 10, &s, "max_tokens").unwrap_err().param.as_deref(), Some("n"));
+        assert_eq!(
+            c.spec(vec![1], 10, &s, "max_tokens")
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("n")
+        );
         let c = common(serde_json::json!({"temperature": -1})).unwrap();
         assert!(c.spec(vec![1], 10, &s, "max_tokens").is_err());
         let c = common(serde_json::json!({"response_format": {"type": "json_schema"}})).unwrap();
         assert!(c.spec(vec![1], 10, &s, "max_tokens").is_err());
         let c = common(serde_json::json!({"max_completion_tokens": 2, "max_tokens": 5})).unwrap();
-        assert_eq!(c.spec(vec![1], 10, &s, "max_tokens").unwrap().params.max_tokens, 2);
+        assert_eq!(
+            c.spec(vec![1], 10, &s, "max_tokens")
+                .unwrap()
+                .params
+                .max_tokens,
+            2
+        );
     }
 }

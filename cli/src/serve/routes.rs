@@ -150,7 +150,11 @@ async fn metrics_text(State(state): State<&'static AppState>) -> Response {
         ..l.gauges
     };
     let text = metrics::render(&snapshot, &gauges, &state.settings.model_name);
-    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], Body::from(text)).into_response()
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        Body::from(text),
+    )
+        .into_response()
 }
 
 /// This process's resident memory (Linux `/proc/self/statm`, pages × 4096; 0 elsewhere).

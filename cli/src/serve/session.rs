@@ -11,11 +11,13 @@ use super::errors::{from_engine, ApiError};
 use super::parsers::{self, Delta, OutputParser};
 use super::protocol::GenSpec;
 use super::state::Loaded;
+use dayone_engine::json_constraint::{JsonObjectProcessor, TokenTable};
 use dayone_engine::sampling::{StopMatcher, TokenLogprobs};
 use dayone_engine::scheduler::FinishReason;
-use dayone_engine::service::{EngineHandle, Request, StreamEvent};
+use dayone_engine::service::{EngineHandle, ProcessorCell, Request, StreamEvent};
 use dayone_engine::tokenizer::{StreamDecoder, Tokenizer};
 use serde_json::Value;
+use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// Which parser reads the text of each choice.
@@ -213,10 +215,24 @@ impl Run {
             let mut params = spec.params.clone();
             params.seed = params.seed.wrapping_add(j as u64);
             params.logprobs = logprobs;
+            let processor = match spec.json_object {
+                true => {
+                    let vocab = loaded.handle.model_info().vocab_size;
+                    let table = loaded
+                        .json_table
+                        .get_or_init(|| Arc::new(TokenTable::new(tok, vocab)))
+                        .clone();
+                    let mut eos = loaded.handle.model_info().eos_ids.clone();
+                    eos.extend(&spec.params.stop_token_ids);
+                    ProcessorCell::new(Box::new(JsonObjectProcessor::new(table, eos)))
+                }
+                false => ProcessorCell::default(),
+            };
             let request = Request {
                 prompt: spec.prompt.clone(),
                 params,
                 cache_salt: spec.cache_salt.clone(),
+                processor,
             };
             let tx = tx.clone();
             // On the engine thread: forwards without blocking; `false` once the run is gone.

@@ -79,8 +79,7 @@ pub fn respond<S: ChunkShape>(
     let (tx, rx) = mpsc::channel::<Event>(64);
     tokio::spawn(async move {
         let send = |v: Value| Event::default().data(v.to_string());
-        let usage_now =
-            |run: &Run| continuous_usage.then(|| usage_json(&run.usage()));
+        let usage_now = |run: &Run| continuous_usage.then(|| usage_json(&run.usage()));
         let mut env = env;
         for i in 0..run.n() {
             if let Some(c) = shape.opening(i) {

@@ -3,10 +3,11 @@
 use super::metrics::ServerGauges;
 use super::parsers::{ReasoningFormat, ToolFormat};
 use dayone_engine::chat_template::ChatTemplate;
+use dayone_engine::json_constraint::TokenTable;
 use dayone_engine::service::EngineHandle;
 use dayone_engine::tokenizer::Tokenizer;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Settings fixed at start.
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub struct Loaded {
     pub reasoning_format: Option<ReasoningFormat>,
     /// Device memory held, for `/metrics`.
     pub gauges: ServerGauges,
+    /// Every token's text, built at the first `json_object` request.
+    pub json_table: OnceLock<Arc<TokenTable>>,
 }
 
 /// The state behind every route.

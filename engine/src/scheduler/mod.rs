@@ -570,6 +570,15 @@ impl Scheduler {
         saves
     }
 
+    /// Unfinished sequence `id`, waiting or running.
+    pub fn sequence_mut(&mut self, id: u64) -> Option<&mut Sequence> {
+        self.waiting
+            .iter_mut()
+            .chain(self.waiting_long.iter_mut())
+            .chain(self.running.iter_mut())
+            .find(|s| s.id == id)
+    }
+
     /// Removes sequence `id` wherever it is (waiting or running), freeing its blocks and state
     /// slot at once; `None` when no such sequence is unfinished.
     pub fn abort(&mut self, id: u64) -> Result<Option<Sequence>> {

@@ -80,6 +80,8 @@ pub struct Sequence {
     pub last_token: Option<Instant>,
     /// Set while it waits swapped out to the host tier.
     pub swapped: Option<Swapped>,
+    /// Masks its logits before each sample (constrained decoding), when set.
+    pub processor: Option<Box<dyn crate::sampling::LogitsProcessor>>,
 }
 
 /// A sequence's cache and state held in the host tier while it is preempted.
@@ -95,7 +97,9 @@ pub struct Swapped {
 impl Sequence {
     /// A new sequence from prompt ids.
     pub fn new(id: u64, prompt: Vec<u32>, params: SamplingParams) -> Self {
-        let sampler = Sampler::new(params.seed.wrapping_add(id));
+        // The seed alone (not the engine-wide id): the same request samples the same tokens
+        // whenever it is sent (a server's `seed`); callers give each of `n` choices its own seed.
+        let sampler = Sampler::new(params.seed);
         Self {
             id,
             prompt_len: prompt.len(),
@@ -117,6 +121,7 @@ impl Sequence {
             first_token: None,
             last_token: None,
             swapped: None,
+            processor: None,
         }
     }
 

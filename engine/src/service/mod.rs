@@ -41,7 +41,7 @@ mod tests;
 mod thread;
 
 pub use detok::TextStream;
-pub use request::{Completion, Request, RequestStream, RequestTiming, StreamEvent};
+pub use request::{Completion, ProcessorCell, Request, RequestStream, RequestTiming, StreamEvent};
 
 use crate::Engine;
 use anyhow::{anyhow, Context, Result};

@@ -2,11 +2,12 @@
 //! [`RequestStream`], or a [`Completion`] once the stream has ended).
 
 use super::status::Shared;
+use crate::sampling::LogitsProcessor;
 use crate::sampling::SamplingParams;
 use crate::scheduler::FinishReason;
 use anyhow::{anyhow, bail, Result};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A generation request: prompt token ids and how to sample them.
@@ -20,6 +21,31 @@ pub struct Request {
     /// `cache_salt`, one per tenant). Carried for the prefix cache; the engine does not read it
     /// yet.
     pub cache_salt: Option<String>,
+    /// Constrained decoding: masks the logits before each sample (taken by the engine once).
+    pub processor: ProcessorCell,
+}
+
+/// A [`LogitsProcessor`] travelling with a [`Request`] to the engine thread, which takes it
+/// once; empty by default. Clones share the one processor.
+#[derive(Clone, Default)]
+pub struct ProcessorCell(Arc<Mutex<Option<Box<dyn LogitsProcessor>>>>);
+
+impl ProcessorCell {
+    /// A cell holding `p`.
+    pub fn new(p: Box<dyn LogitsProcessor>) -> Self {
+        Self(Arc::new(Mutex::new(Some(p))))
+    }
+
+    /// The processor, once (`None` after the first call, or when empty).
+    pub fn take(&self) -> Option<Box<dyn LogitsProcessor>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+impl std::fmt::Debug for ProcessorCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProcessorCell")
+    }
 }
 
 impl Request {
@@ -29,6 +55,7 @@ impl Request {
             prompt,
             params,
             cache_salt: None,
+            processor: ProcessorCell::default(),
         }
     }
 }

@@ -87,6 +87,14 @@ impl Stepper for Fake {
         Ok(events)
     }
 
+    fn set_logits_processor(
+        &mut self,
+        _id: u64,
+        _p: Box<dyn crate::sampling::LogitsProcessor>,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     fn abort(&mut self, id: u64) -> Result<bool> {
         let before = self.running.len();
         self.running.retain(|s| s.id != id);

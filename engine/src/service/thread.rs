@@ -5,8 +5,8 @@ use super::request::{Request, RequestTiming, StreamEvent};
 use super::EngineStats;
 use crate::cache::prefix::ExtraKeys;
 use crate::sampling::SamplingParams;
+use crate::sampling::{LogitsProcessor, TokenLogprobs};
 use crate::scheduler::FinishReason;
-use crate::sampling::TokenLogprobs;
 use crate::{Engine, TokenEvent};
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -55,6 +55,7 @@ pub(crate) trait Stepper {
         extra: ExtraKeys,
     ) -> Result<u64>;
     fn step(&mut self) -> Result<Vec<Produced>>;
+    fn set_logits_processor(&mut self, id: u64, p: Box<dyn LogitsProcessor>) -> Result<()>;
     fn abort(&mut self, id: u64) -> Result<bool>;
     fn has_unfinished(&self) -> bool;
     fn stats(&self, requests: usize) -> EngineStats;
@@ -84,6 +85,9 @@ impl<B: Backend> Stepper for Engine<B> {
     }
     fn abort(&mut self, id: u64) -> Result<bool> {
         Engine::abort(self, id)
+    }
+    fn set_logits_processor(&mut self, id: u64, p: Box<dyn LogitsProcessor>) -> Result<()> {
+        Engine::set_logits_processor(self, id, p)
     }
     fn has_unfinished(&self) -> bool {
         Engine::has_unfinished(self)
@@ -219,10 +223,15 @@ impl<S: Stepper> EngineLoop<S> {
                     cache_salt: request.cache_salt,
                     ..Default::default()
                 };
-                match self
+                let processor = request.processor.take();
+                let added = self
                     .engine
                     .add_request(request.prompt, request.params, extra)
-                {
+                    .and_then(|id| match processor {
+                        Some(p) => self.engine.set_logits_processor(id, p).map(|()| id),
+                        None => Ok(id),
+                    });
+                match added {
                     Ok(id) => {
                         self.active.insert(
                             id,
