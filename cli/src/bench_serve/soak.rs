@@ -659,7 +659,9 @@ impl SoakReport {
         row(
             &mut s,
             "Soak verdict:",
-            if why.is_empty() {
+            if self.interrupted {
+                "not judged (interrupted)".into()
+            } else if why.is_empty() {
                 "pass".into()
             } else {
                 "FAIL".into()
