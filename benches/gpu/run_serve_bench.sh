@@ -89,7 +89,7 @@ PY
       --attn sdpa --batch 1 --gen-len 4 2>&1 | grep -v Warning | tail -2
     tokenizer /tmp/llama8b 128256
     serve /tmp/llama8b soak || exit 1
-    timeout 560 .bin/dayone bench-serve --url "$URL" --duration-minutes ${MINUTES:-8} --abort-fraction 0.1 \
+    timeout 560 .bin/dayone bench-serve --url "$URL" --duration-minutes ${MINUTES:-6.5} --abort-fraction 0.1 --timeout 60 \
       --max-concurrency 64 --random-input-len 1024 --random-output-len 256 --ignore-eos \
       --random-vocab-size 128256 --server-pid $PID --seed 0 --disable-tqdm --save-result \
       --result-dir "$OUT" --result-filename soak_llama8b.json 2>&1 | tee "$OUT/soak_llama8b.txt" | tail -30

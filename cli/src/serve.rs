@@ -158,7 +158,12 @@ fn start_engine(kind: BackendKind, ckpt: Checkpoint, cfg: EngineConfig) -> Resul
 
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let r = a.engine.resolve(&CommandDefaults::default())?;
+    let mut r = a.engine.resolve(&CommandDefaults::default())?;
+    // A server runs many requests at once: by default the cache holds max_num_seqs prompts of
+    // up to 8192 tokens (lowered, with a note, to what the device has free).
+    let seqs = r.engine.scheduler.max_num_seqs;
+    let window = r.engine.max_model_len.unwrap_or(usize::MAX).min(8192);
+    r.engine.default_kv_cache_tokens = Some(seqs.saturating_mul(window).clamp(65536, 1 << 22));
     let path = load::model_path(r.model.clone())?;
     let ckpt = load::open(&path)?;
     let (tool_format, reasoning_format) = parser_formats(&a, &ckpt)?;

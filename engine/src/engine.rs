@@ -28,6 +28,11 @@ pub struct EngineConfig {
     /// are loaded, less a headroom of max(10 %, 256 MiB); a requested size that does not fit is
     /// an error. Backends that cannot report free memory are not checked.
     pub kv_cache_tokens: Option<usize>,
+    /// The capacity used when `kv_cache_tokens` is `None`, before the memory cap; `None`: the
+    /// context window clamped to 4096..=65536 tokens. A server sets it for its concurrency
+    /// (`dayone serve`: `max_num_seqs` × min(window, 8192)), as vLLM fills the free memory;
+    /// it applies only on backends that report their free memory (which then caps it).
+    pub default_kv_cache_tokens: Option<usize>,
     /// Scheduling limits.
     pub scheduler: SchedulerConfig,
     /// Prefix caching across requests (`--no-prefix-caching` turns it off).
@@ -50,6 +55,7 @@ impl Default for EngineConfig {
         Self {
             dtype: DType::F32,
             kv_cache_tokens: None,
+            default_kv_cache_tokens: None,
             scheduler: SchedulerConfig::default(),
             prefix_caching: true,
             host_cache_bytes: 0,
@@ -166,7 +172,12 @@ impl<B: Backend> Engine<B> {
         // Sized after the weights are loaded, against what the device still has free.
         let num_blocks = crate::cache::cache_blocks(&crate::cache::CacheRequest {
             requested_tokens: cfg.kv_cache_tokens,
-            default_tokens: max_context.clamp(4096, 65536),
+            // A large default only where the free memory caps it (CPU and some WGSL adapters
+            // cannot tell theirs).
+            default_tokens: match (cfg.default_kv_cache_tokens, backend.free_memory()) {
+                (Some(t), Some(_)) => t,
+                _ => max_context.clamp(4096, 65536),
+            },
             block_size: bs,
             bytes_per_token: spec.elements_per_token().saturating_mul(act.size()),
             largest_tensor_bytes_per_token: spec
