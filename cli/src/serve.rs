@@ -195,6 +195,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_n: a.max_n,
         max_logprobs: a.max_logprobs,
         created: now_unix(),
+        max_body: a.max_body_mb << 20,
     };
     // The state lives as long as the process: handlers and runs borrow it as `&'static`.
     let state: &'static AppState = Box::leak(Box::new(AppState::new(settings)));
@@ -207,7 +208,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .block_on(tokio::net::TcpListener::bind(&addr))
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr().context("the listening address")?;
-    let app = routes::router(state, a.max_body_mb << 20);
+    let app = routes::router(state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = rt.spawn(async move {
         let mut stop = stop_rx;

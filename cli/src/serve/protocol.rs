@@ -321,6 +321,7 @@ mod tests {
             api_key: None,
             max_n: 16,
             max_logprobs: 20,
+            max_body: 1 << 20,
             created: 0,
         }
     }

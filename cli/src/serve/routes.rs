@@ -17,8 +17,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
-/// The server's router; request bodies above `max_body` bytes get 413.
-pub fn router(state: &'static AppState, max_body: usize) -> Router {
+/// The server's router; request bodies above `Settings::max_body` bytes get 413.
+pub fn router(state: &'static AppState) -> Router {
+    let max_body = state.settings.max_body;
     Router::new()
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/completions", post(completions::completions))
@@ -42,6 +43,26 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 /// The API key on `/v1/*`, and OpenAI-shaped bodies for the errors axum itself produces (413
 /// from the body limit, 400/415 from extractors).
 async fn guard(State(state): State<&'static AppState>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(len) = declared.filter(|&l| l > state.settings.max_body as u64) {
+        // Read (and drop) a moderately oversized body before answering: a client still
+        // sending would otherwise see the connection reset instead of the 413.
+        if len <= 4 * state.settings.max_body as u64 {
+            let _ = axum::body::to_bytes(req.into_body(), len as usize).await;
+        }
+        state.note_rejected();
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is {len} bytes, more than the server's limit of {} bytes (--max-body-mb)",
+                state.settings.max_body
+            ),
+        )
+        .into_response();
+    }
     if let Some(key) = &state.settings.api_key {
         if req.uri().path().starts_with("/v1") {
             let given = req

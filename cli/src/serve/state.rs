@@ -25,6 +25,8 @@ pub struct Settings {
     pub max_logprobs: usize,
     /// Unix time the server started (`created` of `/v1/models`).
     pub created: u64,
+    /// Largest request body, bytes (413 above it).
+    pub max_body: usize,
 }
 
 /// The loaded model: the engine handle and what turns text into ids and back.
