@@ -8,6 +8,9 @@ use serde::Deserialize;
 /// Fields of a DeepSeek-V3-family `config.json`, with the Hugging Face names.
 #[derive(Clone, Debug, Deserialize)]
 pub struct DeepseekV3Config {
+    /// `model_type` as written in `config.json` (picks the architecture's registry row).
+    #[serde(default)]
+    pub model_type: String,
     /// Rows of `embed_tokens` and of the logits.
     pub vocab_size: usize,
     /// Residual width `D`.

@@ -31,6 +31,9 @@ pub struct LinearAttnConfig {
 /// Fields of a Kimi-Linear `config.json`.
 #[derive(Clone, Debug, Deserialize)]
 pub struct KimiLinearConfig {
+    /// `model_type` as written in `config.json` (picks the architecture's registry row).
+    #[serde(default)]
+    pub model_type: String,
     /// Vocabulary size.
     pub vocab_size: usize,
     /// Residual width `D`.

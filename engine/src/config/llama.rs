@@ -7,6 +7,9 @@ use serde::Deserialize;
 /// Fields of a Llama-family `config.json`, with the Hugging Face names.
 #[derive(Clone, Debug, Deserialize)]
 pub struct LlamaConfig {
+    /// `model_type` as written in `config.json` (picks the architecture's registry row).
+    #[serde(default)]
+    pub model_type: String,
     /// Rows of `embed_tokens` and of the logits.
     pub vocab_size: usize,
     /// Residual stream width `D`.

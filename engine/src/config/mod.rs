@@ -33,7 +33,7 @@ pub(crate) fn check_mlp_layer_types(types: Option<&[String]>, n: usize) -> anyho
 }
 
 /// Deserialises `value` as `T` (errors name the field path) and validates it.
-fn parse_as<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_as<T: serde::de::DeserializeOwned>(
     value: &serde_json::Value,
     origin: &str,
     model_type: &str,
@@ -90,33 +90,28 @@ impl ModelConfig {
             .get("model_type")
             .and_then(|v| v.as_str())
             .with_context(|| format!("{origin}: field `model_type` is missing (expected one of {SUPPORTED_MODEL_TYPES:?})"))?;
-        let llama = || parse_as(value, origin, model_type, LlamaConfig::validate);
-        Ok(match model_type {
-            "llama" | "mistral" => ModelConfig::Llama(llama()?),
-            "qwen3" => ModelConfig::Qwen3(llama()?),
-            "deepseek_v32" => ModelConfig::DeepseekV3(parse_as(
-                value,
-                origin,
-                model_type,
-                DeepseekV3Config::validate_v32,
-            )?),
-            "deepseek_v3" | "kimi_k2" => ModelConfig::DeepseekV3(parse_as(
-                value,
-                origin,
-                model_type,
-                DeepseekV3Config::validate,
-            )?),
-            "kimi_linear" => ModelConfig::KimiLinear(parse_as(
-                value,
-                origin,
-                model_type,
-                KimiLinearConfig::validate,
-            )?),
-            other => bail!(
-                "{origin}: unsupported model_type '{other}' (supported: {})",
+        match crate::models::architecture(model_type) {
+            Some(arch) => (arch.parse)(value, origin, model_type),
+            None => bail!(
+                "{origin}: unsupported model_type '{model_type}' (supported: {})",
                 SUPPORTED_MODEL_TYPES.join(", ")
             ),
-        })
+        }
+    }
+
+    /// `config.json`'s `model_type` (the key of the architecture's registry row).
+    pub fn model_type(&self) -> &str {
+        match self {
+            ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => &c.model_type,
+            ModelConfig::DeepseekV3(c) => &c.model_type,
+            ModelConfig::KimiLinear(c) => &c.model_type,
+        }
+    }
+
+    /// The per-layer plan of this config (mixer, FFN and widths of every layer), from which the
+    /// model is built and its cache spec derived.
+    pub fn layer_plan(&self) -> Result<crate::models::ModelPlan> {
+        crate::models::layer_plan(self)
     }
 
     /// Longest sequence (prompt + generated tokens) the model accepts.

@@ -10,7 +10,7 @@ use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta};
 
 /// Head counts and widths of an attention layer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
     /// Residual width `D`.
     pub hidden: usize,

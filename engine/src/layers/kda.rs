@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
 
 /// Widths of a KDA layer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KdaShape {
     /// Residual width `D`.
     pub hidden: usize,

@@ -19,7 +19,7 @@ use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
 
 /// Widths of an MLA layer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaShape {
     /// Residual width `D`.
     pub hidden: usize,

@@ -8,7 +8,7 @@ use anyhow::Result;
 use dayone_backend::{Backend, HostTensor, MoeRouting};
 
 /// Widths of an MoE block.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeShape {
     /// Residual width `D`.
     pub hidden: usize,
@@ -18,6 +18,19 @@ pub struct MoeShape {
     pub expert_dim: usize,
     /// Width of the shared expert MLP (0: none).
     pub shared_dim: usize,
+}
+
+/// The spellings of the per-expert projection names an architecture's checkpoints use (each
+/// list tried in order; DeepSeek's `gate_proj`/`up_proj`/`down_proj`, Kimi's `w1`/`w3`/`w2`).
+/// The architecture files hold the tables; the layer only looks the names up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertNames {
+    /// Gate projection `[F, D]`.
+    pub gate: &'static [&'static str],
+    /// Up projection `[F, D]`.
+    pub up: &'static [&'static str],
+    /// Down projection `[D, F]`.
+    pub down: &'static [&'static str],
 }
 
 /// One MoE block's weights.
@@ -48,12 +61,14 @@ impl<B: Backend> Moe<B> {
     /// Loads `{prefix}.gate.weight`, `{prefix}.gate.e_score_correction_bias` (optional), the experts —
     /// either per expert (`{prefix}.experts.{e}.{gate,up,down}_proj.weight`, as DeepSeek ships them)
     /// or fused (`{prefix}.experts.gate_up_proj` `[E, 2F, D]`, `{prefix}.experts.down_proj`
-    /// `[E, D, F]`, as transformers 5 saves them) — and `{prefix}.shared_experts`.
+    /// `[E, D, F]`, as transformers 5 saves them) — and `{prefix}.shared_experts`. `names` gives
+    /// the per-expert projection spellings.
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
         s: MoeShape,
         routing: MoeRouting,
+        names: &ExpertNames,
     ) -> Result<Self> {
         let (e, f, d) = (s.experts, s.expert_dim, s.hidden);
         let gate = w.get_f32(&format!("{prefix}.gate.weight"), &[e, d])?;
@@ -74,18 +89,21 @@ impl<B: Backend> Moe<B> {
             let mut dn = Vec::with_capacity(e);
             for i in 0..e {
                 let p = format!("{prefix}.experts.{i}");
-                // DeepSeek names `{gate,up,down}_proj`; Kimi names `w1` (gate), `w3` (up), `w2` (down).
-                let name = |a: &str, b: &str| {
-                    w.first_of(&[format!("{p}.{a}.weight"), format!("{p}.{b}.weight")])
+                let name = |spellings: &[&str]| {
+                    let c: Vec<String> = spellings
+                        .iter()
+                        .map(|a| format!("{p}.{a}.weight"))
+                        .collect();
+                    w.first_of(&c)
                 };
-                let g = w.host(&name("gate_proj", "w1")?, &[f, d])?;
-                let u = w.host(&name("up_proj", "w3")?, &[f, d])?;
+                let g = w.host(&name(names.gate)?, &[f, d])?;
+                let u = w.host(&name(names.up)?, &[f, d])?;
                 gu.push(HostTensor::new(
                     vec![2 * f, d],
                     g.dtype,
                     [g.data, u.data].concat(),
                 )?);
-                dn.push(w.host(&name("down_proj", "w2")?, &[d, f])?);
+                dn.push(w.host(&name(names.down)?, &[d, f])?);
             }
             (w.upload(stack(&gu)?)?, w.upload(stack(&dn)?)?)
         };

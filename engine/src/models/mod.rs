@@ -1,15 +1,21 @@
-//! Architectures, one file each. A model turns a step's token ids into logits, reading and
-//! writing its cache; it knows the [`Backend`] trait and nothing about which backend runs it.
+//! Architectures, one small file each, mapping a `config.json` to a per-layer [`ModelPlan`]
+//! ([`registry`] lists them); every plan runs through the one [`Decoder`]. A model turns a step's
+//! token ids into logits, reading and writing its cache; it knows the [`Backend`] trait and
+//! nothing about which backend runs it.
 
+mod decoder;
 mod deepseek_v3;
+mod deepseek_v32;
 mod kimi_linear;
 mod llama;
 mod qwen3;
+pub mod registry;
 mod token_head;
 
-pub use deepseek_v3::DeepseekV3;
-pub use kimi_linear::KimiLinear;
-pub use llama::Llama;
+pub use decoder::{
+    Decoder, Ffn, IndexerPlan, LayerPlan, Mixer, ModelPlan, Residual, RopePlan, TensorNames,
+};
+pub use registry::{architecture, layer_plan, Architecture, ARCHITECTURES};
 pub use token_head::TokenHead;
 
 use crate::cache::{CacheSpec, KvCache};
@@ -37,7 +43,8 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     ) -> Result<B::Tensor>;
 }
 
-/// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`.
+/// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
+/// its architecture's [`ModelPlan`] run through the one [`Decoder`].
 ///
 /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape).
 pub fn load_model<B: Backend>(
@@ -52,10 +59,6 @@ pub fn load_model<B: Backend>(
     if let Some(p) = progress {
         w = w.with_progress(p);
     }
-    Ok(match config {
-        ModelConfig::Llama(c) => Box::new(llama::Llama::load(&w, c)?),
-        ModelConfig::Qwen3(c) => Box::new(qwen3::load(&w, c)?),
-        ModelConfig::DeepseekV3(c) => Box::new(deepseek_v3::DeepseekV3::load(&w, c)?),
-        ModelConfig::KimiLinear(c) => Box::new(kimi_linear::KimiLinear::load(&w, c)?),
-    })
+    let plan = layer_plan(config)?;
+    Ok(Box::new(Decoder::load(&w, &plan)?))
 }

@@ -1,0 +1,373 @@
+//! The one decoder every architecture runs through: a token head around a stack of
+//! [`Block`]s, each built from a [`LayerPlan`].
+//!
+//! ```text
+//! h = embed[ids]
+//! for each layer i:  h = block_i(h)        (block_i: plan.layers[i]; see layers/block.rs)
+//! logits = lm_head(rmsnorm(h)[logit_rows])
+//! ```
+//! An architecture file maps its `config.json` to a [`ModelPlan`] (which mixer, FFN and residual
+//! each layer has, their widths, and the checkpoint's tensor names); [`Decoder::load`] turns the
+//! plan into blocks and derives the cache spec from the mixers. A config that orders known layer
+//! types differently therefore needs no new code.
+
+use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
+use crate::layers::{
+    Attention, AttentionShape, Block, BlockFfn, BlockMixer, DsaIndexer, ExpertNames, Kda, KdaShape,
+    Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope,
+};
+use crate::models::{CausalLm, TokenHead};
+use crate::weights::WeightLoader;
+use anyhow::{bail, Result};
+use dayone_backend::{Backend, DeviceStepMeta, MoeRouting, RopeStyle};
+
+/// Rotary tables to build: inverse frequencies (see [`crate::config::rope_inv_freq`]), pairing
+/// and the cos/sin multiplier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopePlan {
+    /// `[rot_dim / 2]`.
+    pub inv_freq: Vec<f32>,
+    /// How dims are paired.
+    pub style: RopeStyle,
+    /// YaRN attention factor (1 otherwise).
+    pub mscale: f32,
+}
+
+/// DeepSeek-V3.2's lightning indexer on an MLA layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexerPlan {
+    /// Indexer heads `H_i`.
+    pub heads: usize,
+    /// Indexer head width `d` (also its key cache row).
+    pub head_dim: usize,
+    /// Keys kept per query.
+    pub topk: usize,
+    /// Width of the query latent it reads.
+    pub q_lora_rank: usize,
+    /// Its rotary tables (half-split over the first `qk_rope_head_dim` dims).
+    pub rope: RopePlan,
+}
+
+/// The token mixer of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mixer {
+    /// GQA softmax attention over paged keys/values (Llama, Qwen3).
+    Attention {
+        /// Head counts and widths.
+        shape: AttentionShape,
+        /// Bias on q/k/v.
+        bias: bool,
+        /// Qwen3's per-head q/k RMSNorm epsilon.
+        qk_norm: Option<f64>,
+        /// Attend only to the last this-many positions (Mistral); not supported yet.
+        sliding_window: Option<usize>,
+        /// Rotary tables.
+        rope: RopePlan,
+    },
+    /// Multi-head latent attention over the latent cache (DeepSeek-V3, Kimi-Linear).
+    Mla {
+        /// Widths.
+        shape: MlaShape,
+        /// Epsilon of the latent norms.
+        latent_eps: f64,
+        /// Softmax scale.
+        scale: f32,
+        /// Rotary tables over the `rope_dim` part; `None`: NoPE.
+        rope: Option<RopePlan>,
+        /// DSA indexer (sparse MLA), which adds an indexer-key cache row.
+        indexer: Option<IndexerPlan>,
+    },
+    /// Kimi Delta Attention over per-sequence state.
+    Kda {
+        /// Widths.
+        shape: KdaShape,
+        /// Output norm epsilon.
+        eps: f64,
+        /// Forget-gate lower bound.
+        lower_bound: Option<f64>,
+    },
+}
+
+/// The feed-forward of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ffn {
+    /// SwiGLU MLP of this width.
+    Dense {
+        /// Width `F`.
+        intermediate: usize,
+    },
+    /// Routed and shared experts.
+    Moe {
+        /// Widths and expert counts.
+        shape: MoeShape,
+        /// Router settings.
+        routing: MoeRouting,
+    },
+}
+
+/// How a layer adds to the residual stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// `h += sublayer(norm(h))`, one stream.
+    Plain,
+}
+
+/// What one decoder layer is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    /// Attention, MLA or KDA.
+    pub mixer: Mixer,
+    /// Dense or MoE.
+    pub ffn: Ffn,
+    /// Epsilon of the two block norms.
+    pub norm_eps: f64,
+    /// Residual kind.
+    pub residual: Residual,
+}
+
+/// An architecture's checkpoint names (Hugging Face layout: `{layers}.{i}.{module}.…`).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorNames {
+    /// Prefix of the decoder layers, before the layer index (`model.layers`).
+    pub layers: &'static str,
+    /// Norm before the mixer.
+    pub input_norm: &'static str,
+    /// The mixer module.
+    pub mixer: &'static str,
+    /// The DSA indexer module inside the mixer.
+    pub indexer: &'static str,
+    /// Norm before the FFN.
+    pub post_norm: &'static str,
+    /// The FFN module, in probe order: the first (but the last) whose first tensor the checkpoint
+    /// holds, else the last.
+    pub ffn: &'static [&'static str],
+    /// Per-expert projection spellings of MoE layers.
+    pub experts: ExpertNames,
+}
+
+impl TensorNames {
+    /// Hugging Face's Llama/DeepSeek names.
+    pub const HF: TensorNames = TensorNames {
+        layers: "model.layers",
+        input_norm: "input_layernorm",
+        mixer: "self_attn",
+        indexer: "indexer",
+        post_norm: "post_attention_layernorm",
+        ffn: &["mlp"],
+        experts: ExpertNames {
+            gate: &["gate_proj"],
+            up: &["up_proj"],
+            down: &["down_proj"],
+        },
+    };
+}
+
+/// A whole model: token head settings, names and one plan per layer.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    /// Residual width `D`.
+    pub hidden: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Final norm epsilon.
+    pub norm_eps: f64,
+    /// `lm_head` tied to the embedding.
+    pub tied_embeddings: bool,
+    /// Checkpoint names.
+    pub names: TensorNames,
+    /// The decoder layers in order.
+    pub layers: Vec<LayerPlan>,
+}
+
+impl Mixer {
+    /// What a layer with this mixer keeps in the cache.
+    pub fn cache_spec(&self) -> LayerCacheSpec {
+        match self {
+            Mixer::Attention { shape, .. } => LayerCacheSpec::PagedKv {
+                kv_heads: shape.kv_heads,
+                k_dim: shape.head_dim,
+                v_dim: shape.head_dim,
+            },
+            Mixer::Mla { shape, indexer, .. } => {
+                let width = shape.kv_lora_rank + shape.rope_dim;
+                match indexer {
+                    Some(ix) => LayerCacheSpec::PagedLatentIndexed {
+                        width,
+                        index_width: ix.head_dim,
+                    },
+                    None => LayerCacheSpec::PagedLatent { width },
+                }
+            }
+            Mixer::Kda { shape, .. } => LayerCacheSpec::Recurrent {
+                convs: 3,
+                conv_channels: shape.heads * shape.head_dim,
+                conv_taps: shape.conv_width - 1,
+                heads: shape.heads,
+                k_dim: shape.head_dim,
+                v_dim: shape.head_dim,
+            },
+        }
+    }
+}
+
+impl ModelPlan {
+    /// The per-layer cache specs, from the mixers.
+    pub fn cache_spec(&self) -> CacheSpec {
+        CacheSpec {
+            layers: self.layers.iter().map(|l| l.mixer.cache_spec()).collect(),
+        }
+    }
+}
+
+/// A decoder-only model built from a [`ModelPlan`].
+pub struct Decoder<B: Backend> {
+    /// Embedding, final norm, LM head.
+    pub head: TokenHead<B>,
+    /// The decoder blocks.
+    pub blocks: Vec<Block<B>>,
+    /// Per-layer cache specs.
+    pub spec: CacheSpec,
+}
+
+fn rope<B: Backend>(b: &B, p: &RopePlan) -> Result<Rope<B>> {
+    Rope::new(b, &p.inv_freq, p.style, p.mscale)
+}
+
+/// Builds layer `i` of `plan` from the checkpoint.
+fn load_block<B: Backend>(
+    w: &WeightLoader<B>,
+    plan: &ModelPlan,
+    i: usize,
+    l: &LayerPlan,
+) -> Result<Block<B>> {
+    let names = &plan.names;
+    let p = format!("{}.{i}", names.layers);
+    let b = w.backend();
+    let d = plan.hidden;
+    match l.residual {
+        Residual::Plain => {}
+    }
+    let mixer_prefix = format!("{p}.{}", names.mixer);
+    let input_norm = RmsNorm::load(w, &format!("{p}.{}", names.input_norm), d, l.norm_eps)?;
+    let mixer = match &l.mixer {
+        Mixer::Attention {
+            shape,
+            bias,
+            qk_norm,
+            sliding_window,
+            rope: rp,
+        } => {
+            if let Some(win) = sliding_window {
+                bail!("layer {i}: sliding-window attention (window {win}) is not supported yet");
+            }
+            let attn = Attention::load(w, &mixer_prefix, *shape, *bias, *qk_norm)?;
+            BlockMixer::Attention(attn, rope(b, rp)?)
+        }
+        Mixer::Mla {
+            shape,
+            latent_eps,
+            scale,
+            rope: rp,
+            indexer,
+        } => {
+            let mut mla = Mla::load(w, &mixer_prefix, *shape, *latent_eps, *scale)?;
+            if let Some(ix) = indexer {
+                mla.indexer = Some(DsaIndexer::load(
+                    w,
+                    &format!("{mixer_prefix}.{}", names.indexer),
+                    d,
+                    ix.q_lora_rank,
+                    (ix.heads, ix.head_dim, ix.topk),
+                    rope(b, &ix.rope)?,
+                )?);
+            }
+            BlockMixer::Mla(mla, rp.as_ref().map(|r| rope(b, r)).transpose()?)
+        }
+        Mixer::Kda {
+            shape,
+            eps,
+            lower_bound,
+        } => BlockMixer::Kda(Kda::load(w, &mixer_prefix, *shape, *eps, *lower_bound)?),
+    };
+    let post_norm = RmsNorm::load(w, &format!("{p}.{}", names.post_norm), d, l.norm_eps)?;
+    // The FFN module: the first listed name whose first tensor is present, else the last.
+    let ffn_prefix = |probe: &str| -> String {
+        let (last, rest) = names.ffn.split_last().expect("TensorNames::ffn is empty");
+        let found = rest.iter().find(|n| w.has(&format!("{p}.{n}.{probe}")));
+        format!("{p}.{}", found.unwrap_or(last))
+    };
+    let ffn = match &l.ffn {
+        Ffn::Dense { intermediate } => BlockFfn::Dense(Mlp::load(
+            w,
+            &ffn_prefix("gate_proj.weight"),
+            d,
+            *intermediate,
+        )?),
+        Ffn::Moe { shape, routing } => BlockFfn::Moe(Moe::load(
+            w,
+            &ffn_prefix("gate.weight"),
+            *shape,
+            *routing,
+            &names.experts,
+        )?),
+    };
+    Ok(Block {
+        input_norm,
+        mixer,
+        post_norm,
+        ffn,
+    })
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Builds the blocks of `plan` from the checkpoint, then the token head.
+    ///
+    /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape),
+    /// or a planned layer kind that is not supported yet.
+    pub fn load(w: &WeightLoader<B>, plan: &ModelPlan) -> Result<Self> {
+        let blocks = plan
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| load_block(w, plan, i, l))
+            .collect::<Result<Vec<_>>>()?;
+        let head = TokenHead::load(
+            w,
+            plan.vocab,
+            plan.hidden,
+            plan.norm_eps,
+            plan.tied_embeddings,
+        )?;
+        Ok(Self {
+            head,
+            blocks,
+            spec: plan.cache_spec(),
+        })
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Decoder<B> {
+    fn cache_spec(&self) -> CacheSpec {
+        self.spec.clone()
+    }
+
+    fn forward(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &KvCache<B>,
+        mut trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor> {
+        let mut h = self.head.embed(b, ids)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.push(h.clone());
+        }
+        for (i, block) in self.blocks.iter().enumerate() {
+            h = block.forward(b, &h, meta, cache, i)?;
+            self.head
+                .trace(b, trace.as_deref_mut(), &h, i, self.blocks.len())?;
+        }
+        self.head.logits(b, &h, meta)
+    }
+}
