@@ -525,6 +525,7 @@ fn collect(stream: dayone_engine::service::RequestStream) -> Result<Outcome> {
                 });
             }
             StreamEvent::Error(msg) => bail!("request {id}: {msg}"),
+            StreamEvent::Prefill { .. } => {}
         }
     }
     bail!("request {id}: its stream ended without a final event")

@@ -1,21 +1,23 @@
 //! `dayone generate`.
 
+use crate::backend_choice::BackendKind;
 use crate::engine_args::{CommandDefaults, EngineArgs};
 use crate::load;
 use crate::prompt_input::{self, Prompt, PromptFlags};
 use crate::sampling_args::SamplingArgs;
 use crate::usage::usage;
-use crate::{interrupt, output, parse, progress, with_backend};
+use crate::{interrupt, output, parse, progress};
 use anyhow::{Context, Result};
 use clap::Args;
-use dayone_backend::Backend;
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::prompt;
-use dayone_engine::sampling::{token_logprobs, SamplingParams, StopMatcher, TokenLogprobs};
+use dayone_engine::sampling::{SamplingParams, StopMatcher, TokenLogprobs};
 use dayone_engine::scheduler::FinishReason;
+use dayone_engine::service::{ModelInfo, Request, StreamEvent};
 use dayone_engine::EngineConfig;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// `--output`.
@@ -98,7 +100,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stops: a.sampling.stop.clone(),
         logprobs: a.sampling.logprobs,
     };
-    with_backend!(kind, |b| generate(b, &ckpt, &cfg, ids, &g))
+    generate(kind, ckpt, &cfg, ids, &g)
 }
 
 /// What one completion produced.
@@ -170,31 +172,38 @@ struct GenOptions {
     logprobs: Option<usize>,
 }
 
-fn generate<B: Backend>(
-    b: B,
-    ckpt: &Checkpoint,
+fn generate(
+    kind: BackendKind,
+    ckpt: Checkpoint,
     cfg: &EngineConfig,
     ids: Vec<u32>,
     g: &GenOptions,
 ) -> Result<()> {
-    let load_start = Instant::now();
-    let mut engine = load::engine(b, ckpt, cfg, false)?;
-    let load = load_start.elapsed();
-    // Log-probabilities come from the logits rows the engine keeps when asked.
-    engine.capture_logits = g.logprobs.is_some();
-    let tok = ckpt.assets.tokenizer.as_ref();
+    let tok = ckpt.assets.tokenizer.clone();
     if !g.stops.is_empty() && tok.is_none() {
         return Err(usage("--stop needs a tokenizer (stop strings match the decoded text): this checkpoint has none"));
     }
+    let load_start = Instant::now();
+    // The engine runs on its own thread behind the service handle, as under `dayone serve`.
+    let handle = load::service(kind, ckpt, cfg.clone(), false)?;
+    let load = load_start.elapsed();
+    let tok = tok.as_ref();
     let max_tokens = g.params.max_tokens;
     let start = Instant::now();
+    let (tx, events) = mpsc::channel::<(usize, StreamEvent)>();
     let mut live = Vec::with_capacity(g.n);
     for i in 0..g.n {
         // Completion i samples with seed + i (the server's rule for `n`).
         let mut params = g.params.clone();
         params.seed = params.seed.wrapping_add(i as u64);
+        params.logprobs = g.logprobs;
+        let request = Request {
+            report_prefill: true,
+            ..Request::new(ids.clone(), params)
+        };
+        let tx = tx.clone();
         live.push(Live {
-            id: engine.add_request(ids.clone(), params)?,
+            id: handle.submit_with(request, move |e| tx.send((i, e)).is_ok())?,
             choice: Choice {
                 generated: Vec::new(),
                 text: tok.map(|_| String::new()),
@@ -207,6 +216,7 @@ fn generate<B: Backend>(
             done: false,
         });
     }
+    drop(tx);
     let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
     // Completion 0 streams in text mode; the others print when all are done.
@@ -223,61 +233,66 @@ fn generate<B: Backend>(
         }
         Ok(())
     };
-    // Prefill progress: one request, so each step before its first token computed one chunk.
-    let chunk = cfg
-        .scheduler
-        .max_prefill_chunk
-        .min(cfg.scheduler.max_batched_tokens)
-        .max(1);
     let bar = progress::prefill_bar(ids.len() * g.n, false);
-    while engine.has_unfinished() {
-        if interrupt::requested() {
-            for l in live.iter_mut().filter(|l| !l.done) {
-                engine.abort(l.id)?;
-                l.choice.finish = Some(FinishReason::Abort);
-            }
-            break;
-        }
-        let events = engine.step()?;
-        if first_token.is_none() {
-            if events.is_empty() {
-                bar.set_position((bar.position() + chunk as u64).min((ids.len() * g.n) as u64));
-            } else {
-                bar.finish_and_clear();
+    let mut computed = vec![0usize; g.n];
+    let mut interrupted = false;
+    while live.iter().any(|l| !l.done) {
+        if interrupt::requested() && !interrupted {
+            interrupted = true;
+            for l in live.iter().filter(|l| !l.done) {
+                handle.abort(l.id)?;
             }
         }
-        for e in events {
-            first_token.get_or_insert_with(Instant::now);
-            let Some(i) = live.iter().position(|l| l.id == e.seq_id) else {
-                continue;
-            };
-            let l = &mut live[i];
-            if l.done {
-                continue;
+        let (i, event) = match events.recv_timeout(Duration::from_millis(50)) {
+            Ok(e) => e,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the engine stopped without finishing the request")
             }
-            l.choice.generated.push(e.token);
-            l.choice.finish = e.finish;
-            if let (Some(n), Some((_, row))) = (
-                g.logprobs,
-                engine.last_logits.iter().find(|(id, _)| *id == e.seq_id),
-            ) {
-                l.choice.logprobs.push(token_logprobs(row, e.token, n));
-            }
-            let piece = match l.decoder.as_mut() {
-                Some(s) => s.push(e.token)?,
-                None => format!("{} ", e.token),
-            };
-            let o = l.stops.push(&piece);
-            emit(&o.text, &mut l.choice, i == 0)?;
-            if o.stopped.is_some() {
-                l.choice.stop = o.stopped;
-                l.done = true;
-                if e.finish.is_none() {
-                    engine.abort(l.id)?;
+        };
+        let l = &mut live[i];
+        match event {
+            StreamEvent::Prefill { computed: c, .. } => {
+                computed[i] = c;
+                if first_token.is_none() {
+                    bar.set_position(computed.iter().sum::<usize>() as u64);
                 }
-            } else if e.finish.is_some() {
-                l.done = true;
             }
+            StreamEvent::Token {
+                token,
+                time,
+                logprobs,
+                ..
+            } => {
+                if first_token.is_none() {
+                    first_token = Some(time);
+                    bar.finish_and_clear();
+                }
+                if l.choice.stop.is_some() {
+                    continue; // produced in the step that matched the stop string
+                }
+                l.choice.generated.push(token);
+                if let Some(lp) = logprobs {
+                    l.choice.logprobs.push(lp);
+                }
+                let piece = match l.decoder.as_mut() {
+                    Some(s) => s.push(token)?,
+                    None => format!("{token} "),
+                };
+                let o = l.stops.push(&piece);
+                emit(&o.text, &mut l.choice, i == 0)?;
+                if o.stopped.is_some() {
+                    l.choice.stop = o.stopped;
+                    handle.abort(l.id)?;
+                }
+            }
+            StreamEvent::Finished { reason, .. } => {
+                l.done = true;
+                if l.choice.stop.is_none() {
+                    l.choice.finish = Some(reason);
+                }
+            }
+            StreamEvent::Error(msg) => anyhow::bail!(msg),
         }
     }
     bar.finish_and_clear();
@@ -313,21 +328,24 @@ fn generate<B: Backend>(
         }
     }
     let end = Instant::now();
+    let first = first_token.unwrap_or(end).max(start);
     let outcome = Outcome {
-        ttft: first_token.unwrap_or(end) - start,
-        decode: end - first_token.unwrap_or(end),
+        ttft: first - start,
+        decode: end - first,
         choices: live.into_iter().map(|l| l.choice).collect(),
         seed: g.params.seed,
         load,
     };
-    report(&mut stdout, &engine, &ids, &outcome, g, max_tokens)
+    let info = handle.model_info().clone();
+    handle.shutdown(Duration::from_secs(1));
+    report(&mut stdout, &info, &ids, &outcome, g, max_tokens)
 }
 
 /// Prints the JSON object (JSON mode) or ends the streamed line (text mode), then the notes and
 /// the stats line on stderr.
-fn report<B: Backend>(
+fn report(
     stdout: &mut std::io::StdoutLock,
-    engine: &dayone_engine::Engine<B>,
+    info: &ModelInfo,
     ids: &[u32],
     o: &Outcome,
     g: &GenOptions,
@@ -355,7 +373,7 @@ fn report<B: Backend>(
             "stop": first.stop,
             "seed": o.seed,
             "logprobs": first.logprobs_json(want_lp),
-            "backend": engine.backend.name(),
+            "backend": info.backend,
             "timings": {
                 "load_s": o.load.as_secs_f64(),
                 "ttft_s": o.ttft.as_secs_f64(),
@@ -393,7 +411,7 @@ fn report<B: Backend>(
         Some(FinishReason::ContextFull) => eprintln!(
             "note: stopped after {} of --max-tokens {max_tokens} tokens: prompt + output filled the context window ({} tokens)",
             first.generated.len(),
-            engine.max_context()
+            info.max_context
         ),
         Some(FinishReason::Abort) => eprintln!(
             "note: interrupted (Ctrl-C) after {} generated tokens",
@@ -409,7 +427,7 @@ fn report<B: Backend>(
         o.ttft.as_secs_f64(),
         decode_tokens,
         decode_tps,
-        engine.backend.name()
+        info.backend
     );
     Ok(())
 }

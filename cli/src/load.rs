@@ -1,9 +1,11 @@
 //! Opening a model for a command: default model, checkpoint, progress bar, engine.
 
+use crate::backend_choice::BackendKind;
 use crate::progress;
 use anyhow::{Context, Result};
 use dayone_backend::Backend;
 use dayone_engine::loader::{self, Checkpoint};
+use dayone_engine::service::EngineHandle;
 use dayone_engine::{Engine, EngineConfig};
 use std::path::{Path, PathBuf};
 
@@ -62,6 +64,33 @@ fn gguf_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// Starts the engine service for `kind` with `ckpt` loaded (a progress bar on stderr unless
+/// `quiet`): the backend is created on the engine thread, so it need not be `Send`. Errors: the
+/// backend's or the load's, unchanged.
+pub fn service(
+    kind: BackendKind,
+    ckpt: Checkpoint,
+    cfg: EngineConfig,
+    quiet: bool,
+) -> Result<EngineHandle> {
+    fn on<B: Backend>(
+        make: impl FnOnce() -> Result<B> + Send + 'static,
+        ckpt: Checkpoint,
+        cfg: EngineConfig,
+        quiet: bool,
+    ) -> Result<EngineHandle> {
+        EngineHandle::start(move || engine(make()?, &ckpt, &cfg, quiet))
+    }
+    match kind {
+        BackendKind::Cpu => on(|| Ok(dayone_backend::cpu::CpuBackend), ckpt, cfg, quiet),
+        BackendKind::Cuda => on(|| dayone_cuda::CudaBackend::new(0), ckpt, cfg, quiet),
+        BackendKind::Wgsl => match crate::backend_choice::wgsl_or_cpu_fallback()? {
+            Ok(_) => on(dayone_wgsl::WgslBackend::new, ckpt, cfg, quiet),
+            Err(cpu) => on(move || Ok(cpu), ckpt, cfg, quiet),
+        },
+    }
 }
 
 /// Loads `ckpt` onto `backend` with a progress bar on stderr.

@@ -17,18 +17,15 @@ mod session;
 mod sse;
 mod state;
 
-use crate::backend_choice::BackendKind;
 use crate::engine_args::{CommandDefaults, EngineArgs};
 use crate::load;
 use crate::usage::usage;
 use anyhow::{Context, Result};
 use clap::Args;
-use dayone_backend::Backend;
 use dayone_engine::chat_template::ChatTemplate;
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::service::EngineHandle;
 use dayone_engine::tokenizer::Tokenizer;
-use dayone_engine::EngineConfig;
 use errors::ApiError;
 use parsers::{ReasoningFormat, ToolFormat};
 use state::{AppState, Loaded, Settings};
@@ -136,26 +133,6 @@ fn parser_formats(
     Ok((tool, reasoning))
 }
 
-/// Starts the engine thread for `kind`: the backend is created on that thread, so it need
-/// not be `Send`.
-fn start_engine(kind: BackendKind, ckpt: Checkpoint, cfg: EngineConfig) -> Result<EngineHandle> {
-    fn on<B: Backend>(
-        make: impl FnOnce() -> Result<B> + Send + 'static,
-        ckpt: Checkpoint,
-        cfg: EngineConfig,
-    ) -> Result<EngineHandle> {
-        EngineHandle::start(move || load::engine(make()?, &ckpt, &cfg, false))
-    }
-    match kind {
-        BackendKind::Cpu => on(|| Ok(dayone_backend::cpu::CpuBackend), ckpt, cfg),
-        BackendKind::Cuda => on(|| dayone_cuda::CudaBackend::new(0), ckpt, cfg),
-        BackendKind::Wgsl => match crate::backend_choice::wgsl_or_cpu_fallback()? {
-            Ok(_) => on(dayone_wgsl::WgslBackend::new, ckpt, cfg),
-            Err(cpu) => on(move || Ok(cpu), ckpt, cfg),
-        },
-    }
-}
-
 /// Runs the server until SIGINT/SIGTERM.
 pub fn run(a: ServeArgs) -> Result<()> {
     let mut r = a.engine.resolve(&CommandDefaults::default())?;
@@ -220,7 +197,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     eprintln!("dayone serve: loading {} …", path.display());
     let weights_bytes = weights_bytes(&ckpt, r.engine.dtype);
-    let handle = match start_engine(r.backend, ckpt, r.engine.clone()) {
+    let handle = match load::service(r.backend, ckpt, r.engine.clone(), false) {
         Ok(h) => h,
         Err(e) => {
             let _ = stop_tx.send(true);

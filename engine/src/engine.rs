@@ -346,6 +346,14 @@ impl<B: Backend> Engine<B> {
         self.add_request_with(prompt, params, Default::default())
     }
 
+    /// Prompt tokens of unfinished request `id` whose cache is computed (prefill progress);
+    /// `None` for no such request.
+    pub fn prefill_progress(&self, id: u64) -> Option<usize> {
+        self.scheduler
+            .sequence(id)
+            .map(|s| s.num_computed.min(s.prompt_len))
+    }
+
     /// Attaches a [`crate::sampling::LogitsProcessor`] to request `id` (constrained decoding);
     /// it runs before every sample of that request. Errors: no such unfinished request.
     pub fn set_logits_processor(

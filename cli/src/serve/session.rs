@@ -233,6 +233,7 @@ impl Run {
                 params,
                 cache_salt: spec.cache_salt.clone(),
                 processor,
+                report_prefill: false,
             };
             let tx = tx.clone();
             // On the engine thread: forwards without blocking; `false` once the run is gone.
@@ -330,6 +331,7 @@ impl Run {
                 self.guard.ids[i].1 = true;
                 Err(ApiError::internal(msg))
             }
+            StreamEvent::Prefill { .. } => Ok(None),
         }
     }
 

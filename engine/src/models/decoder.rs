@@ -244,9 +244,9 @@ fn load_block<B: Backend>(
     let p = format!("{}.{i}", names.layers);
     let b = w.backend();
     let d = plan.hidden;
-    match l.residual {
-        Residual::Plain => {}
-    }
+    // Only the plain residual exists so far (hyper-connections will bring their own weights):
+    // a new `Residual` kind makes this pattern refutable, so it cannot be silently ignored.
+    let Residual::Plain = l.residual;
     let mixer_prefix = format!("{p}.{}", names.mixer);
     let input_norm = RmsNorm::load(w, &format!("{p}.{}", names.input_norm), d, l.norm_eps)?;
     let mixer = match &l.mixer {

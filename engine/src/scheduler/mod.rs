@@ -571,6 +571,15 @@ impl Scheduler {
     }
 
     /// Unfinished sequence `id`, waiting or running.
+    pub fn sequence(&self, id: u64) -> Option<&Sequence> {
+        self.waiting
+            .iter()
+            .chain(self.waiting_long.iter())
+            .chain(self.running.iter())
+            .find(|s| s.id == id)
+    }
+
+    /// Unfinished sequence `id`, waiting or running, to change.
     pub fn sequence_mut(&mut self, id: u64) -> Option<&mut Sequence> {
         self.waiting
             .iter_mut()

@@ -30,6 +30,7 @@ impl<'t> TextStream<'t> {
         match event {
             StreamEvent::Token { token, .. } => self.decoder.push(*token),
             StreamEvent::Finished { .. } | StreamEvent::Error(_) => self.decoder.finish(),
+            StreamEvent::Prefill { .. } => Ok(String::new()),
         }
     }
 

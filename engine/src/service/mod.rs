@@ -67,6 +67,8 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// Token ids that end generation (unless `ignore_eos`).
     pub eos_ids: Vec<u32>,
+    /// The backend's name (`cuda: NVIDIA H200 (sm_90)`).
+    pub backend: String,
     /// Device bytes one cached token takes over all layers ([`Engine::cache_bytes_per_token`]).
     pub cache_bytes_per_token: usize,
 }
@@ -118,6 +120,7 @@ impl EngineHandle {
                 max_context: engine.config.max_context(),
                 vocab_size: engine.config.vocab_size(),
                 eos_ids: engine.eos_ids().to_vec(),
+                backend: engine.backend.name(),
                 cache_bytes_per_token: engine.cache_bytes_per_token(),
             };
             Ok((engine, model))

@@ -23,6 +23,9 @@ pub struct Request {
     pub cache_salt: Option<String>,
     /// Constrained decoding: masks the logits before each sample (taken by the engine once).
     pub processor: ProcessorCell,
+    /// Send [`StreamEvent::Prefill`] after each engine step until the first token (a progress
+    /// bar over a long prompt).
+    pub report_prefill: bool,
 }
 
 /// A [`LogitsProcessor`] travelling with a [`Request`] to the engine thread, which takes it
@@ -56,6 +59,7 @@ impl Request {
             params,
             cache_salt: None,
             processor: ProcessorCell::default(),
+            report_prefill: false,
         }
     }
 }
@@ -108,6 +112,14 @@ pub enum StreamEvent {
         /// [`SamplingParams::logprobs`] asked for them.
         logprobs: Option<crate::sampling::TokenLogprobs>,
     },
+    /// Prefill progress after an engine step (only with [`Request::report_prefill`], and only
+    /// before the first token).
+    Prefill {
+        /// Prompt tokens computed (cache hits included).
+        computed: usize,
+        /// Prompt tokens.
+        total: usize,
+    },
     /// The request ended normally or was aborted ([`FinishReason::Abort`]); its cache blocks and
     /// state slot are already free.
     Finished {
@@ -131,7 +143,10 @@ pub enum StreamEvent {
 impl StreamEvent {
     /// Whether no event follows this one.
     pub fn is_last(&self) -> bool {
-        !matches!(self, StreamEvent::Token { .. })
+        !matches!(
+            self,
+            StreamEvent::Token { .. } | StreamEvent::Prefill { .. }
+        )
     }
 }
 
@@ -215,6 +230,7 @@ impl RequestStream {
                     })
                 }
                 Some(StreamEvent::Error(msg)) => return Err(anyhow!(msg)),
+                Some(StreamEvent::Prefill { .. }) => {}
                 None => bail!("request {}: the stream had already ended", self.id),
             }
         }

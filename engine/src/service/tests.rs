@@ -95,6 +95,10 @@ impl Stepper for Fake {
         Ok(())
     }
 
+    fn prefill_progress(&self, _id: u64) -> Option<usize> {
+        None
+    }
+
     fn abort(&mut self, id: u64) -> Result<bool> {
         let before = self.running.len();
         self.running.retain(|s| s.id != id);
@@ -122,6 +126,7 @@ fn start(fake: Fake) -> Result<EngineHandle> {
             max_context: 512,
             vocab_size: 256,
             eos_ids: vec![],
+            backend: "fake".into(),
             cache_bytes_per_token: 0,
         };
         Ok((fake, model))

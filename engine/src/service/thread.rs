@@ -56,6 +56,8 @@ pub(crate) trait Stepper {
     ) -> Result<u64>;
     fn step(&mut self) -> Result<Vec<Produced>>;
     fn set_logits_processor(&mut self, id: u64, p: Box<dyn LogitsProcessor>) -> Result<()>;
+    /// Prompt tokens of request `id` already computed (`None`: unknown or finished).
+    fn prefill_progress(&self, id: u64) -> Option<usize>;
     fn abort(&mut self, id: u64) -> Result<bool>;
     fn has_unfinished(&self) -> bool;
     fn stats(&self, requests: usize) -> EngineStats;
@@ -89,6 +91,9 @@ impl<B: Backend> Stepper for Engine<B> {
     fn set_logits_processor(&mut self, id: u64, p: Box<dyn LogitsProcessor>) -> Result<()> {
         Engine::set_logits_processor(self, id, p)
     }
+    fn prefill_progress(&self, id: u64) -> Option<usize> {
+        Engine::prefill_progress(self, id)
+    }
     fn has_unfinished(&self) -> bool {
         Engine::has_unfinished(self)
     }
@@ -106,6 +111,8 @@ impl<B: Backend> Stepper for Engine<B> {
 /// A request the engine is working on.
 struct Active {
     sink: Sink,
+    /// Send [`StreamEvent::Prefill`] after each step until the first token.
+    report_prefill: bool,
     arrival: Instant,
     first_token: Option<Instant>,
     prompt_tokens: usize,
@@ -200,6 +207,21 @@ impl<S: Stepper> EngineLoop<S> {
             if self.engine.has_unfinished() {
                 let events = self.engine.step()?;
                 self.route(events)?;
+                self.report_prefill();
+            }
+        }
+    }
+
+    /// Prompt tokens computed so far, to the requests that asked (progress bars).
+    fn report_prefill(&mut self) {
+        for (&id, a) in self.active.iter_mut() {
+            if a.report_prefill && a.first_token.is_none() {
+                if let Some(computed) = self.engine.prefill_progress(id) {
+                    (a.sink)(StreamEvent::Prefill {
+                        computed,
+                        total: a.prompt_tokens,
+                    });
+                }
             }
         }
     }
@@ -224,6 +246,7 @@ impl<S: Stepper> EngineLoop<S> {
                     ..Default::default()
                 };
                 let processor = request.processor.take();
+                let report_prefill = request.report_prefill;
                 let added = self
                     .engine
                     .add_request(request.prompt, request.params, extra)
@@ -237,6 +260,7 @@ impl<S: Stepper> EngineLoop<S> {
                             id,
                             Active {
                                 sink,
+                                report_prefill,
                                 arrival,
                                 first_token: None,
                                 prompt_tokens,
