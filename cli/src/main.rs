@@ -179,7 +179,6 @@ impl Command {
 }
 
 fn main() {
-    output::restore_sigpipe();
     // One line, no backtrace, for anything that escapes as a panic.
     std::panic::set_hook(Box::new(|info| {
         let msg = info
@@ -206,6 +205,12 @@ fn main() {
         .init();
     let cli = Cli::parse_from(engine_args::vllm_spellings(std::env::args_os()));
     // After parsing: --help and usage errors exit before any handler exists.
+    // Network commands keep SIGPIPE ignored (Rust's default): a peer that closes its socket
+    // must fail one write, not kill the process. The others die quietly on a closed stdout
+    // pipe, like `cat`.
+    if !matches!(cli.command, Command::Serve(_) | Command::BenchServe(_)) {
+        output::restore_sigpipe();
+    }
     // The server drains on SIGINT/SIGTERM itself (tokio's signal handlers).
     if !matches!(cli.command, Command::Serve(_)) {
         interrupt::install();

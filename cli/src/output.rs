@@ -6,7 +6,8 @@
 /// at the next write: nothing is computed for a reader that is gone.
 pub fn restore_sigpipe() {
     #[cfg(unix)]
-    // SAFETY: setting a signal disposition to SIG_DFL at start-up, before any thread exists.
+    // SAFETY: setting a signal disposition to SIG_DFL at start-up (after parsing the command
+    // line), before any thread exists.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }

@@ -168,7 +168,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let settings = Settings {
         model_name,
         root: path.display().to_string(),
-        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        api_key: match a.api_key.as_deref() {
+            Some("") => return Err(usage("--api-key is empty (or DAYONE_API_KEY is set to an empty string): give a key, or leave both out to serve without one")),
+            k => k.map(str::to_string),
+        },
         max_n: a.max_n,
         max_logprobs: a.max_logprobs,
         created: now_unix(),
@@ -228,16 +231,24 @@ pub fn run(a: ServeArgs) -> Result<()> {
         json_table: std::sync::OnceLock::new(),
     };
     let _ = state.loaded.set(loaded);
-    println!(
-        "dayone serve: ready at http://{local} (model `{}`)",
-        state.settings.model_name
-    );
-    let _ = std::io::Write::flush(&mut std::io::stdout());
+    {
+        use std::io::Write;
+        // A closed stdout (a supervisor that read the line and left) must not stop the server.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "dayone serve: ready at http://{local} (model `{}`)", state.settings.model_name);
+        let _ = out.flush();
+    }
     rt.block_on(wait_for_signal())?;
     eprintln!(
-        "dayone serve: stopping: draining in-flight requests (up to {} s)",
+        "dayone serve: stopping: draining in-flight requests (up to {} s; a second SIGINT/SIGTERM quits at once)",
         a.shutdown_timeout
     );
+    rt.spawn(async {
+        if wait_for_signal().await.is_ok() {
+            eprintln!("dayone serve: second signal: quitting without draining");
+            std::process::exit(130);
+        }
+    });
     let _ = stop_tx.send(true);
     // Finishes what runs (aborting it after the grace), then the connections close.
     let grace = Duration::from_secs(a.shutdown_timeout as u64);

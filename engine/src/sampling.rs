@@ -74,6 +74,32 @@ pub trait LogitsProcessor: Send {
     fn apply(&mut self, generated: &[u32], logits: &mut [f32]);
 }
 
+/// OpenAI's `logit_bias`: a fixed amount added to some tokens' logits (−100 bans a token, +100
+/// all but forces it).
+#[derive(Clone, Debug, Default)]
+pub struct LogitBias(pub Vec<(u32, f32)>);
+
+impl LogitsProcessor for LogitBias {
+    fn apply(&mut self, _generated: &[u32], logits: &mut [f32]) {
+        for &(t, b) in &self.0 {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+    }
+}
+
+/// Several processors, applied in order.
+pub struct Chain(pub Vec<Box<dyn LogitsProcessor>>);
+
+impl LogitsProcessor for Chain {
+    fn apply(&mut self, generated: &[u32], logits: &mut [f32]) {
+        for p in &mut self.0 {
+            p.apply(generated, logits);
+        }
+    }
+}
+
 /// Largest |presence_penalty| and |frequency_penalty| (OpenAI's and vLLM's range).
 pub const MAX_PENALTY: f32 = 2.0;
 

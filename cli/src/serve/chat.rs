@@ -79,6 +79,7 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
         loaded.handle.model_info().max_context,
         settings,
         field,
+        None,
     )?;
     let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (false, Some(k)) if k > 0 => {

@@ -108,7 +108,8 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
                     format!("prompt token id {bad} is outside the vocabulary (vocab_size {vocab})"),
                 ));
             }
-            common.spec(p, max_context, settings, "max_tokens")
+            // OpenAI's (and vLLM's) completions default: 16 tokens.
+            common.spec(p, max_context, settings, "max_tokens", Some(16))
         })
         .collect::<Result<_, _>>()?;
     let logprobs = match f.logprobs {
@@ -163,6 +164,7 @@ struct TextShape {
 
 impl TextShape {
     /// The legacy logprobs object: `{tokens, token_logprobs, top_logprobs, text_offset}`.
+    /// The sampled token is among `top_logprobs` even when it is not in the top N (vLLM).
     fn logprobs_json(&mut self, index: usize, l: &[TokenLogprob]) -> Value {
         let mut offsets = Vec::with_capacity(l.len());
         for x in l {
@@ -173,7 +175,10 @@ impl TextShape {
             "tokens": l.iter().map(|x| &x.token).collect::<Vec<_>>(),
             "token_logprobs": l.iter().map(|x| x.logprob).collect::<Vec<_>>(),
             "top_logprobs": l.iter().map(|x| {
-                x.top.iter().map(|(t, p)| (t.clone(), json!(p))).collect::<Map<String, Value>>()
+                let mut m: Map<String, Value> =
+                    x.top.iter().map(|(t, p)| (t.clone(), json!(p))).collect();
+                m.entry(x.token.clone()).or_insert(json!(x.logprob));
+                m
             }).collect::<Vec<_>>(),
             "text_offset": offsets,
         })

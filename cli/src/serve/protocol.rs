@@ -102,6 +102,8 @@ pub struct Common {
     pub response_format: Option<Value>,
     /// Minimum tokens before EOS may stop the answer (only 0 is supported).
     pub min_tokens: Option<u64>,
+    /// `{"token id": bias}`, bias in [−100, 100], added to the logits before sampling.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// Everything the engine needs to run one request (all its choices).
@@ -131,14 +133,27 @@ pub struct GenSpec {
     pub cache_salt: Option<String>,
     /// `response_format: json_object`: the answer is constrained to one JSON object.
     pub json_object: bool,
+    /// `logit_bias`, checked: (token id, bias).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
     let x = v.unwrap_or(default);
     if !(x.is_finite() && (lo..=hi).contains(&x)) {
+        // A bound of f64::MIN_POSITIVE means "above 0"; f64::MAX "no upper bound".
+        let low = if lo == f64::MIN_POSITIVE {
+            "(0".to_string()
+        } else {
+            format!("[{lo}")
+        };
+        let high = if hi == f64::MAX {
+            "∞)".to_string()
+        } else {
+            format!("{hi}]")
+        };
         return Err(ApiError::bad_field(
             name,
-            format!("{name} must be in [{lo}, {hi}], got {x}"),
+            format!("{name} must be in {low}, {high}, got {x}"),
         ));
     }
     Ok(x as f32)
@@ -172,6 +187,7 @@ impl Common {
         max_context: usize,
         settings: &Settings,
         max_tokens_field: &str,
+        default_max_tokens: Option<usize>,
     ) -> Result<GenSpec, ApiError> {
         if prompt.is_empty() {
             return Err(ApiError::bad_field(
@@ -190,7 +206,7 @@ impl Common {
         }
         let room = max_context - prompt.len();
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
-            None => room,
+            None => default_max_tokens.unwrap_or(room).min(room),
             Some(0) => {
                 return Err(ApiError::bad_field(
                     max_tokens_field,
@@ -222,6 +238,22 @@ impl Common {
             ));
         }
         let json_object = check_response_format(self.response_format.as_ref())?;
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let id = k.parse::<u32>().map_err(|_| {
+                ApiError::bad_field(
+                    "logit_bias",
+                    format!("logit_bias keys are token ids, got '{k}'"),
+                )
+            })?;
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(ApiError::bad_field(
+                    "logit_bias",
+                    format!("logit_bias values must be in [-100, 100], got {b} for token {id}"),
+                ));
+            }
+            logit_bias.push((id, b as f32));
+        }
         let temperature = range("temperature", self.temperature, 0.0, 2.0, 1.0)?;
         let top_p = range("top_p", self.top_p, f64::MIN_POSITIVE, 1.0, 1.0)?;
         let min_p = range("min_p", self.min_p, 0.0, 1.0, 0.0)?;
@@ -279,6 +311,7 @@ impl Common {
             return_token_ids: self.return_token_ids.unwrap_or(false),
             cache_salt: self.cache_salt.clone(),
             json_object,
+            logit_bias,
         })
     }
 }
@@ -342,29 +375,29 @@ mod tests {
     fn limits_and_defaults() {
         let s = settings();
         let c = common(serde_json::json!({})).unwrap();
-        let g = c.spec(vec![1, 2, 3], 10, &s, "max_tokens").unwrap();
+        let g = c.spec(vec![1, 2, 3], 10, &s, "max_tokens", None).unwrap();
         assert_eq!(g.params.max_tokens, 7, "defaults to the room left");
         assert_eq!(g.params.temperature, 1.0);
-        let e = c.spec(vec![1; 10], 10, &s, "max_tokens").unwrap_err();
+        let e = c.spec(vec![1; 10], 10, &s, "max_tokens", None).unwrap_err();
         assert!(e.message.contains("10 tokens") && e.message.contains("10 input tokens"));
         let c = common(serde_json::json!({"max_tokens": 1_000_000_000_000u64})).unwrap();
-        let e = c.spec(vec![1], 10, &s, "max_tokens").unwrap_err();
+        let e = c.spec(vec![1], 10, &s, "max_tokens", None).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let c = common(serde_json::json!({"n": 1_000_000})).unwrap();
         assert_eq!(
-            c.spec(vec![1], 10, &s, "max_tokens")
+            c.spec(vec![1], 10, &s, "max_tokens", None)
                 .unwrap_err()
                 .param
                 .as_deref(),
             Some("n")
         );
         let c = common(serde_json::json!({"temperature": -1})).unwrap();
-        assert!(c.spec(vec![1], 10, &s, "max_tokens").is_err());
+        assert!(c.spec(vec![1], 10, &s, "max_tokens", None).is_err());
         let c = common(serde_json::json!({"response_format": {"type": "json_schema"}})).unwrap();
-        assert!(c.spec(vec![1], 10, &s, "max_tokens").is_err());
+        assert!(c.spec(vec![1], 10, &s, "max_tokens", None).is_err());
         let c = common(serde_json::json!({"max_completion_tokens": 2, "max_tokens": 5})).unwrap();
         assert_eq!(
-            c.spec(vec![1], 10, &s, "max_tokens")
+            c.spec(vec![1], 10, &s, "max_tokens", None)
                 .unwrap()
                 .params
                 .max_tokens,

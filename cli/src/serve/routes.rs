@@ -24,6 +24,7 @@ pub fn router(state: &'static AppState) -> Router {
         .route("/v1/chat/completions", post(chat::completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
@@ -69,7 +70,11 @@ async fn guard(State(state): State<&'static AppState>, req: Request, next: Next)
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
+                .and_then(|v| {
+                    // The scheme is case-insensitive (RFC 7235).
+                    let (scheme, token) = v.split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+                })
                 .map(str::trim);
             if !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
                 state.note_rejected();
@@ -120,26 +125,47 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
+/// `GET /v1/models/{id}`: the served model's card, or 404.
+async fn model(
+    State(state): State<&'static AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id != state.settings.model_name {
+        state.note_rejected();
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "The model `{id}` does not exist: this server serves `{}`",
+                state.settings.model_name
+            ),
+        )
+        .into_response();
+    }
+    Json(model_card(state)).into_response()
+}
+
 /// `GET /v1/models`: the one served model.
 async fn models(State(state): State<&'static AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_card(state)]}))
+}
+
+/// The model object of `/v1/models` (vLLM's ModelCard fields).
+fn model_card(state: &AppState) -> Value {
     let s = &state.settings;
     let max_len = state
         .loaded
         .get()
         .map(|l| l.handle.model_info().max_context);
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.model_name,
-            "object": "model",
-            "created": s.created,
-            "owned_by": "dayone",
-            "root": s.root,
-            "parent": null,
-            "max_model_len": max_len,
-            "permission": [],
-        }]
-    }))
+    json!({
+        "id": s.model_name,
+        "object": "model",
+        "created": s.created,
+        "owned_by": "dayone",
+        "root": s.root,
+        "parent": null,
+        "max_model_len": max_len,
+        "permission": [],
+    })
 }
 
 /// `GET /health`: 200 once the model is loaded and the engine runs; 503 before and after.
@@ -188,6 +214,7 @@ fn resident_bytes() -> u64 {
 
 #[derive(Deserialize)]
 struct TokenizeFields {
+    model: Option<String>,
     prompt: Option<String>,
     messages: Option<Vec<Value>>,
     add_special_tokens: Option<bool>,
@@ -201,6 +228,11 @@ async fn tokenize(State(state): State<&'static AppState>, body: Bytes) -> Respon
     let r = async {
         let body = parse_body(&body)?;
         let f: TokenizeFields = fields(&body)?;
+        super::protocol::Common {
+            model: f.model.clone(),
+            ..Default::default()
+        }
+        .check_model(&state.settings)?;
         let (loaded, tok) = ready(state)?;
         let ids = match (&f.prompt, &f.messages) {
             (Some(p), None) => tok

@@ -12,7 +12,7 @@ use super::parsers::{self, Delta, OutputParser};
 use super::protocol::GenSpec;
 use super::state::Loaded;
 use dayone_engine::json_constraint::{JsonObjectProcessor, TokenTable};
-use dayone_engine::sampling::{StopMatcher, TokenLogprobs};
+use dayone_engine::sampling::{Chain, LogitBias, LogitsProcessor, StopMatcher, TokenLogprobs};
 use dayone_engine::scheduler::FinishReason;
 use dayone_engine::service::{EngineHandle, ProcessorCell, Request, StreamEvent};
 use dayone_engine::tokenizer::{StreamDecoder, Tokenizer};
@@ -215,8 +215,19 @@ impl Run {
             let mut params = spec.params.clone();
             params.seed = params.seed.wrapping_add(j as u64);
             params.logprobs = logprobs;
-            let processor = match spec.json_object {
-                true => {
+            let mut chain: Vec<Box<dyn LogitsProcessor>> = Vec::new();
+            if !spec.logit_bias.is_empty() {
+                let vocab = loaded.handle.model_info().vocab_size;
+                if let Some(&(bad, _)) = spec.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
+                    return Err(ApiError::bad_field(
+                        "logit_bias",
+                        format!("logit_bias token id {bad} is outside the vocabulary (vocab_size {vocab})"),
+                    ));
+                }
+                chain.push(Box::new(LogitBias(spec.logit_bias.clone())));
+            }
+            if spec.json_object {
+                {
                     let vocab = loaded.handle.model_info().vocab_size;
                     let table = loaded
                         .json_table
@@ -224,9 +235,13 @@ impl Run {
                         .clone();
                     let mut eos = loaded.handle.model_info().eos_ids.clone();
                     eos.extend(&spec.params.stop_token_ids);
-                    ProcessorCell::new(Box::new(JsonObjectProcessor::new(table, eos)))
+                    chain.push(Box::new(JsonObjectProcessor::new(table, eos)));
                 }
-                false => ProcessorCell::default(),
+            }
+            let processor = match chain.len() {
+                0 => ProcessorCell::default(),
+                1 => ProcessorCell::new(chain.pop().expect("one")),
+                _ => ProcessorCell::new(Box::new(Chain(chain))),
             };
             let request = Request {
                 prompt: spec.prompt.clone(),
@@ -234,6 +249,7 @@ impl Run {
                 cache_salt: spec.cache_salt.clone(),
                 processor,
                 report_prefill: false,
+                return_logits: false,
             };
             let tx = tx.clone();
             // On the engine thread: forwards without blocking; `false` once the run is gone.
@@ -341,7 +357,6 @@ impl Run {
         token: u32,
         logprobs: Option<TokenLogprobs>,
     ) -> Result<ChoiceUpdate, ApiError> {
-        self.usage.completion_tokens += 1;
         let mut delta = ChoiceDelta {
             token_ids: vec![token],
             ..ChoiceDelta::default()
@@ -352,14 +367,16 @@ impl Run {
         let ends = (!self.ignore_eos && self.loaded.handle.model_info().eos_ids.contains(&token))
             || self.stop_token_ids.contains(&token);
         let c = &mut self.choices[i];
-        c.generated += 1;
         if c.stopped_by.is_some() {
+            // Produced in the step that matched the stop string: not part of the answer.
             return Ok(ChoiceUpdate {
                 index: i,
                 delta: ChoiceDelta::default(),
                 finish: None,
             });
         }
+        c.generated += 1;
+        self.usage.completion_tokens += 1;
         if ends {
             // The stop token itself is not text (vLLM leaves EOS out of the answer).
             if self.stop_token_ids.contains(&token) {

@@ -17,6 +17,7 @@
 //!         StreamEvent::Token { token, .. } => print!("{token} "),
 //!         StreamEvent::Finished { reason, .. } => println!("[{reason}]"),
 //!         StreamEvent::Error(msg) => anyhow::bail!(msg),
+//!         StreamEvent::Prefill { .. } => {} // only with `Request::report_prefill`
 //!     }
 //! }
 //! handle.shutdown(Duration::from_secs(5));
@@ -32,6 +33,12 @@
 //! `engine stopped: <the step's error>`.
 //!
 //! Text output: [`TextStream`] turns the token events into text deltas.
+//!
+//! Besides serving (`dayone serve`, `generate`), the handle carries what `dayone bench` and
+//! `dayone check` need of an engine: [`EngineHandle::submit_batch_with`] (a batch scheduled
+//! together), [`ModelInfo`]'s byte sizes and activation dtype, [`EngineHandle::copy_bandwidth`]
+//! (the roofline), [`EngineHandle::trace_prefill`] (per-layer hidden states, idle engine only)
+//! and [`Request::return_logits`] (each token's logits row).
 
 mod detok;
 mod request;
@@ -45,7 +52,7 @@ pub use request::{Completion, ProcessorCell, Request, RequestStream, RequestTimi
 
 use crate::Engine;
 use anyhow::{anyhow, Context, Result};
-use dayone_backend::Backend;
+use dayone_backend::{Backend, DType, HostTensor};
 use status::{Shared, Status};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::channel;
@@ -71,6 +78,12 @@ pub struct ModelInfo {
     pub backend: String,
     /// Device bytes one cached token takes over all layers ([`Engine::cache_bytes_per_token`]).
     pub cache_bytes_per_token: usize,
+    /// Device bytes of one sequence's recurrent state over all layers, 0 for attention-only
+    /// models ([`Engine::state_bytes_per_seq`]; `dayone bench`'s bytes per decode step).
+    pub state_bytes_per_seq: usize,
+    /// The dtype activations and weights are computed in on this backend (the configured
+    /// dtype as [`Backend::activation_dtype`] grants it).
+    pub activation_dtype: DType,
 }
 
 /// A snapshot of the engine's state ([`EngineHandle::stats`]).
@@ -117,11 +130,13 @@ impl EngineHandle {
         Self::start_stepper(move || {
             let engine = build()?;
             let model = ModelInfo {
-                max_context: engine.config.max_context(),
+                max_context: engine.max_context(),
                 vocab_size: engine.config.vocab_size(),
                 eos_ids: engine.eos_ids().to_vec(),
                 backend: engine.backend.name(),
                 cache_bytes_per_token: engine.cache_bytes_per_token(),
+                state_bytes_per_seq: engine.state_bytes_per_seq(),
+                activation_dtype: engine.activation_dtype(),
             };
             Ok((engine, model))
         })
@@ -207,14 +222,34 @@ impl EngineHandle {
         request: Request,
         on_event: impl FnMut(StreamEvent) -> bool + Send + 'static,
     ) -> Result<u64> {
+        let ids = self.submit_batch_with([(request, on_event)])?;
+        Ok(ids[0])
+    }
+
+    /// Like [`EngineHandle::submit_with`] for several requests at once: all are queued before
+    /// the engine's next step (so they are scheduled together, as a benchmark's batch must be;
+    /// one `submit_with` after another may see the first one's prefill start alone), with one
+    /// arrival time. Returns their ids, in order. Errors: as `submit_with`, for the first
+    /// request the engine refuses (its error unchanged); then none of them is queued and no
+    /// callback is called.
+    pub fn submit_batch_with<F>(
+        &self,
+        requests: impl IntoIterator<Item = (Request, F)>,
+    ) -> Result<Vec<u64>>
+    where
+        F: FnMut(StreamEvent) -> bool + Send + 'static,
+    {
         let arrival = Instant::now();
         let shared = &self.inner.shared;
         shared.status.check_accepting()?;
+        let requests = requests
+            .into_iter()
+            .map(|(r, f)| (r, Box::new(f) as thread::Sink))
+            .collect();
         let (reply, replied) = channel();
         shared.send(Command::Submit {
-            request,
+            requests,
             arrival,
-            sink: Box::new(on_event),
             reply,
         })?;
         replied
@@ -241,6 +276,34 @@ impl EngineHandle {
             .map_err(|_| anyhow!(shared.status.stopped_message()))
     }
 
+    /// Prefills `prompt` alone with tracing on, on the engine thread ([`Engine::trace_prefill`]):
+    /// the hidden state `[N, D]` (f32) after the embedding and after each layer, and the
+    /// last-token logits `[V]`. Nothing is cached or streamed. Errors: any request in flight
+    /// (`trace_prefill needs an idle engine: …`; wait for them to finish: it is a diagnostic,
+    /// `dayone check`'s, not a serving path), the engine's error for the prompt or the
+    /// forward pass (the service keeps running), or `engine stopped: <reason>`.
+    pub fn trace_prefill(&self, prompt: Vec<u32>) -> Result<(Vec<HostTensor>, Vec<f32>)> {
+        let shared = &self.inner.shared;
+        let (reply, replied) = channel();
+        shared.send(Command::Trace { prompt, reply })?;
+        replied
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow!(shared.status.stopped_message())))
+    }
+
+    /// The device's copy bandwidth in bytes/s, read + write, measured on the engine thread
+    /// between steps ([`copy_bandwidth`]; `dayone bench`'s decode roofline). Takes a fraction
+    /// of a second and 96 MiB of device memory, briefly; measure while idle for a clean figure.
+    /// Errors: the backend's, or `engine stopped: <reason>`.
+    pub fn copy_bandwidth(&self) -> Result<f64> {
+        let shared = &self.inner.shared;
+        let (reply, replied) = channel();
+        shared.send(Command::CopyBandwidth(reply))?;
+        replied
+            .recv()
+            .unwrap_or_else(|_| Err(anyhow!(shared.status.stopped_message())))
+    }
+
     /// Stops accepting requests, lets in-flight ones finish for up to `grace`, aborts the rest
     /// (their streams end with `Abort`) and joins the engine thread. Later calls fail with
     /// `engine stopped: it was shut down`. Calling it again, or from another clone, waits for
@@ -248,6 +311,25 @@ impl EngineHandle {
     pub fn shutdown(&self, grace: Duration) {
         self.inner.shutdown(grace);
     }
+}
+
+/// A device's copy bandwidth in bytes/s (read + write), the decode roofline: an embedding
+/// gather of every row of a 96 MiB f32 table in order is a plain copy (past any L2; one binding
+/// on lavapipe), timed over 10 repetitions after one warm-up.
+pub fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
+    let (rows, cols) = (24576usize, 1024usize);
+    let table = b.zeros(&[rows, cols], DType::F32)?;
+    let ids: Vec<u32> = (0..rows as u32).collect();
+    let ids = b.upload(&HostTensor::from_u32(vec![rows], &ids)?)?;
+    b.embedding(&table, &ids)?;
+    b.synchronize()?;
+    let reps = 10;
+    let t = Instant::now();
+    for _ in 0..reps {
+        b.embedding(&table, &ids)?;
+    }
+    b.synchronize()?;
+    Ok((2 * 4 * rows * cols * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
 impl Inner {
