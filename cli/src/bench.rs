@@ -3,20 +3,27 @@
 //! Bytes that must move per decode step = weights read once (all but the embedding table, which
 //! is only gathered, unless tied to the output head; routed experts only as far as a step of that
 //! batch touches them) + every running sequence's KV cache (and recurrent state, read and written). The
-//! roofline is the device's measured copy bandwidth (a 96 MiB gather, read + write).
+//! roofline is the device's measured copy bandwidth (a 96 MiB gather, read + write;
+//! [`EngineHandle::copy_bandwidth`]).
+//!
+//! The engine runs behind an [`EngineHandle`], as under `dayone serve`: each batch is submitted
+//! at once, and TTFT, TPOT and the decode steps come from the token events' times (the tokens of
+//! one engine step share theirs) and each request's [`RequestTiming`].
 
+use crate::backend_choice::BackendKind;
 use crate::engine_args::{CommandDefaults, EngineArgs};
 use crate::load;
-use crate::{outln, parse, with_backend};
+use crate::{outln, parse};
 use anyhow::Result;
 use clap::Args;
-use dayone_backend::{Backend, DType};
 use dayone_engine::config::ModelConfig;
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::sampling::SamplingParams;
 use dayone_engine::scheduler::SchedulerConfig;
+use dayone_engine::service::{EngineHandle, ModelInfo, Request, RequestTiming, StreamEvent};
 use dayone_engine::EngineConfig;
-use std::time::Instant;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Flags of `dayone bench`.
 #[derive(Args, Debug)]
@@ -82,7 +89,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let ckpt = load::open(&path)?;
     // Generation stops at the context window: a run past it would not produce --gen-len tokens.
     let origin = ckpt.path.join("config.json");
-    let ctx = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?.max_context();
+    let model = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
+    let ctx = model.max_context();
     if let Some(&(_, p)) = runs.iter().find(|&&(_, p)| p + a.gen_len > ctx) {
         anyhow::bail!(
             "--prompt-len {p} + --gen-len {} = {} tokens exceed the model's context window of {ctx}: lower one of them",
@@ -90,7 +98,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             p + a.gen_len
         );
     }
-    with_backend!(kind, |b| bench(b, &ckpt, &cfg, &a, &runs))
+    bench(kind, ckpt, &model, cfg, &a, &runs)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -98,24 +106,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Device copy bandwidth in bytes/s (read + write), the decode roofline: an embedding gather of
-/// every row of a 96 MiB f32 table in order is a plain copy (past any L2; one binding on lavapipe).
-fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
-    let (rows, cols) = (24576usize, 1024usize);
-    let table = b.zeros(&[rows, cols], DType::F32)?;
-    let ids: Vec<u32> = (0..rows as u32).collect();
-    let ids = b.upload(&dayone_backend::HostTensor::from_u32(vec![rows], &ids)?)?;
-    b.embedding(&table, &ids)?;
-    b.synchronize()?;
-    let reps = 10;
-    let t = Instant::now();
-    for _ in 0..reps {
-        b.embedding(&table, &ids)?;
-    }
-    b.synchronize()?;
-    Ok((2 * 4 * rows * cols * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Weight bytes a decode step must read.
@@ -142,16 +132,16 @@ impl WeightBytes {
     }
 }
 
-fn bench<B: Backend>(
-    b: B,
-    ckpt: &Checkpoint,
-    cfg: &EngineConfig,
+/// Loads the model behind an engine handle, measures the roofline, warms up, then runs each
+/// (batch, prompt length) configuration through the handle.
+fn bench(
+    kind: BackendKind,
+    ckpt: Checkpoint,
+    model: &ModelConfig,
+    cfg: EngineConfig,
     a: &BenchArgs,
     runs: &[(usize, usize)],
 ) -> Result<()> {
-    let mut engine = load::engine(b, ckpt, cfg, a.json)?;
-    let act = engine.backend.activation_dtype(cfg.dtype);
-    let vocab = engine.config.vocab_size() as u64;
     let names = ckpt.tensors.names();
     let tied = !names.iter().any(|n| n == "lm_head.weight");
     let elems = |keep: &dyn Fn(&str) -> bool| -> usize {
@@ -165,167 +155,223 @@ fn bench<B: Backend>(
     };
     // Routed experts are read only when chosen: count them separately (see `WeightBytes`).
     let is_expert = |n: &str| n.contains(".mlp.experts.");
+    let (dense_elems, expert_elems) = (elems(&|n| !is_expert(n)), elems(&is_expert));
+    let model_path = ckpt.path.display().to_string();
+    // The engine runs on its own thread behind the service handle, as under `dayone serve`.
+    let handle = load::service(kind, ckpt, cfg, a.json)?;
+    let info = handle.model_info().clone();
+    let act = info.activation_dtype;
     let weights = WeightBytes {
-        dense: (elems(&|n| !is_expert(n)) * act.size()) as f64,
-        experts: (elems(&is_expert) * act.size()) as f64,
-        experts_per_layer: match &engine.config {
+        dense: (dense_elems * act.size()) as f64,
+        experts: (expert_elems * act.size()) as f64,
+        experts_per_layer: match model {
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
             ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
             _ => (0, 0),
         },
     };
-    let roofline = copy_bandwidth(&engine.backend)?;
+    let roofline = handle.copy_bandwidth()?;
 
     // Warm-up: one short request compiles kernels and fills allocator pools.
-    let warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab as u32).collect();
-    engine.add_request(
+    let vocab = info.vocab_size as u32;
+    let warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab).collect();
+    let warm = Request::new(
         warm,
         SamplingParams {
             max_tokens: 2,
             ignore_eos: true,
             ..Default::default()
         },
-    )?;
-    engine.run_to_completion()?;
-    engine.backend.synchronize()?;
-    for &(batch, prompt_len) in runs {
-        run_one(
-            &mut engine,
-            ckpt,
-            a,
-            batch,
-            prompt_len,
-            act,
-            &weights,
-            roofline,
-        )?;
+    );
+    for event in handle.submit(warm)? {
+        if let StreamEvent::Error(msg) = event {
+            anyhow::bail!(msg);
+        }
     }
+    let run = Run {
+        handle: &handle,
+        info: &info,
+        model: &model_path,
+        weights: &weights,
+        roofline,
+    };
+    for &(batch, prompt_len) in runs {
+        run.one(a, batch, prompt_len)?;
+    }
+    handle.shutdown(Duration::from_secs(1));
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_one<B: Backend>(
-    engine: &mut dayone_engine::Engine<B>,
-    ckpt: &Checkpoint,
-    a: &BenchArgs,
-    batch: usize,
-    prompt_len: usize,
-    act: DType,
-    weights: &WeightBytes,
+/// What every configuration's run shares.
+struct Run<'a> {
+    handle: &'a EngineHandle,
+    info: &'a ModelInfo,
+    /// The checkpoint's path, as printed.
+    model: &'a str,
+    weights: &'a WeightBytes,
+    /// Measured copy bandwidth, bytes/s.
     roofline: f64,
-) -> Result<()> {
-    let vocab = engine.config.vocab_size() as u64;
+}
 
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % vocab) as u32
-    };
-    let params = SamplingParams {
-        max_tokens: a.gen_len,
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let start = Instant::now();
-    let mut first_token_at = vec![None; batch];
-    let mut ids = Vec::new();
-    for _ in 0..batch {
-        let p: Vec<u32> = (0..prompt_len).map(|_| next()).collect();
-        ids.push(engine.add_request(p, params.clone())?);
+/// An engine step of the run, as its tokens show it (the tokens of one step share their time).
+struct Step {
+    /// When its tokens left the engine.
+    time: Instant,
+    /// Tokens it produced.
+    tokens: usize,
+    /// KV cache tokens it read: each sequence's context before its token.
+    kv: usize,
+}
+
+/// The engine steps of a run from its token events `(time, context length before the token)`:
+/// each distinct time is one step, in order.
+fn steps(mut tokens: Vec<(Instant, usize)>) -> Vec<Step> {
+    tokens.sort_by_key(|t| t.0);
+    let mut out: Vec<Step> = Vec::new();
+    for (time, ctx) in tokens {
+        match out.last_mut() {
+            Some(s) if s.time == time => {
+                s.tokens += 1;
+                s.kv += ctx;
+            }
+            _ => out.push(Step {
+                time,
+                tokens: 1,
+                kv: ctx,
+            }),
+        }
     }
-    let first_id = ids[0];
-    engine.backend.synchronize()?;
-    let mut decode_steps: Vec<(f64, usize, usize)> = Vec::new(); // (seconds, tokens, kv tokens read)
-    let mut generated = 0usize;
-    let mut ctx_len = vec![prompt_len; batch];
-    while engine.has_unfinished() {
-        // A step is pure decode when every sequence already has its first token.
-        let all_decode = first_token_at.iter().all(|x| x.is_some());
-        let t = Instant::now();
-        let events = engine.step()?;
-        let dt = t.elapsed().as_secs_f64();
-        let kv: usize = events
+    out
+}
+
+impl Run<'_> {
+    fn one(&self, a: &BenchArgs, batch: usize, prompt_len: usize) -> Result<()> {
+        let (info, weights, roofline) = (self.info, self.weights, self.roofline);
+        let act = info.activation_dtype;
+        let vocab = info.vocab_size as u64;
+
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab) as u32
+        };
+        let params = SamplingParams {
+            max_tokens: a.gen_len,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let start = Instant::now();
+        // The whole batch is queued before the engine's next step, as one submission.
+        let (tx, events) = mpsc::channel::<(usize, StreamEvent)>();
+        let mut requests = Vec::with_capacity(batch);
+        for i in 0..batch {
+            let p: Vec<u32> = (0..prompt_len).map(|_| next()).collect();
+            let tx = tx.clone();
+            let sink = move |e: StreamEvent| tx.send((i, e)).is_ok();
+            requests.push((Request::new(p, params.clone()), sink));
+        }
+        drop(tx);
+        self.handle.submit_batch_with(requests)?;
+        // (time, context length before the token) of every token; each request's timing.
+        let mut tokens: Vec<(Instant, usize)> = Vec::with_capacity(batch * a.gen_len);
+        let mut timing: Vec<Option<RequestTiming>> = vec![None; batch];
+        // Ends once every request's last event has been sent (its sender is dropped then).
+        for (i, event) in events {
+            match event {
+                StreamEvent::Token { time, index, .. } => tokens.push((time, prompt_len + index)),
+                StreamEvent::Finished { timing: t, .. } => timing[i] = Some(t),
+                StreamEvent::Error(msg) => anyhow::bail!(msg),
+                StreamEvent::Prefill { .. } => {}
+            }
+        }
+        if let Some(i) = timing.iter().position(Option::is_none) {
+            self.handle.stats()?; // the engine's error, when it stopped
+            anyhow::bail!("bench request {i} ended without a final event");
+        }
+        let timing: Vec<RequestTiming> = timing.into_iter().flatten().collect();
+        let generated = tokens.len();
+        if generated != batch * a.gen_len {
+            anyhow::bail!(
+                "bench generated {generated} tokens instead of --batch {batch} × --gen-len {} = {}: the numbers would be wrong",
+                a.gen_len,
+                batch * a.gen_len
+            );
+        }
+        let end = timing.iter().map(|t| t.finished).max().unwrap_or(start);
+        let total = (end - start).as_secs_f64();
+        // A step is pure decode when every sequence had its first token before it; it took
+        // from the previous step's tokens to its own.
+        let all_first = timing.iter().filter_map(|t| t.first_token).max();
+        let steps = steps(tokens);
+        let decode_steps: Vec<(f64, &Step)> = steps
+            .windows(2)
+            .filter(|w| all_first.is_some_and(|f| w[1].time > f))
+            .map(|w| ((w[1].time - w[0].time).as_secs_f64(), &w[1]))
+            .collect();
+        let mut ttft: Vec<f64> = timing
             .iter()
-            .map(|e| ctx_len[(e.seq_id - first_id) as usize])
+            .map(|t| t.ttft().map_or(total, |d| d.as_secs_f64()))
+            .collect();
+        ttft.sort_by(f64::total_cmp);
+        let mut tpot: Vec<f64> = decode_steps.iter().map(|s| s.0).collect();
+        tpot.sort_by(f64::total_cmp);
+        let decode_time: f64 = decode_steps.iter().map(|s| s.0).sum();
+        let decode_tokens: usize = decode_steps.iter().map(|s| s.1.tokens).sum();
+        // Paged cache read, plus each sequence's recurrent state read and written back.
+        let kv_bytes: f64 = decode_steps
+            .iter()
+            .map(|(_, s)| {
+                (s.kv * info.cache_bytes_per_token + 2 * s.tokens * info.state_bytes_per_seq) as f64
+            })
             .sum();
-        for e in &events {
-            let i = (e.seq_id - first_id) as usize;
-            first_token_at[i].get_or_insert_with(|| start.elapsed().as_secs_f64());
-            ctx_len[i] += 1;
+        let weight_bytes = weights.per_step(batch);
+        let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
+        let achieved = if decode_time > 0.0 {
+            moved / decode_time
+        } else {
+            f64::NAN
+        };
+        let prefill_tokens = batch * prompt_len;
+        // A decode that moved bytes faster than the measured ceiling means the ceiling is wrong
+        // (the copy kernel is slower than the model's, or the weights sit in a cache): the
+        // fraction is capped at 100 % and flagged, never printed above it.
+        let raw_fraction = achieved / roofline;
+        let ceiling_unreliable = raw_fraction > 1.0;
+        let fraction = raw_fraction.min(1.0);
+        let report = serde_json::json!({
+            "backend": info.backend,
+            "model": self.model,
+            "dtype": act.to_string(),
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "gen_len": a.gen_len,
+            "ttft_median_s": percentile(&ttft, 0.5),
+            "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
+            "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
+            "tpot_median_s": percentile(&tpot, 0.5),
+            "tpot_p99_s": percentile(&tpot, 0.99),
+            "output_tokens_per_s": generated as f64 / total,
+            "decode_tokens_per_s": decode_tokens as f64 / decode_time,
+            "weight_bytes_per_step": weight_bytes,
+            "weight_bytes_total": weights.dense + weights.experts,
+            "decode_bytes_per_step_avg": moved / decode_steps.len().max(1) as f64,
+            "achieved_decode_gbps": achieved / 1e9,
+            "roofline_gbps": roofline / 1e9,
+            "roofline_fraction": fraction,
+            "roofline_unreliable": ceiling_unreliable,
+            "total_s": total,
+        });
+        if a.json {
+            outln!("{report}")?;
+            return Ok(());
         }
-        if all_decode && !events.is_empty() {
-            decode_steps.push((dt, events.len(), kv));
-        }
-        generated += events.len();
-    }
-    if generated != batch * a.gen_len {
-        anyhow::bail!(
-            "bench generated {generated} tokens instead of --batch {batch} × --gen-len {} = {}: the numbers would be wrong",
-            a.gen_len,
-            batch * a.gen_len
-        );
-    }
-    let total = start.elapsed().as_secs_f64();
-    let mut ttft: Vec<f64> = first_token_at.iter().map(|x| x.unwrap_or(total)).collect();
-    ttft.sort_by(f64::total_cmp);
-    let mut tpot: Vec<f64> = decode_steps.iter().map(|s| s.0).collect();
-    tpot.sort_by(f64::total_cmp);
-    let decode_time: f64 = decode_steps.iter().map(|s| s.0).sum();
-    let decode_tokens: usize = decode_steps.iter().map(|s| s.1).sum();
-    // Paged cache read, plus each sequence's recurrent state read and written back.
-    let kv_bytes: f64 = decode_steps
-        .iter()
-        .map(|s| {
-            (s.2 * engine.cache_bytes_per_token() + 2 * s.1 * engine.state_bytes_per_seq()) as f64
-        })
-        .sum();
-    let weight_bytes = weights.per_step(batch);
-    let moved = decode_steps.len() as f64 * weight_bytes + kv_bytes;
-    let achieved = if decode_time > 0.0 {
-        moved / decode_time
-    } else {
-        f64::NAN
-    };
-    let prefill_tokens = batch * prompt_len;
-    // A decode that moved bytes faster than the measured ceiling means the ceiling is wrong
-    // (the copy kernel is slower than the model's, or the weights sit in a cache): the fraction
-    // is capped at 100 % and flagged, never printed above it.
-    let raw_fraction = achieved / roofline;
-    let ceiling_unreliable = raw_fraction > 1.0;
-    let fraction = raw_fraction.min(1.0);
-    let report = serde_json::json!({
-        "backend": engine.backend.name(),
-        "model": ckpt.path.display().to_string(),
-        "dtype": act.to_string(),
-        "batch": batch,
-        "prompt_len": prompt_len,
-        "gen_len": a.gen_len,
-        "ttft_median_s": percentile(&ttft, 0.5),
-        "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
-        "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
-        "tpot_median_s": percentile(&tpot, 0.5),
-        "tpot_p99_s": percentile(&tpot, 0.99),
-        "output_tokens_per_s": generated as f64 / total,
-        "decode_tokens_per_s": decode_tokens as f64 / decode_time,
-        "weight_bytes_per_step": weight_bytes,
-        "weight_bytes_total": weights.dense + weights.experts,
-        "decode_bytes_per_step_avg": moved / decode_steps.len().max(1) as f64,
-        "achieved_decode_gbps": achieved / 1e9,
-        "roofline_gbps": roofline / 1e9,
-        "roofline_fraction": fraction,
-        "roofline_unreliable": ceiling_unreliable,
-        "total_s": total,
-    });
-    if a.json {
-        outln!("{report}")?;
-    } else {
         outln!()?;
         outln!(
             "model {} | {} | {} | batch {} | prompt {} | gen {}",
-            ckpt.path.display(),
-            engine.backend.name(),
+            self.model,
+            info.backend,
             act,
             batch,
             prompt_len,
@@ -386,6 +432,6 @@ fn run_one<B: Backend>(
                 roofline / 1e9
             )?;
         }
+        Ok(())
     }
-    Ok(())
 }

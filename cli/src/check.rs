@@ -18,10 +18,13 @@ use clap::Args;
 use dayone_backend::{Backend, DType};
 use dayone_engine::loader::Checkpoint;
 use dayone_engine::sampling::SamplingParams;
+use dayone_engine::service::{Request, StreamEvent};
 use dayone_engine::{prompt, EngineConfig};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Flags of `dayone check`.
 #[derive(Args, Debug)]
@@ -272,35 +275,49 @@ struct Run {
     greedy: Vec<u32>,
 }
 
-fn run_backend<B: Backend>(
-    b: B,
+/// Runs every prompt on backend `kind`, behind an engine handle as under `dayone serve`: a
+/// traced prefill (hidden states per layer), then greedy decoding with each step's logits
+/// ([`Request::return_logits`]).
+fn run_backend(
+    kind: BackendKind,
     ckpt: &Checkpoint,
     cfg: &EngineConfig,
     prompts: &[Vec<u32>],
     tokens: usize,
-    short_name: &str,
 ) -> Result<Vec<Run>> {
-    let mut engine = load::engine(b, ckpt, cfg, true)?;
-    engine.capture_logits = true;
-    let name = short_name.to_string();
+    // The engine thread owns its checkpoint: the same file, opened again (the weights are
+    // read from it as they load).
+    let own = dayone_engine::loader::open(&ckpt.path)?;
+    let handle = load::service(kind, own, cfg.clone(), true)?;
+    let name = kind.name().to_string();
     let mut runs = Vec::new();
     for p in prompts {
-        let (hidden, _) = engine.trace_prefill(p)?;
-        engine.add_request(
-            p.clone(),
-            SamplingParams {
-                max_tokens: tokens,
-                ignore_eos: true,
-                ..Default::default()
-            },
-        )?;
+        let (hidden, _) = handle.trace_prefill(p.clone())?;
+        let request = Request {
+            return_logits: true,
+            ..Request::new(
+                p.clone(),
+                SamplingParams {
+                    max_tokens: tokens,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+            )
+        };
         let mut logits = Vec::new();
         let mut greedy = Vec::new();
-        while engine.has_unfinished() {
-            let events = engine.step()?;
-            if let (Some(e), Some((_, l))) = (events.first(), engine.last_logits.first()) {
-                greedy.push(e.token);
-                logits.push(l.clone());
+        for event in handle.submit(request)? {
+            match event {
+                StreamEvent::Token {
+                    token,
+                    logits: Some(row),
+                    ..
+                } => {
+                    greedy.push(token);
+                    logits.push(Arc::unwrap_or_clone(row));
+                }
+                StreamEvent::Error(msg) => bail!(msg),
+                _ => {}
             }
         }
         runs.push(Run {
@@ -310,6 +327,7 @@ fn run_backend<B: Backend>(
             greedy,
         });
     }
+    handle.shutdown(Duration::from_secs(1));
     Ok(runs)
 }
 
@@ -438,14 +456,7 @@ pub fn run(a: CheckArgs) -> Result<()> {
     outln!("backends: {}", legend.join("; "))?;
     let mut all: Vec<Vec<Run>> = Vec::new();
     for k in &kinds {
-        all.push(with_backend!(*k, |b| run_backend(
-            b,
-            &ckpt,
-            &cfg,
-            &prompts,
-            a.tokens,
-            k.name()
-        ))?);
+        all.push(run_backend(*k, &ckpt, &cfg, &prompts, a.tokens)?);
     }
     let bf16_rule = dtype == DType::BF16 && a.tolerance.is_none();
     let mut v = Verdict::default();

@@ -101,6 +101,8 @@ pub struct Engine<B: Backend> {
     cache_spec_recurrent: bool,
     cache_bytes_per_token: usize,
     state_bytes_per_seq: usize,
+    /// The requested dtype as the backend grants it (`Backend::activation_dtype`).
+    activation_dtype: DType,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
     pub capture_logits: bool,
     /// `(sequence id, logits [V] f32)` of the last step, when `capture_logits` is set.
@@ -221,6 +223,7 @@ impl<B: Backend> Engine<B> {
         Ok(Self {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
+            activation_dtype: act,
             backend,
             config,
             model,
@@ -244,6 +247,12 @@ impl<B: Backend> Engine<B> {
     /// Bytes of recurrent state (f32) each running sequence keeps over all layers.
     pub fn state_bytes_per_seq(&self) -> usize {
         self.state_bytes_per_seq
+    }
+
+    /// The dtype activations, weights and the KV cache are computed in: the configured dtype
+    /// as the backend grants it (`Backend::activation_dtype`: f32 on the CPU and WGSL backends).
+    pub fn activation_dtype(&self) -> DType {
+        self.activation_dtype
     }
 
     /// Token ids that stop generation.

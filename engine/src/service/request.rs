@@ -26,6 +26,10 @@ pub struct Request {
     /// Send [`StreamEvent::Prefill`] after each engine step until the first token (a progress
     /// bar over a long prompt).
     pub report_prefill: bool,
+    /// Send the step's full logits row (f32, `[vocab_size]`, before any logits processor or
+    /// sampling) with each [`StreamEvent::Token`] (`dayone check` compares them across
+    /// backends). Costs a device→host copy of the step's logits while such a request runs.
+    pub return_logits: bool,
 }
 
 /// A [`LogitsProcessor`] travelling with a [`Request`] to the engine thread, which takes it
@@ -60,6 +64,7 @@ impl Request {
             cache_salt: None,
             processor: ProcessorCell::default(),
             report_prefill: false,
+            return_logits: false,
         }
     }
 }
@@ -111,6 +116,9 @@ pub enum StreamEvent {
         /// Its log-probability and top alternatives, when the request's
         /// [`SamplingParams::logprobs`] asked for them.
         logprobs: Option<crate::sampling::TokenLogprobs>,
+        /// The logits row this token was sampled from, when the request's
+        /// [`Request::return_logits`] asked for it.
+        logits: Option<Arc<Vec<f32>>>,
     },
     /// Prefill progress after an engine step (only with [`Request::report_prefill`], and only
     /// before the first token).

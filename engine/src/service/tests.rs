@@ -55,7 +55,7 @@ impl Stepper for Fake {
         Ok(id)
     }
 
-    fn step(&mut self) -> Result<Vec<Produced>> {
+    fn step(&mut self, logits: bool) -> Result<Vec<Produced>> {
         if let Some(gate) = &self.gate {
             gate.recv_timeout(WAIT)
                 .map_err(|_| anyhow!("the test gave no step permit"))?;
@@ -81,10 +81,23 @@ impl Stepper for Fake {
                 finish,
                 cached_tokens: 0,
                 logprobs: None,
+                // A stand-in row: the token id, twice.
+                logits: logits.then(|| vec![token as f32; 2]),
             });
         }
         self.running.retain(|s| s.generated < s.max_tokens);
         Ok(events)
+    }
+
+    /// One "layer": the prompt ids as floats; logits: the prompt's length.
+    fn trace_prefill(&mut self, prompt: &[u32]) -> Result<thread::Trace> {
+        let ids: Vec<f32> = prompt.iter().map(|&t| t as f32).collect();
+        let hidden = dayone_backend::HostTensor::from_f32(vec![prompt.len(), 1], &ids)?;
+        Ok((vec![hidden], vec![prompt.len() as f32]))
+    }
+
+    fn copy_bandwidth(&mut self) -> Result<f64> {
+        Ok(1e9)
     }
 
     fn set_logits_processor(
@@ -128,6 +141,8 @@ fn start(fake: Fake) -> Result<EngineHandle> {
             eos_ids: vec![],
             backend: "fake".into(),
             cache_bytes_per_token: 0,
+            state_bytes_per_seq: 0,
+            activation_dtype: DType::F32,
         };
         Ok((fake, model))
     })
@@ -172,6 +187,126 @@ fn tokens_then_one_finished_event_with_timing() -> Result<()> {
     ensure!(t.arrival <= first && first <= t.finished);
     ensure!(done.token_times[0] == first && done.itl().len() == 4);
     ensure!(t.ttft().is_some() && t.tpot(5).is_some() && t.tpot(1).is_none());
+    Ok(())
+}
+
+#[test]
+fn a_batch_is_queued_before_the_next_step() -> Result<()> {
+    let (fake, permits) = gated();
+    let h = start(fake)?;
+    let (tx, rx) = channel();
+    // 4-token prompts: one prefill step, then a token per step.
+    let batch = (0..3u32).map(|i| {
+        let tx = tx.clone();
+        let r = Request::new(
+            vec![10 * i, 1, 2, 3],
+            SamplingParams {
+                max_tokens: 2,
+                ..Default::default()
+            },
+        );
+        (r, move |e: StreamEvent| tx.send((i, e)).is_ok())
+    });
+    let ids = h.submit_batch_with(batch)?;
+    drop(tx);
+    ensure!(ids.len() == 3, "{ids:?}");
+    permit(&permits, 3);
+    let mut first: Vec<Option<Instant>> = vec![None; 3];
+    let mut finished = 0;
+    for (i, e) in rx.iter() {
+        match e {
+            StreamEvent::Token { index: 0, time, .. } => first[i as usize] = Some(time),
+            StreamEvent::Finished { .. } => finished += 1,
+            _ => {}
+        }
+    }
+    ensure!(finished == 3);
+    // All three prefilled in the first step and got their first token in the second.
+    ensure!(
+        first[0].is_some() && first.iter().all(|t| *t == first[0]),
+        "{first:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_batch_with_a_bad_request_queues_none_of_it() -> Result<()> {
+    let h = start(Fake::default())?;
+    let called = Arc::new(Mutex::new(0usize));
+    let batch = [vec![1, 2], vec![], vec![3]].into_iter().map(|p| {
+        let called = called.clone();
+        let sink = move |_: StreamEvent| {
+            *called.lock().unwrap() += 1;
+            true
+        };
+        (Request::new(p, SamplingParams::default()), sink)
+    });
+    let e = h.submit_batch_with(batch).unwrap_err();
+    ensure!(format!("{e:#}").contains("prompt is empty"), "{e:#}");
+    let stats = h.stats()?;
+    ensure!(
+        stats.requests == 0 && stats.free_blocks == TOTAL_BLOCKS,
+        "{stats:?}"
+    );
+    ensure!(*called.lock().unwrap() == 0);
+    ensure!(h.submit(req(5, 1))?.wait(WAIT)?.tokens == [5]);
+    Ok(())
+}
+
+#[test]
+fn logits_rows_go_only_to_requests_that_asked() -> Result<()> {
+    let h = start(Fake::default())?;
+    let asked = Request {
+        return_logits: true,
+        ..req(20, 2)
+    };
+    let mut with = h.submit(asked)?;
+    let mut without = h.submit(req(30, 2))?;
+    let mut rows = Vec::new();
+    while let Some(e) = with.recv_timeout(WAIT)? {
+        if let StreamEvent::Token { logits, token, .. } = e {
+            ensure!(
+                logits.as_deref() == Some(&vec![token as f32; 2]),
+                "{logits:?}"
+            );
+            rows.push(token);
+        }
+    }
+    ensure!(rows == [20, 21], "{rows:?}");
+    while let Some(e) = without.recv_timeout(WAIT)? {
+        if let StreamEvent::Token { logits, .. } = e {
+            ensure!(logits.is_none(), "{logits:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn trace_prefill_runs_only_on_an_idle_engine() -> Result<()> {
+    let (fake, permits) = gated();
+    let h = start(fake)?;
+    let (hidden, logits) = h.trace_prefill(vec![4, 5, 6])?;
+    ensure!(hidden.len() == 1 && hidden[0].to_f32() == [4.0, 5.0, 6.0]);
+    ensure!(logits == [3.0]);
+    ensure!(h.copy_bandwidth()? == 1e9);
+    let s = h.submit(req(1, 100))?;
+    // The engine waits in its first step: ask from another thread, let steps run until the
+    // command has been answered (between two of them).
+    let h2 = h.clone();
+    let traced = std::thread::spawn(move || h2.trace_prefill(vec![1]));
+    let mut steps = 0;
+    while !traced.is_finished() {
+        ensure!(steps < 90, "no answer to the trace");
+        permit(&permits, 1);
+        steps += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = traced.join().unwrap().unwrap_err();
+    ensure!(format!("{e:#}").contains("needs an idle engine"), "{e:#}");
+    drop(s);
+    permit(&permits, 1);
+    ensure!(h.stats()?.requests == 0);
+    ensure!(h.trace_prefill(vec![7])?.1 == [1.0]);
     Ok(())
 }
 
@@ -390,6 +525,7 @@ fn token(t: u32, index: usize) -> StreamEvent {
         index,
         time: Instant::now(),
         logprobs: None,
+        logits: None,
     }
 }
 

@@ -9,9 +9,10 @@ use crate::sampling::{LogitsProcessor, TokenLogprobs};
 use crate::scheduler::FinishReason;
 use crate::{Engine, TokenEvent};
 use anyhow::Result;
-use dayone_backend::Backend;
+use dayone_backend::{Backend, HostTensor};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where a request's events go; runs on the engine thread, must not block. Returns `false`
@@ -20,20 +21,31 @@ pub(crate) type Sink = Box<dyn FnMut(StreamEvent) -> bool + Send>;
 
 /// A message to the engine thread.
 pub(crate) enum Command {
-    /// Queue a request; the id (or `add_request`'s error) goes back on `reply`.
+    /// Queue requests, all before the next step; their ids (or the first `add_request` error,
+    /// with none of them queued) go back on `reply`.
     Submit {
-        request: Request,
+        requests: Vec<(Request, Sink)>,
         arrival: Instant,
-        sink: Sink,
-        reply: Sender<Result<u64>>,
+        reply: Sender<Result<Vec<u64>>>,
     },
     /// Abort a request (no-op when it has finished).
     Abort(u64),
     /// Send a snapshot of the engine's state.
     Stats(Sender<EngineStats>),
+    /// Prefill `prompt` alone with tracing ([`Engine::trace_prefill`]); refused while any
+    /// request is in flight.
+    Trace {
+        prompt: Vec<u32>,
+        reply: Sender<Result<Trace>>,
+    },
+    /// Measure the device's copy bandwidth ([`super::copy_bandwidth`]), between steps.
+    CopyBandwidth(Sender<Result<f64>>),
     /// Stop accepting; finish in-flight requests within `grace`, then abort the rest and end.
     Shutdown { grace: Duration },
 }
+
+/// Per-layer hidden states `[N, D]` and the last-token logits of [`Engine::trace_prefill`].
+pub(crate) type Trace = (Vec<HostTensor>, Vec<f32>);
 
 /// A step's token for one request: what the loop reads of a [`TokenEvent`].
 pub(crate) struct Produced {
@@ -43,6 +55,8 @@ pub(crate) struct Produced {
     /// Prompt tokens served from the prefix cache.
     pub(crate) cached_tokens: usize,
     pub(crate) logprobs: Option<TokenLogprobs>,
+    /// The logits row it was sampled from (only from a step asked for logits).
+    pub(crate) logits: Option<Vec<f32>>,
 }
 
 /// What the loop needs of an engine: [`Engine`]'s public API (a test double stands in for it
@@ -54,7 +68,12 @@ pub(crate) trait Stepper {
         params: SamplingParams,
         extra: ExtraKeys,
     ) -> Result<u64>;
-    fn step(&mut self) -> Result<Vec<Produced>>;
+    /// One step; with `logits`, each [`Produced`] carries its logits row.
+    fn step(&mut self, logits: bool) -> Result<Vec<Produced>>;
+    /// [`Engine::trace_prefill`] (the engine is idle).
+    fn trace_prefill(&mut self, prompt: &[u32]) -> Result<Trace>;
+    /// The device's copy bandwidth in bytes/s ([`super::copy_bandwidth`]).
+    fn copy_bandwidth(&mut self) -> Result<f64>;
     fn set_logits_processor(&mut self, id: u64, p: Box<dyn LogitsProcessor>) -> Result<()>;
     /// Prompt tokens of request `id` already computed (`None`: unknown or finished).
     fn prefill_progress(&self, id: u64) -> Option<usize>;
@@ -72,8 +91,20 @@ impl<B: Backend> Stepper for Engine<B> {
     ) -> Result<u64> {
         Engine::add_request_with(self, prompt, params, extra)
     }
-    fn step(&mut self) -> Result<Vec<Produced>> {
-        let events = Engine::step(self)?;
+    fn step(&mut self, logits: bool) -> Result<Vec<Produced>> {
+        // Logits rows come from `capture_logits`; a setting of the engine's own is kept.
+        let kept = self.capture_logits;
+        self.capture_logits = kept || logits;
+        let events = Engine::step(self);
+        self.capture_logits = kept;
+        let events = events?;
+        let mut rows: HashMap<u64, Vec<f32>> = if !logits {
+            HashMap::new()
+        } else if kept {
+            self.last_logits.iter().cloned().collect()
+        } else {
+            std::mem::take(&mut self.last_logits).into_iter().collect()
+        };
         Ok(events
             .into_iter()
             .map(|e: TokenEvent| Produced {
@@ -82,8 +113,15 @@ impl<B: Backend> Stepper for Engine<B> {
                 finish: e.finish,
                 cached_tokens: e.cached_tokens,
                 logprobs: e.logprobs,
+                logits: rows.remove(&e.seq_id),
             })
             .collect())
+    }
+    fn trace_prefill(&mut self, prompt: &[u32]) -> Result<Trace> {
+        Engine::trace_prefill(self, prompt)
+    }
+    fn copy_bandwidth(&mut self) -> Result<f64> {
+        super::copy_bandwidth(&self.backend)
     }
     fn abort(&mut self, id: u64) -> Result<bool> {
         Engine::abort(self, id)
@@ -113,6 +151,8 @@ struct Active {
     sink: Sink,
     /// Send [`StreamEvent::Prefill`] after each step until the first token.
     report_prefill: bool,
+    /// Attach the logits row to each token ([`Request::return_logits`]).
+    return_logits: bool,
     arrival: Instant,
     first_token: Option<Instant>,
     prompt_tokens: usize,
@@ -205,7 +245,8 @@ impl<S: Stepper> EngineLoop<S> {
                 }
             }
             if self.engine.has_unfinished() {
-                let events = self.engine.step()?;
+                let logits = self.active.values().any(|a| a.return_logits);
+                let events = self.engine.step(logits)?;
                 self.route(events)?;
                 self.report_prefill();
             }
@@ -229,9 +270,8 @@ impl<S: Stepper> EngineLoop<S> {
     fn handle(&mut self, cmd: Command) -> Result<()> {
         match cmd {
             Command::Submit {
-                request,
+                requests,
                 arrival,
-                sink,
                 reply,
             } => {
                 if self.deadline.is_some() {
@@ -240,40 +280,24 @@ impl<S: Stepper> EngineLoop<S> {
                     )));
                     return Ok(());
                 }
-                let prompt_tokens = request.prompt.len();
-                let extra = ExtraKeys {
-                    cache_salt: request.cache_salt,
-                    ..Default::default()
-                };
-                let processor = request.processor.take();
-                let report_prefill = request.report_prefill;
-                let added = self
-                    .engine
-                    .add_request(request.prompt, request.params, extra)
-                    .and_then(|id| match processor {
-                        Some(p) => self.engine.set_logits_processor(id, p).map(|()| id),
-                        None => Ok(id),
-                    });
-                match added {
-                    Ok(id) => {
-                        self.active.insert(
-                            id,
-                            Active {
-                                sink,
-                                report_prefill,
-                                arrival,
-                                first_token: None,
-                                prompt_tokens,
-                                cached_tokens: 0,
-                                generated: 0,
-                            },
-                        );
-                        if reply.send(Ok(id)).is_err() {
-                            self.abort(id)?; // the submitter is gone
+                let mut ids = Vec::with_capacity(requests.len());
+                for (request, sink) in requests {
+                    match self.add(request, sink, arrival) {
+                        Ok(id) => ids.push(id),
+                        Err(e) => {
+                            // All or nothing: the batch's earlier requests were never announced.
+                            for id in ids {
+                                self.active.remove(&id);
+                                self.engine.abort(id)?;
+                            }
+                            let _ = reply.send(Err(e));
+                            return Ok(());
                         }
                     }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
+                }
+                if let Err(unsent) = reply.send(Ok(ids)) {
+                    for id in unsent.0.into_iter().flatten() {
+                        self.abort(id)?; // the submitter is gone
                     }
                 }
             }
@@ -281,12 +305,59 @@ impl<S: Stepper> EngineLoop<S> {
             Command::Stats(reply) => {
                 let _ = reply.send(self.engine.stats(self.active.len()));
             }
+            Command::Trace { prompt, reply } => {
+                let traced = if self.active.is_empty() && !self.engine.has_unfinished() {
+                    self.engine.trace_prefill(&prompt)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "trace_prefill needs an idle engine: {} requests are in flight",
+                        self.active.len()
+                    ))
+                };
+                let _ = reply.send(traced);
+            }
+            Command::CopyBandwidth(reply) => {
+                let _ = reply.send(self.engine.copy_bandwidth());
+            }
             Command::Shutdown { grace } => {
                 let at = Instant::now() + grace;
                 self.deadline = Some(self.deadline.map_or(at, |d| d.min(at)));
             }
         }
         Ok(())
+    }
+
+    /// Adds one request to the engine (validated there) and tracks it.
+    fn add(&mut self, mut request: Request, sink: Sink, arrival: Instant) -> Result<u64> {
+        let prompt_tokens = request.prompt.len();
+        let extra = ExtraKeys {
+            cache_salt: request.cache_salt.take(),
+            ..Default::default()
+        };
+        let processor = request.processor.take();
+        let id = self
+            .engine
+            .add_request(request.prompt, request.params, extra)?;
+        if let Some(p) = processor {
+            if let Err(e) = self.engine.set_logits_processor(id, p) {
+                self.engine.abort(id)?;
+                return Err(e);
+            }
+        }
+        self.active.insert(
+            id,
+            Active {
+                sink,
+                report_prefill: request.report_prefill,
+                return_logits: request.return_logits,
+                arrival,
+                first_token: None,
+                prompt_tokens,
+                cached_tokens: 0,
+                generated: 0,
+            },
+        );
+        Ok(id)
     }
 
     /// Aborts request `id` in the engine (freeing its blocks and slot) and ends its stream.
@@ -313,6 +384,7 @@ impl<S: Stepper> EngineLoop<S> {
                 index,
                 time: now,
                 logprobs: e.logprobs,
+                logits: e.logits.filter(|_| a.return_logits).map(Arc::new),
             });
             if let Some(reason) = e.finish {
                 let a = self.active.remove(&e.seq_id).expect("looked up above");
