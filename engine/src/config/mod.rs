@@ -1,11 +1,13 @@
 //! Model configs: serde structs mirroring each architecture's `config.json` field names.
 
 mod deepseek_v3;
+mod glm5_next;
 mod kimi_linear;
 mod llama;
 pub(crate) mod rope;
 
 pub use deepseek_v3::DeepseekV3Config;
+pub use glm5_next::{Glm5LayerKind, Glm5LinearAttnConfig, Glm5NextConfig};
 pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
 pub use llama::LlamaConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
@@ -62,6 +64,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v3",
     "deepseek_v32",
     "kimi_linear",
+    "glm5_next",
 ];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
@@ -78,6 +81,9 @@ pub enum ModelConfig {
     DeepseekV3(DeepseekV3Config),
     /// `model_type: "kimi_linear"`: KDA linear attention beside NoPE MLA, MoE.
     KimiLinear(KimiLinearConfig),
+    /// `model_type: "glm5_next"` (GLM-5.3-Flash, text): hyper-connections around KDA and NoPE
+    /// MLA with a pooled DSA indexer, clamped-SwiGLU MoE.
+    Glm5Next(Glm5NextConfig),
 }
 
 impl ModelConfig {
@@ -105,6 +111,7 @@ impl ModelConfig {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => &c.model_type,
             ModelConfig::DeepseekV3(c) => &c.model_type,
             ModelConfig::KimiLinear(c) => &c.model_type,
+            ModelConfig::Glm5Next(c) => &c.model_type,
         }
     }
 
@@ -120,6 +127,7 @@ impl ModelConfig {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.max_position_embeddings,
             ModelConfig::DeepseekV3(c) => c.max_position_embeddings,
             ModelConfig::KimiLinear(c) => c.max_position_embeddings,
+            ModelConfig::Glm5Next(c) => c.max_position_embeddings,
         }
     }
 
@@ -130,6 +138,8 @@ impl ModelConfig {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.num_hidden_layers,
             ModelConfig::DeepseekV3(c) => c.num_hidden_layers + c.num_nextn_predict_layers,
             ModelConfig::KimiLinear(c) => c.num_hidden_layers,
+            // Plus the multi-token-prediction layer stored after them.
+            ModelConfig::Glm5Next(c) => c.num_hidden_layers + 1,
         }
     }
 
@@ -139,6 +149,7 @@ impl ModelConfig {
             ModelConfig::Llama(c) | ModelConfig::Qwen3(c) => c.vocab_size,
             ModelConfig::DeepseekV3(c) => c.vocab_size,
             ModelConfig::KimiLinear(c) => c.vocab_size,
+            ModelConfig::Glm5Next(c) => c.vocab_size,
         }
     }
 }
@@ -175,6 +186,7 @@ mod tests {
             "deepseek_v3_tiny",
             "deepseek_v32_tiny",
             "kimi_linear_tiny",
+            "glm5_next_tiny",
         ] {
             ModelConfig::from_json(&fixture(name, |_| {}), name).unwrap();
         }

@@ -5,11 +5,15 @@
 //! h += mixer(rmsnorm_in(h))          mixer: GQA attention | MLA (± RoPE, ± DSA indexer) | KDA
 //! h += ffn(rmsnorm_post(h))          ffn:   SwiGLU MLP | MoE
 //! ```
+//! With hyper-connections (GLM-5.3-Flash) `h` is `n` streams `[N, n·D]` and each half is
+//! `h = hc(h, |x| sublayer(rmsnorm(x)))` ([`HyperConnection::forward`]).
+//! A `shared` sparse-MLA layer reads the selection of the layer before it, which the caller
+//! carries from block to block.
 //! Which mixer and FFN a layer has comes from the model's layer plan
 //! ([`crate::models::LayerPlan`]); the block only runs them. Layer `i` reads and writes cache
 //! entry `i`, whose kind ([`crate::cache::LayerCacheSpec`]) the plan derived from the mixer.
 
-use super::{Attention, Kda, Mla, Mlp, Moe, RmsNorm, Rope};
+use super::{Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, RmsNorm, Rope, Selection};
 use crate::cache::KvCache;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta};
@@ -18,8 +22,9 @@ use dayone_backend::{Backend, DeviceStepMeta};
 pub enum BlockMixer<B: Backend> {
     /// GQA softmax attention over the paged KV cache, with its rotary tables.
     Attention(Attention<B>, Rope<B>),
-    /// Multi-head latent attention over the latent cache; `None`: NoPE (Kimi-Linear).
-    Mla(Mla<B>, Option<Rope<B>>),
+    /// Multi-head latent attention over the latent cache; `None`: NoPE (Kimi-Linear); how it
+    /// picks its keys when sparse.
+    Mla(Mla<B>, Option<Rope<B>>, MlaSparse<B>),
     /// Kimi Delta Attention over per-sequence recurrent state.
     Kda(Kda<B>),
 }
@@ -32,8 +37,23 @@ pub enum BlockFfn<B: Backend> {
     Moe(Moe<B>),
 }
 
-/// One decoder block with a plain residual stream.
+/// How a block adds to the residual.
+pub enum BlockResidual {
+    /// One stream: `h += sublayer(norm(h))`.
+    Plain,
+    /// Hyper-connections around the mixer and the FFN.
+    Hyper {
+        /// Around the mixer (`hc_attn_*`).
+        attn: HyperConnection,
+        /// Around the FFN (`hc_ffn_*`).
+        ffn: HyperConnection,
+    },
+}
+
+/// One decoder block.
 pub struct Block<B: Backend> {
+    /// Plain residual or hyper-connections.
+    pub residual: BlockResidual,
     /// Norm before the mixer (`input_layernorm`).
     pub input_norm: RmsNorm<B>,
     /// Attention, MLA or KDA.
@@ -45,7 +65,9 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: Backend> BlockMixer<B> {
-    /// `x` `[N, D]` → `[N, D]`, reading and writing layer `layer`'s cache.
+    /// `x` `[N, D]` → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
+    /// sparse-MLA selection from the previous layer and is replaced by this layer's (`None` when
+    /// it selected nothing).
     pub fn forward(
         &self,
         b: &B,
@@ -53,18 +75,29 @@ impl<B: Backend> BlockMixer<B> {
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
         layer: usize,
+        sel: &mut Option<Selection<B>>,
     ) -> Result<B::Tensor> {
         match self {
-            BlockMixer::Attention(attn, rope) => attn.forward(b, x, rope, meta, cache.kv(layer)?),
-            BlockMixer::Mla(mla, rope) => mla.forward(
-                b,
-                x,
-                rope.as_ref(),
-                meta,
-                cache.latent(layer)?,
-                cache.index_keys(layer),
-            ),
+            BlockMixer::Attention(attn, rope) => {
+                *sel = None;
+                attn.forward(b, x, rope, meta, cache.kv(layer)?)
+            }
+            BlockMixer::Mla(mla, rope, sparse) => {
+                let (y, mine) = mla.forward_sparse(
+                    b,
+                    x,
+                    rope.as_ref(),
+                    meta,
+                    cache.latent(layer)?,
+                    cache.index_keys(layer),
+                    sparse,
+                    sel.as_ref(),
+                )?;
+                *sel = mine;
+                Ok(y)
+            }
             BlockMixer::Kda(kda) => {
+                *sel = None;
                 let (conv, state) = cache.recurrent(layer)?;
                 kda.forward(b, x, meta, conv, state)
             }
@@ -83,7 +116,8 @@ impl<B: Backend> BlockFfn<B> {
 }
 
 impl<B: Backend> Block<B> {
-    /// The residual stream `h` `[N, D]` after this block (layer `layer` of the model).
+    /// The residual `h` (`[N, D]`, or `[N, n·D]` streams with hyper-connections) after this
+    /// block (layer `layer` of the model); `sel` as in [`BlockMixer::forward`].
     pub fn forward(
         &self,
         b: &B,
@@ -91,11 +125,25 @@ impl<B: Backend> Block<B> {
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
         layer: usize,
+        sel: &mut Option<Selection<B>>,
     ) -> Result<B::Tensor> {
-        let x = self.input_norm.forward(b, h)?;
-        let a = self.mixer.forward(b, &x, meta, cache, layer)?;
-        let h = b.add(h, &a)?;
-        let m = self.ffn.forward(b, &self.post_norm.forward(b, &h)?)?;
-        b.add(&h, &m)
+        match &self.residual {
+            BlockResidual::Plain => {
+                let x = self.input_norm.forward(b, h)?;
+                let a = self.mixer.forward(b, &x, meta, cache, layer, sel)?;
+                let h = b.add(h, &a)?;
+                let m = self.ffn.forward(b, &self.post_norm.forward(b, &h)?)?;
+                b.add(&h, &m)
+            }
+            BlockResidual::Hyper { attn, ffn } => {
+                let h = attn.forward(b, h, |x| {
+                    let x = self.input_norm.forward(b, x)?;
+                    self.mixer.forward(b, &x, meta, cache, layer, sel)
+                })?;
+                ffn.forward(b, &h, |x| {
+                    self.ffn.forward(b, &self.post_norm.forward(b, x)?)
+                })
+            }
+        }
     }
 }

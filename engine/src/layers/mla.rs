@@ -65,6 +65,19 @@ pub struct Mla<B: Backend> {
     pub indexer: Option<super::DsaIndexer<B>>,
 }
 
+/// How an MLA layer picks its keys beyond [`Mla::indexer`].
+pub enum MlaSparse<B: Backend> {
+    /// By its own `indexer` (DeepSeek-V3.2), or dense without one.
+    Own,
+    /// GLM-5.3-Flash's pooled indexer (pools of keys plus the tail).
+    Pooled(super::PooledDsaIndexer<B>),
+    /// The previous layer's selection (GLM-5.3-Flash `shared` indexer layers).
+    Shared,
+}
+
+/// What a sparse MLA layer selected: `None` dense, `Some([N, k] u32)` the attended positions.
+pub type Selection<B> = Option<<B as Backend>::Tensor>;
+
 /// Rows `[start, start + len)` of each of `groups` consecutive blocks of `stride` rows.
 fn rows_of(
     t: &HostTensor,
@@ -166,6 +179,26 @@ impl<B: Backend> Mla<B> {
         cache: &B::Tensor,
         index_cache: Option<&B::Tensor>,
     ) -> Result<B::Tensor> {
+        let sparse = MlaSparse::Own;
+        let (y, _) = self.forward_sparse(b, x, rope, meta, cache, index_cache, &sparse, None)?;
+        Ok(y)
+    }
+
+    /// [`Mla::forward`] with the key choice `sparse`: `prev` is the previous layer's selection
+    /// (read by [`MlaSparse::Shared`]); the second result is this layer's selection when it ran
+    /// an indexer (its own or the pooled one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_sparse(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        rope: Option<&Rope<B>>,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &B::Tensor,
+        index_cache: Option<&B::Tensor>,
+        sparse: &MlaSparse<B>,
+        prev: Option<&Selection<B>>,
+    ) -> Result<(B::Tensor, Option<Selection<B>>)> {
         let s = self.shape;
         let n = meta.host.num_tokens();
         let cq = match &self.q_a {
@@ -188,19 +221,33 @@ impl<B: Backend> Mla<B> {
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
-        let selected = match (&self.indexer, index_cache) {
-            (Some(ix), Some(keys)) => ix.select(b, x, &cq, meta, keys)?,
-            (Some(_), None) => {
-                anyhow::bail!("an MLA layer with a DSA indexer needs its indexer key cache")
-            }
-            _ => None,
+        let need_cache =
+            || anyhow::anyhow!("an MLA layer with a DSA indexer needs its indexer key cache");
+        let selected: Option<Selection<B>> = if let Some(ix) = &self.indexer {
+            Some(ix.select(b, x, &cq, meta, index_cache.ok_or_else(need_cache)?)?)
+        } else if let MlaSparse::Pooled(ix) = sparse {
+            Some(ix.select(b, x, &cq, meta, index_cache.ok_or_else(need_cache)?)?)
+        } else {
+            None
         };
-        let o_lat = match selected {
-            Some(sel) => b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, &sel)?,
+        let attend = if let MlaSparse::Shared = sparse {
+            match prev {
+                Some(sel) => sel.clone(),
+                None => anyhow::bail!(
+                    "a shared-indexer MLA layer needs the selection of a preceding indexer layer"
+                ),
+            }
+        } else {
+            selected.clone().flatten()
+        };
+        let o_lat = match &attend {
+            Some(sel) => b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, sel)?,
             None => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
         };
         let o = b.head_linear(&o_lat, &self.w_uv)?;
-        self.o_proj
-            .forward(b, &b.reshape(&o, &[n, s.heads * s.v_dim])?)
+        let y = self
+            .o_proj
+            .forward(b, &b.reshape(&o, &[n, s.heads * s.v_dim])?)?;
+        Ok((y, selected))
     }
 }

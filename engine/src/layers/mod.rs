@@ -3,21 +3,25 @@
 mod attention;
 mod block;
 mod dsa_indexer;
+mod hyper_connections;
 mod kda;
 mod linear;
 mod mla;
 mod mlp;
 mod moe;
 mod norm;
+mod pooled_indexer;
 mod rope;
 
 pub use attention::{Attention, AttentionShape};
-pub use block::{Block, BlockFfn, BlockMixer};
+pub use block::{Block, BlockFfn, BlockMixer, BlockResidual};
 pub use dsa_indexer::DsaIndexer;
+pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnection};
 pub use kda::{Kda, KdaShape};
 pub use linear::Linear;
-pub use mla::{Mla, MlaShape};
-pub use mlp::Mlp;
+pub use mla::{Mla, MlaShape, MlaSparse, Selection};
+pub use mlp::{clamped_swiglu, Mlp};
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use norm::RmsNorm;
+pub use pooled_indexer::PooledDsaIndexer;
 pub use rope::Rope;

@@ -2,10 +2,11 @@
 //! (DeepSeek-V3 report §2.1.2; HF `DeepseekV3MoE`):
 //! `y = Σ_{e ∈ topk} w_e · Expert_e(x) + SharedExpert(x)`, experts being SwiGLU MLPs.
 
+use super::mlp::clamped_swiglu;
 use super::Mlp;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor, MoeRouting};
+use dayone_backend::{Backend, HostTensor, MoeRouting, TensorInfo};
 
 /// Widths of an MoE block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub struct ExpertNames {
     pub down: &'static [&'static str],
 }
 
+/// Per-expert `([gate; up] [2F, D], down [D, F])`.
+pub type ExpertWeights<B> = Vec<(<B as Backend>::Tensor, <B as Backend>::Tensor)>;
+
 /// One MoE block's weights.
 pub struct Moe<B: Backend> {
     /// Router weight `[E, D]` f32.
@@ -47,6 +51,9 @@ pub struct Moe<B: Backend> {
     pub shared: Option<Mlp<B>>,
     /// Router settings.
     pub routing: MoeRouting,
+    /// SwiGLU clamp (`swiglu_limit`): the routed experts then run one by one, `[gate; up]`
+    /// `[2F, D]` and down `[D, F]` each, with the clamp composed on the host.
+    pub clamped: Option<(f32, ExpertWeights<B>)>,
 }
 
 /// Stacks equal-shaped host tensors along a new leading dimension.
@@ -69,6 +76,7 @@ impl<B: Backend> Moe<B> {
         s: MoeShape,
         routing: MoeRouting,
         names: &ExpertNames,
+        limit: Option<f32>,
     ) -> Result<Self> {
         let (e, f, d) = (s.experts, s.expert_dim, s.hidden);
         let gate = w.get_f32(&format!("{prefix}.gate.weight"), &[e, d])?;
@@ -79,11 +87,32 @@ impl<B: Backend> Moe<B> {
             None
         };
         let fused = format!("{prefix}.experts.gate_up_proj");
+        let mut split = Vec::new();
         let (gate_up, down) = if w.has(&fused) {
-            (
-                w.get(&fused, &[e, 2 * f, d])?,
-                w.get(&format!("{prefix}.experts.down_proj"), &[e, d, f])?,
-            )
+            let (gu, dn) = (
+                w.host(&fused, &[e, 2 * f, d])?,
+                w.host(&format!("{prefix}.experts.down_proj"), &[e, d, f])?,
+            );
+            if limit.is_some() {
+                let es = gu.dtype.size();
+                for i in 0..e {
+                    let a = 2 * f * d * es;
+                    let c = d * f * es;
+                    split.push((
+                        w.upload(HostTensor::new(
+                            vec![2 * f, d],
+                            gu.dtype,
+                            gu.data[i * a..(i + 1) * a].to_vec(),
+                        )?)?,
+                        w.upload(HostTensor::new(
+                            vec![d, f],
+                            dn.dtype,
+                            dn.data[i * c..(i + 1) * c].to_vec(),
+                        )?)?,
+                    ));
+                }
+            }
+            (w.upload(gu)?, w.upload(dn)?)
         } else {
             let mut gu = Vec::with_capacity(e);
             let mut dn = Vec::with_capacity(e);
@@ -104,16 +133,17 @@ impl<B: Backend> Moe<B> {
                     [g.data, u.data].concat(),
                 )?);
                 dn.push(w.host(&name(names.down)?, &[d, f])?);
+                if limit.is_some() {
+                    split.push((w.upload(gu[i].clone())?, w.upload(dn[i].clone())?));
+                }
             }
             (w.upload(stack(&gu)?)?, w.upload(stack(&dn)?)?)
         };
         let shared = if s.shared_dim > 0 {
-            Some(Mlp::load(
-                w,
-                &format!("{prefix}.shared_experts"),
-                d,
-                s.shared_dim,
-            )?)
+            Some(
+                Mlp::load(w, &format!("{prefix}.shared_experts"), d, s.shared_dim)?
+                    .with_limit(limit),
+            )
         } else {
             None
         };
@@ -124,16 +154,75 @@ impl<B: Backend> Moe<B> {
             down,
             shared,
             routing,
+            clamped: limit.map(|l| (l, split)),
         })
     }
 
     /// `x` `[N, D]` → `[N, D]`.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (ids, weights) = b.moe_route(x, &self.gate, self.bias.as_ref(), &self.routing)?;
-        let y = b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?;
+        let y = match &self.clamped {
+            Some((l, experts)) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
+            None => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
+        };
         match &self.shared {
             Some(mlp) => b.add(&y, &mlp.forward(b, x)?),
             None => Ok(y),
         }
+    }
+
+    /// The routed experts with a clamped SwiGLU, one expert at a time over the tokens that chose
+    /// it (HF `Glm5NextTextExperts`): routing read back to the host, each expert's projections
+    /// on the device, clamp and weighted sum on the host.
+    fn clamped_experts(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        ids: &B::Tensor,
+        weights: &B::Tensor,
+        l: f32,
+        experts: &[(B::Tensor, B::Tensor)],
+    ) -> Result<B::Tensor> {
+        let (n, d) = (x.shape()[0], x.shape()[1]);
+        let dtype = x.dtype();
+        let ids = b.download(ids)?.to_u32()?;
+        let wts = b.download(weights)?.to_f32();
+        let k = self.routing.top_k;
+        let xs = b.download(x)?.to_f32();
+        let mut y = vec![0f32; n * d];
+        for (e, (gu, dn)) in experts.iter().enumerate() {
+            let picks: Vec<(usize, f32)> = (0..n * k)
+                .filter(|&i| ids[i] as usize == e)
+                .map(|i| (i / k, wts[i]))
+                .collect();
+            if picks.is_empty() {
+                continue;
+            }
+            let rows: Vec<f32> = picks
+                .iter()
+                .flat_map(|&(t, _)| xs[t * d..(t + 1) * d].iter().copied())
+                .collect();
+            let m = picks.len();
+            let xe = b.upload(&HostTensor::from_f32_as(vec![m, d], &rows, dtype)?)?;
+            let h = b.download(&b.linear(&xe, gu, None)?)?.to_f32();
+            let f = h.len() / m / 2;
+            let (mut g, mut u) = (Vec::with_capacity(m * f), Vec::with_capacity(m * f));
+            for r in 0..m {
+                g.extend_from_slice(&h[r * 2 * f..r * 2 * f + f]);
+                u.extend_from_slice(&h[r * 2 * f + f..(r + 1) * 2 * f]);
+            }
+            let act = clamped_swiglu(&g, &u, l);
+            let act = b.upload(&HostTensor::from_f32_as(vec![m, f], &act, dtype)?)?;
+            let out = b.download(&b.linear(&act, dn, None)?)?.to_f32();
+            for (r, &(t, wt)) in picks.iter().enumerate() {
+                for (o, v) in y[t * d..(t + 1) * d]
+                    .iter_mut()
+                    .zip(&out[r * d..(r + 1) * d])
+                {
+                    *o += wt * v;
+                }
+            }
+        }
+        b.upload(&HostTensor::from_f32_as(vec![n, d], &y, dtype)?)
     }
 }

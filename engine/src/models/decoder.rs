@@ -13,8 +13,9 @@
 
 use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::layers::{
-    Attention, AttentionShape, Block, BlockFfn, BlockMixer, DsaIndexer, ExpertNames, Kda, KdaShape,
-    Mla, MlaShape, Mlp, Moe, MoeShape, RmsNorm, Rope,
+    expand_streams, mean_streams, Attention, AttentionShape, Block, BlockFfn, BlockMixer,
+    BlockResidual, DsaIndexer, ExpertNames, HyperConnection, Kda, KdaShape, Mla, MlaShape,
+    MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, RmsNorm, Rope,
 };
 use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
@@ -48,6 +49,34 @@ pub struct IndexerPlan {
     pub rope: RopePlan,
 }
 
+/// GLM-5.3-Flash's pooled DSA indexer on an MLA layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PooledIndexerPlan {
+    /// Indexer heads `H_i`.
+    pub heads: usize,
+    /// Indexer head width `d` (its cache row is `3d`: pooled key, raw key, pool gate).
+    pub head_dim: usize,
+    /// Tokens kept per query from the best pools (a multiple of `kpool`).
+    pub topk: usize,
+    /// Width of the query latent it reads.
+    pub q_lora_rank: usize,
+    /// Tokens per pool `K`.
+    pub kpool: usize,
+    /// Also attend to the query's incomplete pool.
+    pub tail: bool,
+}
+
+/// Which keys a sparse MLA layer attends to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SparsePlan {
+    /// DeepSeek-V3.2's per-token lightning indexer.
+    Lightning(IndexerPlan),
+    /// GLM-5.3-Flash's pooled indexer.
+    Pooled(PooledIndexerPlan),
+    /// The previous layer's selection (GLM-5.3-Flash `shared`; no indexer cache).
+    Shared,
+}
+
 /// The token mixer of a layer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Mixer {
@@ -74,8 +103,9 @@ pub enum Mixer {
         scale: f32,
         /// Rotary tables over the `rope_dim` part; `None`: NoPE.
         rope: Option<RopePlan>,
-        /// DSA indexer (sparse MLA), which adds an indexer-key cache row.
-        indexer: Option<IndexerPlan>,
+        /// Sparse MLA: its DSA indexer (which adds an indexer-key cache row) or a shared
+        /// selection.
+        indexer: Option<SparsePlan>,
     },
     /// Kimi Delta Attention over per-sequence state.
     Kda {
@@ -106,10 +136,20 @@ pub enum Ffn {
 }
 
 /// How a layer adds to the residual stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Residual {
     /// `h += sublayer(norm(h))`, one stream.
     Plain,
+    /// Hyper-connections over `n` streams (layers/hyper_connections.rs), with these
+    /// settings; every layer of a model must have the same `n`.
+    HyperConnections {
+        /// Streams.
+        n: usize,
+        /// Floor of the mixing weights and Sinkhorn denominators.
+        hc_eps: f64,
+        /// Sinkhorn iterations.
+        sinkhorn_iters: usize,
+    },
 }
 
 /// What one decoder layer is.
@@ -123,6 +163,8 @@ pub struct LayerPlan {
     pub norm_eps: f64,
     /// Residual kind.
     pub residual: Residual,
+    /// SwiGLU clamp of the FFN (dense, shared and routed experts): `min(g, l)`, `clamp(u, ±l)`.
+    pub swiglu_limit: Option<f64>,
 }
 
 /// An architecture's checkpoint names (Hugging Face layout: `{layers}.{i}.{module}.…`).
@@ -143,6 +185,11 @@ pub struct TensorNames {
     pub ffn: &'static [&'static str],
     /// Per-expert projection spellings of MoE layers.
     pub experts: ExpertNames,
+    /// Prefix of `embed_tokens` and the final `norm` (`model`).
+    pub model: &'static str,
+    /// Prefix of a layer's hyper-connection tensors, before `_fn`/`_base`/`_scale` (`hc_attn`,
+    /// `hc_ffn`).
+    pub hc: (&'static str, &'static str),
 }
 
 impl TensorNames {
@@ -159,6 +206,8 @@ impl TensorNames {
             up: &["up_proj"],
             down: &["down_proj"],
         },
+        model: "model",
+        hc: ("hc_attn", "hc_ffn"),
     };
 }
 
@@ -191,11 +240,15 @@ impl Mixer {
             Mixer::Mla { shape, indexer, .. } => {
                 let width = shape.kv_lora_rank + shape.rope_dim;
                 match indexer {
-                    Some(ix) => LayerCacheSpec::PagedLatentIndexed {
+                    Some(SparsePlan::Lightning(ix)) => LayerCacheSpec::PagedLatentIndexed {
                         width,
                         index_width: ix.head_dim,
                     },
-                    None => LayerCacheSpec::PagedLatent { width },
+                    Some(SparsePlan::Pooled(ix)) => LayerCacheSpec::PagedLatentIndexed {
+                        width,
+                        index_width: 3 * ix.head_dim,
+                    },
+                    Some(SparsePlan::Shared) | None => LayerCacheSpec::PagedLatent { width },
                 }
             }
             Mixer::Kda { shape, .. } => LayerCacheSpec::Recurrent {
@@ -227,6 +280,8 @@ pub struct Decoder<B: Backend> {
     pub blocks: Vec<Block<B>>,
     /// Per-layer cache specs.
     pub spec: CacheSpec,
+    /// Hyper-connection streams (`None`: a plain residual).
+    pub streams: Option<usize>,
 }
 
 fn rope<B: Backend>(b: &B, p: &RopePlan) -> Result<Rope<B>> {
@@ -244,9 +299,29 @@ fn load_block<B: Backend>(
     let p = format!("{}.{i}", names.layers);
     let b = w.backend();
     let d = plan.hidden;
-    // Only the plain residual exists so far (hyper-connections will bring their own weights):
-    // a new `Residual` kind makes this pattern refutable, so it cannot be silently ignored.
-    let Residual::Plain = l.residual;
+    let residual = match l.residual {
+        Residual::Plain => BlockResidual::Plain,
+        Residual::HyperConnections {
+            n,
+            hc_eps,
+            sinkhorn_iters,
+        } => {
+            let hc = |name: &str, alt: &str| {
+                HyperConnection::load(
+                    w,
+                    &format!("{p}.{name}"),
+                    &format!("{p}.{alt}"),
+                    (n, d),
+                    (l.norm_eps, hc_eps, sinkhorn_iters),
+                )
+            };
+            BlockResidual::Hyper {
+                attn: hc(names.hc.0, "attn_hc")?,
+                ffn: hc(names.hc.1, "ffn_hc")?,
+            }
+        }
+    };
+    let limit = l.swiglu_limit.map(|x| x as f32);
     let mixer_prefix = format!("{p}.{}", names.mixer);
     let input_norm = RmsNorm::load(w, &format!("{p}.{}", names.input_norm), d, l.norm_eps)?;
     let mixer = match &l.mixer {
@@ -271,17 +346,31 @@ fn load_block<B: Backend>(
             indexer,
         } => {
             let mut mla = Mla::load(w, &mixer_prefix, *shape, *latent_eps, *scale)?;
-            if let Some(ix) = indexer {
-                mla.indexer = Some(DsaIndexer::load(
-                    w,
-                    &format!("{mixer_prefix}.{}", names.indexer),
-                    d,
-                    ix.q_lora_rank,
-                    (ix.heads, ix.head_dim, ix.topk),
-                    rope(b, &ix.rope)?,
-                )?);
+            let ix_prefix = format!("{mixer_prefix}.{}", names.indexer);
+            let mut sparse = MlaSparse::Own;
+            match indexer {
+                Some(SparsePlan::Lightning(ix)) => {
+                    mla.indexer = Some(DsaIndexer::load(
+                        w,
+                        &ix_prefix,
+                        d,
+                        ix.q_lora_rank,
+                        (ix.heads, ix.head_dim, ix.topk),
+                        rope(b, &ix.rope)?,
+                    )?);
+                }
+                Some(SparsePlan::Pooled(ix)) => {
+                    sparse = MlaSparse::Pooled(PooledDsaIndexer::load(
+                        w,
+                        &ix_prefix,
+                        (d, ix.q_lora_rank),
+                        (ix.heads, ix.head_dim, ix.topk, ix.kpool, ix.tail),
+                    )?);
+                }
+                Some(SparsePlan::Shared) => sparse = MlaSparse::Shared,
+                None => {}
             }
-            BlockMixer::Mla(mla, rp.as_ref().map(|r| rope(b, r)).transpose()?)
+            BlockMixer::Mla(mla, rp.as_ref().map(|r| rope(b, r)).transpose()?, sparse)
         }
         Mixer::Kda {
             shape,
@@ -297,21 +386,20 @@ fn load_block<B: Backend>(
         format!("{p}.{}", found.unwrap_or(last))
     };
     let ffn = match &l.ffn {
-        Ffn::Dense { intermediate } => BlockFfn::Dense(Mlp::load(
-            w,
-            &ffn_prefix("gate_proj.weight"),
-            d,
-            *intermediate,
-        )?),
+        Ffn::Dense { intermediate } => BlockFfn::Dense(
+            Mlp::load(w, &ffn_prefix("gate_proj.weight"), d, *intermediate)?.with_limit(limit),
+        ),
         Ffn::Moe { shape, routing } => BlockFfn::Moe(Moe::load(
             w,
             &ffn_prefix("gate.weight"),
             *shape,
             *routing,
             &names.experts,
+            limit,
         )?),
     };
     Ok(Block {
+        residual,
         input_norm,
         mixer,
         post_norm,
@@ -325,6 +413,19 @@ impl<B: Backend> Decoder<B> {
     /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape),
     /// or a planned layer kind that is not supported yet.
     pub fn load(w: &WeightLoader<B>, plan: &ModelPlan) -> Result<Self> {
+        let streams = match plan.layers.first().map(|l| l.residual) {
+            Some(Residual::HyperConnections { n, .. }) => Some(n),
+            _ => None,
+        };
+        for (i, l) in plan.layers.iter().enumerate() {
+            let n = match l.residual {
+                Residual::HyperConnections { n, .. } => Some(n),
+                Residual::Plain => None,
+            };
+            if n != streams {
+                bail!("layer {i}: every layer must have the same residual streams ({streams:?}), got {n:?}");
+            }
+        }
         let blocks = plan
             .layers
             .iter()
@@ -333,6 +434,7 @@ impl<B: Backend> Decoder<B> {
             .collect::<Result<Vec<_>>>()?;
         let head = TokenHead::load(
             w,
+            plan.names.model,
             plan.vocab,
             plan.hidden,
             plan.norm_eps,
@@ -342,6 +444,7 @@ impl<B: Backend> Decoder<B> {
             head,
             blocks,
             spec: plan.cache_spec(),
+            streams,
         })
     }
 }
@@ -363,11 +466,24 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
         }
-        for (i, block) in self.blocks.iter().enumerate() {
-            h = block.forward(b, &h, meta, cache, i)?;
-            self.head
-                .trace(b, trace.as_deref_mut(), &h, i, self.blocks.len())?;
+        if let Some(n) = self.streams {
+            h = expand_streams(b, &h, n)?;
         }
-        self.head.logits(b, &h, meta)
+        // The one-stream view of `h` (the streams' mean with hyper-connections).
+        let view = |h: &B::Tensor| -> Result<B::Tensor> {
+            match self.streams {
+                Some(n) => mean_streams(b, h, n),
+                None => Ok(h.clone()),
+            }
+        };
+        let mut sel = None;
+        for (i, block) in self.blocks.iter().enumerate() {
+            h = block.forward(b, &h, meta, cache, i, &mut sel)?;
+            if trace.is_some() {
+                self.head
+                    .trace(b, trace.as_deref_mut(), &view(&h)?, i, self.blocks.len())?;
+            }
+        }
+        self.head.logits(b, &view(&h)?, meta)
     }
 }

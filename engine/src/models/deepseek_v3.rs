@@ -9,7 +9,9 @@
 //! ```
 //! The multi-token-prediction layers stored after `num_hidden_layers` are not loaded.
 
-use super::decoder::{Ffn, LayerPlan, Mixer, ModelPlan, Residual, RopePlan, TensorNames};
+use super::decoder::{
+    Ffn, LayerPlan, Mixer, ModelPlan, Residual, RopePlan, SparsePlan, TensorNames,
+};
 use super::registry::Architecture;
 use crate::config::{parse_as, rope_inv_freq, DeepseekV3Config, ModelConfig};
 use crate::layers::{MlaShape, MoeShape};
@@ -63,7 +65,7 @@ pub(super) fn plan(c: &DeepseekV3Config) -> Result<ModelPlan> {
         // transformers builds the latent norms with its default eps 1e-6.
         latent_eps: 1e-6,
         scale: c.softmax_scale(),
-        indexer: super::deepseek_v32::indexer(c, &inv_freq, mscale),
+        indexer: super::deepseek_v32::indexer(c, &inv_freq, mscale).map(SparsePlan::Lightning),
         rope: Some(RopePlan {
             inv_freq,
             style,
@@ -98,6 +100,7 @@ pub(super) fn plan(c: &DeepseekV3Config) -> Result<ModelPlan> {
             },
             norm_eps: c.rms_norm_eps,
             residual: Residual::Plain,
+            swiglu_limit: None,
         })
         .collect();
     Ok(ModelPlan {

@@ -110,6 +110,7 @@ fn plan(c: &KimiLinearConfig) -> ModelPlan {
             },
             norm_eps: eps,
             residual: Residual::Plain,
+            swiglu_limit: None,
         })
         .collect();
     ModelPlan {

@@ -62,6 +62,7 @@ pub(super) fn plan_with(c: &LlamaConfig, qk_norm: Option<f64>) -> Result<ModelPl
         },
         norm_eps: c.rms_norm_eps,
         residual: Residual::Plain,
+        swiglu_limit: None,
     };
     Ok(ModelPlan {
         hidden: c.hidden_size,

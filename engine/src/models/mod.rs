@@ -6,6 +6,7 @@
 mod decoder;
 mod deepseek_v3;
 mod deepseek_v32;
+mod glm5_next;
 mod kimi_linear;
 mod llama;
 mod qwen3;
@@ -13,7 +14,8 @@ pub mod registry;
 mod token_head;
 
 pub use decoder::{
-    Decoder, Ffn, IndexerPlan, LayerPlan, Mixer, ModelPlan, Residual, RopePlan, TensorNames,
+    Decoder, Ffn, IndexerPlan, LayerPlan, Mixer, ModelPlan, PooledIndexerPlan, Residual, RopePlan,
+    SparsePlan, TensorNames,
 };
 pub use registry::{architecture, layer_plan, Architecture, ARCHITECTURES};
 pub use token_head::TokenHead;

@@ -8,7 +8,7 @@ use dayone_backend::{Backend, DeviceStepMeta};
 
 /// Embedding `[V, D]`, final norm and LM head.
 pub struct TokenHead<B: Backend> {
-    /// `model.embed_tokens.weight` `[V, D]`.
+    /// `{model}.embed_tokens.weight` `[V, D]` (`model` is the architecture's prefix).
     pub embed_tokens: B::Tensor,
     /// `model.norm`.
     pub norm: RmsNorm<B>,
@@ -20,6 +20,7 @@ impl<B: Backend> TokenHead<B> {
     /// Loads the three; a tied checkpoint that still ships `lm_head.weight` uses it.
     pub fn load(
         w: &WeightLoader<B>,
+        model: &str,
         vocab: usize,
         hidden: usize,
         eps: f64,
@@ -31,8 +32,8 @@ impl<B: Backend> TokenHead<B> {
             None
         };
         Ok(Self {
-            embed_tokens: w.get("model.embed_tokens.weight", &[vocab, hidden])?,
-            norm: RmsNorm::load(w, "model.norm", hidden, eps)?,
+            embed_tokens: w.get(&format!("{model}.embed_tokens.weight"), &[vocab, hidden])?,
+            norm: RmsNorm::load(w, &format!("{model}.norm"), hidden, eps)?,
             lm_head,
         })
     }
