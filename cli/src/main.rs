@@ -14,6 +14,7 @@ mod interrupt;
 mod load;
 mod needle;
 mod output;
+mod perplexity;
 mod progress;
 mod prompt_input;
 mod sampling_args;
@@ -158,6 +159,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Load-test an OpenAI-compatible server; prints what `vllm bench serve` prints.
     BenchServe(bench_serve::BenchServeArgs),
+    /// Perplexity over a text file in windows of --ctx tokens (llama-perplexity's protocol),
+    /// and KL divergence against a saved run (--save-logprobs, --kl-base).
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 impl Command {
@@ -174,6 +178,7 @@ impl Command {
             Command::Config(_) => "config",
             Command::Serve(_) => "serve",
             Command::BenchServe(_) => "bench-serve",
+            Command::Perplexity(_) => "perplexity",
         }
     }
 }
@@ -227,6 +232,7 @@ fn main() {
         Command::Config(a) => config_cmd::run(a),
         Command::Serve(a) => serve::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     };
     match result {
         // llama.cpp's convention: stats printed, then 128 + SIGINT.

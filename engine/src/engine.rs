@@ -83,6 +83,28 @@ pub struct TokenEvent {
     /// The token's log-probability and top alternatives, when the request asked for them
     /// ([`SamplingParams::logprobs`]).
     pub logprobs: Option<crate::sampling::TokenLogprobs>,
+    /// With the first generated token of a request added with prompt log-probabilities
+    /// ([`Engine::add_request_scored`]): entry `i` scores prompt token `i + 1` given prompt
+    /// tokens `0..=i` (`prompt_tokens − 1` entries).
+    pub prompt_logprobs: Option<Vec<crate::sampling::TokenLogprobs>>,
+}
+
+/// Prompt log-probabilities being computed for one sequence.
+struct PromptScores {
+    /// Alternatives kept per position.
+    top: usize,
+    /// Per prompt position `0..prompt_len − 1`, once its logits row has been computed.
+    entries: Vec<Option<crate::sampling::TokenLogprobs>>,
+}
+
+/// Which logits rows a step computes: one per chunk that samples, plus the scored prompt
+/// positions of sequences with prompt log-probabilities.
+#[derive(Default)]
+struct LogitRows {
+    /// Row of each sampling chunk, in chunk order.
+    sample: Vec<usize>,
+    /// `(sequence id, first prompt position, first row, rows)`.
+    scored: Vec<(u64, usize, usize, usize)>,
 }
 
 /// A model on a backend with its cache and scheduler.
@@ -107,6 +129,8 @@ pub struct Engine<B: Backend> {
     pub capture_logits: bool,
     /// `(sequence id, logits [V] f32)` of the last step, when `capture_logits` is set.
     pub last_logits: Vec<(u64, Vec<f32>)>,
+    /// Sequences whose prompt positions are scored ([`Engine::add_request_scored`]).
+    prompt_scores: std::collections::HashMap<u64, PromptScores>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -236,6 +260,7 @@ impl<B: Backend> Engine<B> {
             max_context,
             capture_logits: false,
             last_logits: Vec::new(),
+            prompt_scores: Default::default(),
         })
     }
 
@@ -386,6 +411,24 @@ impl<B: Backend> Engine<B> {
         params: SamplingParams,
         extra_keys: crate::cache::prefix::ExtraKeys,
     ) -> Result<u64> {
+        self.add_request_scored(prompt, params, extra_keys, None)
+    }
+
+    /// [`Engine::add_request_with`], and with `prompt_logprobs: Some(k)` also scores the prompt
+    /// (vLLM's `prompt_logprobs`): the logits row of every prompt position but the last is
+    /// computed and turned into the log-probability of the next prompt token plus the `k` most
+    /// likely tokens (`k ≥ vocab_size`: all of them), delivered with the request's first
+    /// generated token ([`TokenEvent::prompt_logprobs`]). Such a request skips the prefix cache
+    /// (a cached prefix has no logits: it gets a salt of its own, as vLLM skips the lookup), and
+    /// its prompt may fill the whole context window (its one token comes from the last
+    /// position).
+    pub fn add_request_scored(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        mut extra_keys: crate::cache::prefix::ExtraKeys,
+        prompt_logprobs: Option<usize>,
+    ) -> Result<u64> {
         params.validate()?;
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
@@ -395,7 +438,7 @@ impl<B: Backend> Engine<B> {
             bail!("prompt token id {bad} is outside the vocabulary (vocab_size {vocab})");
         }
         let ctx = self.max_context;
-        if prompt.len() >= ctx {
+        if prompt.len() > ctx || (prompt.len() == ctx && prompt_logprobs.is_none()) {
             bail!(
                 "the prompt has {} tokens but the context window is {ctx} (max_position_embeddings{}): shorten it",
                 prompt.len(),
@@ -408,7 +451,8 @@ impl<B: Backend> Engine<B> {
         let capacity = self.cache.num_blocks * self.cache.block_size;
         let room = ctx - prompt.len();
         let generated = params.max_tokens.min(room);
-        let need = prompt.len() + generated - 1;
+        // A scored prompt that fills the window generates nothing past it, but is all cached.
+        let need = prompt.len() + generated.max(1) - 1;
         if need > capacity {
             let gen = if generated < params.max_tokens {
                 format!("{generated} generated tokens (--max-tokens clipped to the context window of {ctx})")
@@ -431,9 +475,23 @@ impl<B: Backend> Engine<B> {
             );
         }
         let id = self.next_id;
+        if let Some(top) = prompt_logprobs {
+            // A salt no other request has: no prefix hit, so every position is computed.
+            extra_keys.cache_salt = Some(format!("\0dayone-prompt-logprobs-{id}"));
+            self.prompt_scores.insert(
+                id,
+                PromptScores {
+                    top,
+                    entries: vec![None; prompt.len() - 1],
+                },
+            );
+        }
         let mut seq = Sequence::new(id, prompt, params);
         seq.extra_keys = extra_keys;
-        self.scheduler.add(seq)?;
+        if let Err(e) = self.scheduler.add(seq) {
+            self.prompt_scores.remove(&id);
+            return Err(e);
+        }
         self.next_id += 1;
         Ok(id)
     }
@@ -442,6 +500,7 @@ impl<B: Backend> Engine<B> {
     /// Returns whether it was still unfinished. Call between steps (the engine is single-threaded;
     /// [`crate::service`] serialises aborts from other threads).
     pub fn abort(&mut self, id: u64) -> Result<bool> {
+        self.prompt_scores.remove(&id);
         let Some(seq) = self.scheduler.abort(id)? else {
             return Ok(false);
         };
@@ -478,7 +537,7 @@ impl<B: Backend> Engine<B> {
         }
         // Prefix hits on a recurrent model resume from a state checkpoint.
         self.copy_state_slots(&plan.restores)?;
-        let (ids, meta) = self.build_step(&chunks);
+        let (ids, meta, rows) = self.build_step(&chunks);
         let b = &self.backend;
         let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
         let want: Vec<usize> = chunks
@@ -493,16 +552,22 @@ impl<B: Backend> Engine<B> {
             seq.params.is_greedy() && seq.params.logprobs.is_none() && seq.processor.is_none()
         });
         let mut logprobs: Vec<Option<crate::sampling::TokenLogprobs>> = vec![None; want.len()];
-        let tokens: Vec<u32> = if greedy && !self.capture_logits {
+        let tokens: Vec<u32> = if greedy && !self.capture_logits && rows.scored.is_empty() {
             b.download(&b.argmax(&logits)?)?.to_u32()?
         } else {
             let host = b.download(&logits)?.to_f32();
-            let v = host.len() / want.len().max(1);
+            let n_rows = rows.sample.len() + rows.scored.iter().map(|s| s.3).sum::<usize>();
+            let v = host.len() / n_rows.max(1);
+            if v * n_rows != host.len() {
+                bail!("internal: {} logits for {n_rows} rows", host.len());
+            }
+            self.score_prompt_rows(&host, v, &rows.scored);
             self.last_logits.clear();
             want.iter()
                 .enumerate()
                 .map(|(r, &i)| {
-                    let row = &host[r * v..(r + 1) * v];
+                    let r0 = rows.sample[r];
+                    let row = &host[r0 * v..(r0 + 1) * v];
                     let seq = &mut self.scheduler.running[i];
                     if self.capture_logits {
                         self.last_logits.push((seq.id, row.to_vec()));
@@ -560,6 +625,20 @@ impl<B: Backend> Engine<B> {
                 None
             };
             seq.finished = finish;
+            let prompt_logprobs = if seq.generated().len() == 1 {
+                match self.prompt_scores.remove(&seq.id) {
+                    Some(s) => match s.entries.into_iter().collect::<Option<Vec<_>>>() {
+                        Some(all) => Some(all),
+                        None => bail!(
+                            "internal: request {} finished its prompt with unscored positions",
+                            seq.id
+                        ),
+                    },
+                    None => None,
+                }
+            } else {
+                None
+            };
             events.push(TokenEvent {
                 seq_id: seq.id,
                 token,
@@ -567,6 +646,7 @@ impl<B: Backend> Engine<B> {
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
                 finish,
                 logprobs,
+                prompt_logprobs,
             });
         }
         for seq in self.scheduler.reap_finished()? {
@@ -601,8 +681,27 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Token ids and metadata for the scheduled chunks.
-    fn build_step(&self, chunks: &[ScheduledChunk]) -> (Vec<u32>, StepMeta) {
+    /// Turns the scored rows of a step's logits (`host`, `[rows, v]`) into prompt
+    /// log-probabilities.
+    fn score_prompt_rows(&mut self, host: &[f32], v: usize, scored: &[(u64, usize, usize, usize)]) {
+        for &(id, pos0, row0, n) in scored {
+            let Some(seq) = self.scheduler.running.iter().find(|s| s.id == id) else {
+                continue;
+            };
+            let Some(scores) = self.prompt_scores.get_mut(&id) else {
+                continue;
+            };
+            for j in 0..n {
+                let (pos, r) = (pos0 + j, row0 + j);
+                let row = &host[r * v..(r + 1) * v];
+                scores.entries[pos] =
+                    Some(prompt_token_logprobs(row, seq.tokens[pos + 1], scores.top));
+            }
+        }
+    }
+
+    /// Token ids and metadata for the scheduled chunks, and which logits rows they ask for.
+    fn build_step(&self, chunks: &[ScheduledChunk]) -> (Vec<u32>, StepMeta, LogitRows) {
         let bs = self.cache.block_size;
         let running = &self.scheduler.running;
         let max_blocks = chunks
@@ -618,8 +717,19 @@ impl<B: Backend> Engine<B> {
             query_start: vec![0],
             ..Default::default()
         };
+        let mut rows = LogitRows::default();
         for (s, c) in chunks.iter().enumerate() {
             let seq = &running[c.index];
+            if self.prompt_scores.contains_key(&seq.id) {
+                // Every prompt position of the chunk that has a next prompt token.
+                let first = m.positions.len();
+                let end = (c.start + c.len).min(seq.prompt_len.saturating_sub(1));
+                if end > c.start {
+                    let n = end - c.start;
+                    rows.scored.push((seq.id, c.start, m.logit_rows.len(), n));
+                    m.logit_rows.extend((first..first + n).map(|r| r as u32));
+                }
+            }
             for pos in c.start..c.start + c.len {
                 ids.push(seq.tokens[pos]);
                 m.positions.push(pos as u32);
@@ -636,10 +746,11 @@ impl<B: Backend> Engine<B> {
             m.max_seq_len = m.max_seq_len.max(len as usize);
             m.query_start.push(m.positions.len() as u32);
             if c.wants_logits {
+                rows.sample.push(m.logit_rows.len());
                 m.logit_rows.push(m.positions.len() as u32 - 1);
             }
         }
-        (ids, m)
+        (ids, m, rows)
     }
 
     /// Runs every queued request to completion; returns the generated ids per request id order.
@@ -679,7 +790,7 @@ impl<B: Backend> Engine<B> {
             len: prompt.len(),
             wants_logits: true,
         };
-        let (ids, meta) = self.build_step(&[chunk]);
+        let (ids, meta, _) = self.build_step(&[chunk]);
         let b = &self.backend;
         let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
         let meta = b.upload_meta(meta)?;
@@ -695,6 +806,28 @@ impl<B: Backend> Engine<B> {
             .map(|t| b.download(t))
             .collect::<Result<Vec<_>>>()?;
         Ok((hidden, logits))
+    }
+}
+
+/// Log-softmax of `row` at `token` and the `top` most likely tokens ([`crate::sampling::token_logprobs`];
+/// without alternatives only the log-sum-exp is computed, in f64).
+fn prompt_token_logprobs(row: &[f32], token: u32, top: usize) -> crate::sampling::TokenLogprobs {
+    if top > 0 {
+        return crate::sampling::token_logprobs(row, token, top);
+    }
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    crate::sampling::TokenLogprobs {
+        token,
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&x| (x as f64 - lse) as f32),
+        top: Vec::new(),
     }
 }
 

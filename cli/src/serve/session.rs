@@ -250,6 +250,7 @@ impl Run {
                 processor,
                 report_prefill: false,
                 return_logits: false,
+                prompt_logprobs: None,
             };
             let tx = tx.clone();
             // On the engine thread: forwards without blocking; `false` once the run is gone.

@@ -30,6 +30,12 @@ pub struct Request {
     /// sampling) with each [`StreamEvent::Token`] (`dayone check` compares them across
     /// backends). Costs a device→host copy of the step's logits while such a request runs.
     pub return_logits: bool,
+    /// Score the prompt (vLLM's `prompt_logprobs`): `Some(k)` computes the logits row of every
+    /// prompt position and sends, with [`StreamEvent::Finished`], each prompt token's
+    /// log-probability given the tokens before it plus the `k` most likely tokens there
+    /// (`k ≥ vocab_size`: all). Such a request skips the prefix cache (a cached prefix has no
+    /// logits) and its prompt may fill the whole context window ([`crate::Engine::add_request_scored`]).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A [`LogitsProcessor`] travelling with a [`Request`] to the engine thread, which takes it
@@ -65,6 +71,7 @@ impl Request {
             processor: ProcessorCell::default(),
             report_prefill: false,
             return_logits: false,
+            prompt_logprobs: None,
         }
     }
 }
@@ -142,6 +149,10 @@ pub enum StreamEvent {
         generated_tokens: usize,
         /// Arrival, first token and finish times.
         timing: RequestTiming,
+        /// With [`Request::prompt_logprobs`]: entry `i` scores prompt token `i + 1` given prompt
+        /// tokens `0..=i` (`prompt_tokens − 1` entries; `None` when aborted before the prompt
+        /// was computed, or not asked for).
+        prompt_logprobs: Option<Arc<Vec<crate::sampling::TokenLogprobs>>>,
     },
     /// The engine failed (the message says why) and stopped; no more events follow, and the
     /// service refuses new requests.

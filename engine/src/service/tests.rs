@@ -39,6 +39,7 @@ impl Stepper for Fake {
         prompt: Vec<u32>,
         params: SamplingParams,
         _extra: crate::cache::prefix::ExtraKeys,
+        _prompt_logprobs: Option<usize>,
     ) -> Result<u64> {
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
@@ -83,6 +84,7 @@ impl Stepper for Fake {
                 logprobs: None,
                 // A stand-in row: the token id, twice.
                 logits: logits.then(|| vec![token as f32; 2]),
+                prompt_logprobs: None,
             });
         }
         self.running.retain(|s| s.generated < s.max_tokens);

@@ -57,16 +57,20 @@ pub(crate) struct Produced {
     pub(crate) logprobs: Option<TokenLogprobs>,
     /// The logits row it was sampled from (only from a step asked for logits).
     pub(crate) logits: Option<Vec<f32>>,
+    /// The prompt's log-probabilities (first token of a request that asked for them).
+    pub(crate) prompt_logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 /// What the loop needs of an engine: [`Engine`]'s public API (a test double stands in for it
 /// in the unit tests, so the loop's failure paths are tested without a model).
 pub(crate) trait Stepper {
+    /// [`Engine::add_request_scored`].
     fn add_request(
         &mut self,
         prompt: Vec<u32>,
         params: SamplingParams,
         extra: ExtraKeys,
+        prompt_logprobs: Option<usize>,
     ) -> Result<u64>;
     /// One step; with `logits`, each [`Produced`] carries its logits row.
     fn step(&mut self, logits: bool) -> Result<Vec<Produced>>;
@@ -88,8 +92,9 @@ impl<B: Backend> Stepper for Engine<B> {
         prompt: Vec<u32>,
         params: SamplingParams,
         extra: ExtraKeys,
+        prompt_logprobs: Option<usize>,
     ) -> Result<u64> {
-        Engine::add_request_with(self, prompt, params, extra)
+        Engine::add_request_scored(self, prompt, params, extra, prompt_logprobs)
     }
     fn step(&mut self, logits: bool) -> Result<Vec<Produced>> {
         // Logits rows come from `capture_logits`; a setting of the engine's own is kept.
@@ -114,6 +119,7 @@ impl<B: Backend> Stepper for Engine<B> {
                 cached_tokens: e.cached_tokens,
                 logprobs: e.logprobs,
                 logits: rows.remove(&e.seq_id),
+                prompt_logprobs: e.prompt_logprobs,
             })
             .collect())
     }
@@ -158,6 +164,8 @@ struct Active {
     prompt_tokens: usize,
     cached_tokens: usize,
     generated: usize,
+    /// The prompt's log-probabilities, once computed ([`Request::prompt_logprobs`]).
+    prompt_logprobs: Option<Arc<Vec<TokenLogprobs>>>,
 }
 
 impl Active {
@@ -172,6 +180,7 @@ impl Active {
                 first_token: self.first_token,
                 finished: now,
             },
+            prompt_logprobs: self.prompt_logprobs.take(),
         };
         (self.sink)(event);
     }
@@ -335,9 +344,12 @@ impl<S: Stepper> EngineLoop<S> {
             ..Default::default()
         };
         let processor = request.processor.take();
-        let id = self
-            .engine
-            .add_request(request.prompt, request.params, extra)?;
+        let id = self.engine.add_request(
+            request.prompt,
+            request.params,
+            extra,
+            request.prompt_logprobs,
+        )?;
         if let Some(p) = processor {
             if let Err(e) = self.engine.set_logits_processor(id, p) {
                 self.engine.abort(id)?;
@@ -355,6 +367,7 @@ impl<S: Stepper> EngineLoop<S> {
                 prompt_tokens,
                 cached_tokens: 0,
                 generated: 0,
+                prompt_logprobs: None,
             },
         );
         Ok(id)
@@ -379,6 +392,9 @@ impl<S: Stepper> EngineLoop<S> {
             a.generated += 1;
             a.cached_tokens = e.cached_tokens;
             a.first_token.get_or_insert(now);
+            if let Some(p) = e.prompt_logprobs {
+                a.prompt_logprobs = Some(Arc::new(p));
+            }
             let listening = (a.sink)(StreamEvent::Token {
                 token: e.token,
                 index,
