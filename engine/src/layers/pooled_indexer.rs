@@ -8,9 +8,10 @@
 //! I(t, p) = Σ_h w_h · H^−½ · relu(d^−½ · q_h · K_p)       over the pools with (p+1)K − 1 ≤ t
 //! Sel(t)  = tokens of the min(topk/K, #visible) best pools  ∪  [⌊(t+1)/K⌋·K, t]   (the tail)
 //! ```
-//! Cache row per token (`[blocks, bs, 3d]`): `[pooled key of pool #position | k | γ]`: the raw
-//! `(k, γ)` of every token, and pool `p`'s key in the row of position `p` once the pool is
-//! complete (a pool's key never changes). Pooling, scoring and top-k run on the host (composed
+//! Cache row per token (`[blocks, bs, 3d]`): `[pooled key | k | γ]`: the raw `(k, γ)` of every
+//! token, and pool `p`'s key in the row of its last token `pK + K − 1` once the pool is complete
+//! (a pool's key never changes, and it lives in a block holding the pool's own tokens, so a
+//! prefix-shared block stays consistent). Pooling, scoring and top-k run on the host (composed
 //! from `read_rows` / `write_rows`; the backends have no pooled-indexer op).
 
 use super::Linear;
@@ -160,7 +161,7 @@ impl<B: Backend> PooledDsaIndexer<B> {
                     .map(|j| e[j] / sum * vals[row(s, start + j) + d + c])
                     .sum();
             }
-            let r = row(s, pool);
+            let r = row(s, start + kp - 1);
             vals[r..r + d].copy_from_slice(&key);
             touched = true;
         }
@@ -195,7 +196,8 @@ impl<B: Backend> PooledDsaIndexer<B> {
             } else {
                 let scores: Vec<f32> = (0..visible)
                     .map(|pool| {
-                        let key = &vals[row(s, pool)..row(s, pool) + d];
+                        let r = row(s, pool * kp + kp - 1);
+                        let key = &vals[r..r + d];
                         (0..h)
                             .map(|hh| {
                                 let qh = &q[(t * h + hh) * d..(t * h + hh + 1) * d];
