@@ -104,6 +104,16 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         ),
     };
     let ids = tok.encode(&text, false)?;
+    let load_start = Instant::now();
+    let handle = load::service(kind, ckpt, cfg, a.json)?;
+    let load_time = load_start.elapsed();
+    let info = handle.model_info().clone();
+    if a.ctx > info.max_context {
+        return Err(usage(format!(
+            "--ctx {} is above the model's context window of {} tokens",
+            a.ctx, info.max_context
+        )));
+    }
     let per = a.ctx - usize::from(bos.is_some());
     let n_windows = ids.len() / per;
     if n_windows == 0 {
@@ -119,16 +129,6 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         .chunks_exact(per)
         .map(|c| bos.into_iter().chain(c.iter().copied()).collect())
         .collect();
-    let load_start = Instant::now();
-    let handle = load::service(kind, ckpt, cfg, a.json)?;
-    let load_time = load_start.elapsed();
-    let info = handle.model_info().clone();
-    if a.ctx > info.max_context {
-        return Err(usage(format!(
-            "--ctx {} is above the model's context window of {} tokens",
-            a.ctx, info.max_context
-        )));
-    }
     let vocab = info.vocab_size;
     if let Some(b) = &base {
         b.check_against(vocab, a.ctx, a.bos, n_windows)?;
@@ -654,19 +654,22 @@ impl Kl {
             for &(id, p) in &c.top {
                 dense[id as usize] = p;
             }
-            // KL(base ‖ this) over the base's top tokens plus the rest of the mass.
+            // KL(base ‖ this) over the base's top tokens plus the rest of the mass (this run's
+            // rest computed as the saved one was, so a run against itself gives exactly 0).
             let mut kl = 0.0f64;
-            let mut q_top = 0.0f64;
-            for &(id, p) in &b.top {
-                let (p, q) = (p as f64, dense[id as usize] as f64);
-                q_top += q.exp();
+            let q_top: Vec<(u32, f32)> = b
+                .top
+                .iter()
+                .map(|&(id, _)| (id, dense[id as usize]))
+                .collect();
+            for (&(_, p), &(_, q)) in b.top.iter().zip(&q_top) {
                 if p.is_finite() {
-                    kl += p.exp() * (p - q);
+                    kl += (p as f64).exp() * (p as f64 - q as f64);
                 }
             }
             if b.rest.is_finite() {
                 let p_rest = b.rest as f64;
-                let q_rest = (1.0 - q_top).max(1e-30).ln();
+                let q_rest = rest_logmass(&q_top, false).max(-69.0) as f64;
                 kl += p_rest.exp() * (p_rest - q_rest);
             }
             self.kls.push(kl);
