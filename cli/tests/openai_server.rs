@@ -1144,3 +1144,56 @@ fn sigterm_drains_a_stream() {
         server.stderr()
     );
 }
+
+/// Clients that close their socket while the server is still writing a short stream (the
+/// last chunks and `[DONE]` hit a closed connection): each write fails with EPIPE, which must
+/// cost that request only. Regression: the process once died of SIGPIPE here.
+#[test]
+fn closed_sockets_do_not_kill_the_server() {
+    use std::io::{Read, Write};
+    let model = word_model();
+    let mut server = Server::start(&["--model", model.path().to_str().unwrap()]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    for round in 0..200u64 {
+        let body = format!(
+            r#"{{"prompt":"hello","max_tokens":{},"ignore_eos":true,"stream":true,"stream_options":{{"include_usage":true}}}}"#,
+            [1, 2, 3, 5, 8][round as usize % 5]
+        );
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut buf = [0u8; 300];
+        let _ = s.read(&mut buf);
+        drop(s); // closed with the rest of the stream unread
+        assert!(
+            std::net::TcpStream::connect(&addr).is_ok(),
+            "round {round}: the server is gone"
+        );
+    }
+    let rt = runtime();
+    let c = http();
+    let got = rt.block_on(post_json(
+        &c,
+        &format!("{}/v1/completions", server.url),
+        &json!({"prompt": "hello", "max_tokens": 2}),
+        None,
+    ));
+    assert_eq!(got.0, 200, "the server stopped answering: {}", got.1);
+    let (running, used) = rt.block_on(wait_idle(&c, &server.url));
+    assert_eq!(
+        (running, used),
+        (0.0, 0.0),
+        "requests or blocks left after the closed sockets"
+    );
+    server.sigterm();
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "exit status {status:?}"
+    );
+}
