@@ -132,7 +132,7 @@ fn a_scored_prompt_may_fill_the_window() -> Result<()> {
     let h = handle(2048)?;
     let window = h.model_info().max_context;
     let p = prompt(window, 3);
-    let got = score(&h, &[p.clone()], 0)?;
+    let got = score(&h, std::slice::from_ref(&p), 0)?;
     ensure!(got[0].0.len() == window - 1 && got[0].0.iter().all(|e| e.top.is_empty()));
     // An ordinary request of that length is still refused.
     let refused = h.submit(Request::new(p, SamplingParams::default()));
