@@ -156,7 +156,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
                 scored_tokens: n_windows * (a.ctx - 1),
                 model: path.display().to_string(),
                 backend: info.backend.clone(),
-                dtype: info.activation_dtype.to_string(),
+                dtype: dtype.to_string(),
             },
         )?),
         None => None,
@@ -214,7 +214,8 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             "bos": a.bos,
             "batch_windows": w,
             "backend": info.backend,
-            "dtype": info.activation_dtype.to_string(),
+            "dtype": dtype.to_string(),
+            "activation_dtype": info.activation_dtype.to_string(),
             "tokens_per_s": tps,
             "load_s": load_time.as_secs_f64(),
         });
