@@ -7,6 +7,8 @@ use dayone_tests::{check_golden, on_every_backend};
 on_every_backend! {
     llama_f32 => |mk: fn() -> _| check_golden(mk(), "llama_tiny", DType::F32);
     llama_bf16 => |mk: fn() -> _| check_golden(mk(), "llama_tiny", DType::BF16);
+    qwen2_f32 => |mk: fn() -> _| check_golden(mk(), "qwen2_tiny", DType::F32);
+    qwen2_bf16 => |mk: fn() -> _| check_golden(mk(), "qwen2_tiny", DType::BF16);
     qwen3_f32 => |mk: fn() -> _| check_golden(mk(), "qwen3_tiny", DType::F32);
     qwen3_bf16 => |mk: fn() -> _| check_golden(mk(), "qwen3_tiny", DType::BF16);
     llama_sharded_f32 => |mk: fn() -> _| check_golden(mk(), "llama_sharded", DType::F32);

@@ -1,4 +1,5 @@
-//! `config.json` of `llama` and `qwen3` checkpoints (transformers `LlamaConfig` / `Qwen3Config`).
+//! `config.json` of `llama`, `qwen2` and `qwen3` checkpoints (transformers `LlamaConfig` /
+//! `Qwen2Config` / `Qwen3Config`).
 
 use super::RopeParameters;
 use anyhow::{bail, Result};
@@ -53,6 +54,18 @@ pub struct LlamaConfig {
     /// MLP activation; only `silu` is supported.
     #[serde(default = "default_act")]
     pub hidden_act: String,
+    /// Qwen2/Qwen3: whether `sliding_window` applies (to layers from `max_window_layers` on).
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    /// Attention window of sliding layers (Mistral, Qwen2 with `use_sliding_window`).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// Qwen2/Qwen3: layers below this index keep full attention when `use_sliding_window`.
+    #[serde(default)]
+    pub max_window_layers: Option<usize>,
+    /// transformers ≥ 5: per-layer `full_attention` / `sliding_attention`.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
     /// BOS id (int or absent).
     #[serde(default)]
     pub bos_token_id: Option<serde_json::Value>,
@@ -92,6 +105,20 @@ impl LlamaConfig {
         )
     }
 
+    /// Qwen2/Qwen3's sliding layers: from `layer_types` when present, else (older configs) the
+    /// layers from `max_window_layers` on when `use_sliding_window` and `sliding_window` are set.
+    /// `Some(window)` for a sliding layer.
+    pub fn qwen_window(&self, layer: usize) -> Option<usize> {
+        let window = self.sliding_window?;
+        match &self.layer_types {
+            Some(t) => {
+                (t.get(layer).map(String::as_str) == Some("sliding_attention")).then_some(window)
+            }
+            None => (self.use_sliding_window && layer >= self.max_window_layers.unwrap_or(0))
+                .then_some(window),
+        }
+    }
+
     /// Checks the invariants the model code relies on; errors name the field.
     pub fn validate(&self) -> Result<()> {
         let h = self.num_attention_heads;
@@ -118,6 +145,22 @@ impl LlamaConfig {
                 "hidden_act '{}' is not supported (expected 'silu')",
                 self.hidden_act
             );
+        }
+        if let Some(t) = &self.layer_types {
+            if t.len() != self.num_hidden_layers {
+                bail!(
+                    "field `layer_types` has {} entries but num_hidden_layers is {}",
+                    t.len(),
+                    self.num_hidden_layers
+                );
+            }
+            if let Some((i, x)) = t
+                .iter()
+                .enumerate()
+                .find(|(_, x)| *x != "full_attention" && *x != "sliding_attention")
+            {
+                bail!("field `layer_types`[{i}] is '{x}' (expected 'full_attention' or 'sliding_attention')");
+            }
         }
         if self.mlp_bias {
             bail!("mlp_bias = true is not supported yet");

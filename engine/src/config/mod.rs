@@ -60,6 +60,7 @@ pub(crate) fn parse_as<T: serde::de::DeserializeOwned>(
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
+    "qwen2",
     "qwen3",
     "deepseek_v3",
     "deepseek_v32",
@@ -72,7 +73,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum ModelConfig {
-    /// `model_type: "llama"` (Llama 2/3, SmolLM2, Mistral-style dense decoders).
+    /// `model_type: "llama"` (Llama 2/3, SmolLM2, Mistral-style dense decoders); also `qwen2`,
+    /// whose registry row plans q/k/v biases.
     Llama(LlamaConfig),
     /// `model_type: "qwen3"`: the Llama skeleton plus per-head q/k RMSNorm and explicit `head_dim`.
     Qwen3(LlamaConfig),
@@ -182,6 +184,7 @@ mod tests {
     fn fixtures_parse() {
         for name in [
             "llama_tiny",
+            "qwen2_tiny",
             "qwen3_tiny",
             "deepseek_v3_tiny",
             "deepseek_v32_tiny",

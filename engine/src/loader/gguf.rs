@@ -1,7 +1,13 @@
 //! GGUF files (llama.cpp): metadata → HF config, tensors dequantized to f32 with HF names.
 //!
-//! llama.cpp's converter stores the rows of `attn_q`/`attn_k` permuted for its interleaved
-//! RoPE; [`unpermute_rows`] puts them back in the Hugging Face (half-split RoPE) order.
+//! Architectures: `llama`, `qwen2` (q/k/v biases) and `qwen3` (per-head q/k norms, explicit head
+//! width): `{arch}.*` metadata becomes the HF config of that `model_type`, `blk.N.*` tensors get
+//! HF names.
+//!
+//! For the `llama` architecture only, llama.cpp's converter stores the rows of `attn_q`/`attn_k`
+//! (weights and biases) permuted for its interleaved RoPE; [`unpermute_rows`] puts them back in
+//! the Hugging Face (half-split RoPE) order. Qwen2/Qwen3 tensors are stored unpermuted (llama.cpp
+//! runs them with its NeoX, i.e. half-split, RoPE).
 
 use super::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
 use super::gguf_quant::dequantize;
@@ -15,7 +21,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Architectures whose metadata and tensor names are mapped to HF form.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// Whether llama.cpp permuted this architecture's q/k rows (only `llama`).
+fn permutes_qk(arch: &str) -> bool {
+    arch == "llama"
+}
 
 /// Opens a `.gguf` file as a [`Checkpoint`].
 pub fn open_gguf(path: &Path) -> Result<Checkpoint> {
@@ -76,13 +87,14 @@ pub fn checkpoint_from_gguf(file: GgufFile) -> Result<Checkpoint> {
         file: &file,
         arch: &arch,
     };
-    let config = llama_config(&meta)?;
+    let config = hf_config(&meta)?;
     let assets = tokenizer_assets(&file)?;
     let n_head = config["num_attention_heads"].as_u64().unwrap_or(1) as usize;
     let n_kv = config["num_key_value_heads"]
         .as_u64()
         .unwrap_or(n_head as u64) as usize;
-    let source = GgufSource::new(Arc::new(file), n_head, n_kv)?;
+    let qk = permutes_qk(&arch).then_some((n_head, n_kv));
+    let source = GgufSource::build(Arc::new(file), qk)?;
     Ok(Checkpoint {
         path,
         config,
@@ -168,8 +180,9 @@ fn clean_f32(x: f64) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
-/// The HF `config.json` equivalent of a llama GGUF's metadata.
-fn llama_config(m: &Meta) -> Result<Value> {
+/// The HF `config.json` equivalent of a llama, qwen2 or qwen3 GGUF's metadata (`model_type` is
+/// the architecture).
+fn hf_config(m: &Meta) -> Result<Value> {
     let f = m.file;
     let hidden = m.uint("embedding_length")?;
     let n_head = m.uint("attention.head_count")?;
@@ -206,8 +219,13 @@ fn llama_config(m: &Meta) -> Result<Value> {
         },
     };
     let mut c = Map::new();
-    c.insert("model_type".into(), json!("llama"));
-    c.insert("architectures".into(), json!(["LlamaForCausalLM"]));
+    let class = match m.arch {
+        "qwen2" => "Qwen2ForCausalLM",
+        "qwen3" => "Qwen3ForCausalLM",
+        _ => "LlamaForCausalLM",
+    };
+    c.insert("model_type".into(), json!(m.arch));
+    c.insert("architectures".into(), json!([class]));
     c.insert("hidden_size".into(), json!(hidden));
     c.insert(
         "intermediate_size".into(),
@@ -227,10 +245,24 @@ fn llama_config(m: &Meta) -> Result<Value> {
         c.insert("max_position_embeddings".into(), json!(ctx));
     }
     if let Some(kl) = m.opt_uint("attention.key_length")? {
+        if let Some(vl) = m.opt_uint("attention.value_length")? {
+            if vl != kl {
+                bail!(
+                    "{}: {} = {vl} differs from {} = {kl} (a key and value head width that differ are not supported)",
+                    f.path.display(),
+                    m.key("attention.value_length"),
+                    m.key("attention.key_length")
+                );
+            }
+        }
         c.insert("head_dim".into(), json!(kl));
     }
     c.insert("hidden_act".into(), json!("silu"));
-    c.insert("attention_bias".into(), json!(false));
+    // Qwen2's biases are implied by its model_type; others have them when the file holds them.
+    c.insert(
+        "attention_bias".into(),
+        json!(f.tensor("blk.0.attn_q.bias").is_some()),
+    );
     c.insert("mlp_bias".into(), json!(false));
     c.insert(
         "tie_word_embeddings".into(),
@@ -287,6 +319,8 @@ pub fn hf_tensor_name(gguf: &str) -> Option<String> {
                 "attn_k" => "self_attn.k_proj",
                 "attn_v" => "self_attn.v_proj",
                 "attn_output" => "self_attn.o_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
                 "ffn_gate" => "mlp.gate_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
@@ -373,18 +407,32 @@ pub struct GgufSource {
 }
 
 impl GgufSource {
-    /// Maps a file's tensors to HF names; `n_head`/`n_kv_head` size the q/k un-permutation.
-    /// Tensors without an HF mapping keep their GGUF names.
+    /// Maps a llama-architecture file's tensors to HF names; `n_head`/`n_kv_head` size the q/k
+    /// un-permutation. Tensors without an HF mapping keep their GGUF names.
     pub fn new(file: Arc<GgufFile>, n_head: usize, n_kv_head: usize) -> Result<Self> {
+        Self::build(file, Some((n_head, n_kv_head)))
+    }
+
+    /// Maps a file's tensors to HF names, undoing llama.cpp's q/k row permutation (weights and
+    /// biases) with these `(n_head, n_kv_head)` when `qk` is given.
+    pub fn build(file: Arc<GgufFile>, qk: Option<(usize, usize)>) -> Result<Self> {
         let mut names = BTreeMap::new();
         for (i, t) in file.tensors.iter().enumerate() {
             let hf = hf_tensor_name(&t.name).unwrap_or_else(|| t.name.clone());
-            let un = if hf.ends_with("self_attn.q_proj.weight") {
-                Unpermute::Heads(n_head)
-            } else if hf.ends_with("self_attn.k_proj.weight") {
-                Unpermute::Heads(n_kv_head)
-            } else {
-                Unpermute::None
+            let un = match qk {
+                Some((n_head, _))
+                    if hf.ends_with("self_attn.q_proj.weight")
+                        || hf.ends_with("self_attn.q_proj.bias") =>
+                {
+                    Unpermute::Heads(n_head)
+                }
+                Some((_, n_kv_head))
+                    if hf.ends_with("self_attn.k_proj.weight")
+                        || hf.ends_with("self_attn.k_proj.bias") =>
+                {
+                    Unpermute::Heads(n_kv_head)
+                }
+                _ => Unpermute::None,
             };
             if names.insert(hf.clone(), (i, un)).is_some() {
                 bail!("{}: two tensors map to {hf}", file.path.display());
@@ -439,8 +487,9 @@ impl TensorSource for GgufSource {
             }
         };
         let data = match un {
-            Unpermute::Heads(h) if shape.len() == 2 => {
-                let row_bytes = shape[1] * dtype.size();
+            Unpermute::Heads(h) if shape.len() <= 2 => {
+                // A bias `[rows]` is a matrix of one-value rows.
+                let row_bytes = shape.get(1).copied().unwrap_or(1) * dtype.size();
                 unpermute_rows(&data, shape[0], h, row_bytes).with_context(|| {
                     format!(
                         "{path}: tensor {} ({name}): undoing the q/k row permutation",
@@ -715,6 +764,14 @@ mod tests {
         assert_eq!(
             hf_tensor_name("output_norm.weight").unwrap(),
             "model.norm.weight"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.1.attn_q.bias").unwrap(),
+            "model.layers.1.self_attn.q_proj.bias"
+        );
+        assert_eq!(
+            hf_tensor_name("blk.0.attn_k_norm.weight").unwrap(),
+            "model.layers.0.self_attn.k_norm.weight"
         );
         assert!(hf_tensor_name("rope_freqs.weight").is_none());
         assert!(hf_tensor_name("blk.x.attn_q.weight").is_none());

@@ -26,13 +26,19 @@ pub const ARCH: Architecture = Architecture {
         )?))
     },
     plan: |c| match c {
-        ModelConfig::Llama(c) => plan_with(c, None),
+        ModelConfig::Llama(c) => plan_with(c, c.attention_bias, None, |_| None),
         other => bail!("the llama plan got a `{}` config", other.model_type()),
     },
 };
 
-/// The Llama layer plan; `qk_norm = Some(eps)` adds Qwen3's per-head q/k RMSNorm.
-pub(super) fn plan_with(c: &LlamaConfig, qk_norm: Option<f64>) -> Result<ModelPlan> {
+/// The Llama layer plan with q/k/v `bias`; `qk_norm = Some(eps)` adds Qwen3's per-head q/k
+/// RMSNorm; `window(i)` is layer `i`'s sliding window (`None`: full attention).
+pub(super) fn plan_with(
+    c: &LlamaConfig,
+    bias: bool,
+    qk_norm: Option<f64>,
+    window: impl Fn(usize) -> Option<usize>,
+) -> Result<ModelPlan> {
     let shape = AttentionShape {
         hidden: c.hidden_size,
         heads: c.num_attention_heads,
@@ -49,13 +55,13 @@ pub(super) fn plan_with(c: &LlamaConfig, qk_norm: Option<f64>) -> Result<ModelPl
         style: RopeStyle::HalfSplit,
         mscale: 1.0,
     };
-    let layer = LayerPlan {
+    let layer = |i: usize| LayerPlan {
         mixer: Mixer::Attention {
             shape,
-            bias: c.attention_bias,
+            bias,
             qk_norm,
-            sliding_window: None,
-            rope,
+            sliding_window: window(i),
+            rope: rope.clone(),
         },
         ffn: Ffn::Dense {
             intermediate: c.intermediate_size,
@@ -70,6 +76,6 @@ pub(super) fn plan_with(c: &LlamaConfig, qk_norm: Option<f64>) -> Result<ModelPl
         norm_eps: c.rms_norm_eps,
         tied_embeddings: c.tie_word_embeddings,
         names: TensorNames::HF,
-        layers: vec![layer; c.num_hidden_layers],
+        layers: (0..c.num_hidden_layers).map(layer).collect(),
     })
 }

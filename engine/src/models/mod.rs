@@ -9,6 +9,7 @@ mod deepseek_v32;
 mod glm5_next;
 mod kimi_linear;
 mod llama;
+mod qwen2;
 mod qwen3;
 pub mod registry;
 mod token_head;

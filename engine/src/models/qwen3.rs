@@ -23,7 +23,11 @@ pub const ARCH: Architecture = Architecture {
         )?))
     },
     plan: |c| match c {
-        ModelConfig::Qwen3(c) => super::llama::plan_with(c, Some(c.rms_norm_eps)),
+        ModelConfig::Qwen3(c) => {
+            super::llama::plan_with(c, c.attention_bias, Some(c.rms_norm_eps), |i| {
+                c.qwen_window(i)
+            })
+        }
         other => bail!("the qwen3 plan got a `{}` config", other.model_type()),
     },
 };

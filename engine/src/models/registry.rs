@@ -6,7 +6,7 @@
 //! plus that row here.
 
 use super::decoder::ModelPlan;
-use super::{deepseek_v3, deepseek_v32, glm5_next, kimi_linear, llama, qwen3};
+use super::{deepseek_v3, deepseek_v32, glm5_next, kimi_linear, llama, qwen2, qwen3};
 use crate::config::ModelConfig;
 use anyhow::{Context, Result};
 
@@ -24,6 +24,7 @@ pub struct Architecture {
 /// Every architecture, in the order `dayone` lists them.
 pub const ARCHITECTURES: &[Architecture] = &[
     llama::ARCH,
+    qwen2::ARCH,
     qwen3::ARCH,
     deepseek_v3::ARCH,
     deepseek_v32::ARCH,

@@ -1,0 +1,116 @@
+//! GGUF goldens: `qwen2_tiny.gguf` / `qwen3_tiny.gguf` hold the weights of the `qwen2_tiny` /
+//! `qwen3_tiny` HF fixtures in llama.cpp's layout (`fixtures/gen_qwen2.py`, written by the `gguf`
+//! package the way `convert_hf_to_gguf.py` does: `qwen2.*`/`qwen3.*` metadata, `blk.N.*` names,
+//! q/k rows not permuted). Loaded from the GGUF, the model must give the HF fixture's
+//! transformers reference: every logits row of prefill + 8 decode steps within tolerance, greedy
+//! tokens identical.
+
+use anyhow::{bail, Result};
+use dayone_backend::{Backend, DType};
+use dayone_engine::loader;
+use dayone_engine::{Engine, EngineConfig};
+use dayone_tests::{fixture, greedy, on_every_backend, reference, rel_err, tolerance};
+
+/// [`dayone_tests::check_golden`] for a checkpoint file whose reference is another fixture's.
+fn check_gguf<B: Backend>(b: B, file: &str, reference_of: &str, dtype: DType) -> Result<()> {
+    let r = reference(reference_of)?;
+    let ckpt = loader::open(&fixture(file))?;
+    let cfg = EngineConfig {
+        dtype,
+        kv_cache_tokens: Some(2048),
+        ..Default::default()
+    };
+    let mut e = Engine::new(b, &ckpt, &cfg, None)?;
+    e.capture_logits = true;
+    let tol = if dtype == DType::F32 {
+        tolerance(dtype)
+    } else {
+        // As check_golden: bf16 against the f32 reference, widened where the reference's own
+        // bf16 run is further off.
+        r.cases
+            .iter()
+            .map(|c| 1.5 * dayone_tests::own_bf16_error(c))
+            .fold(tolerance(dtype), f64::max)
+    };
+    for (ci, case) in r.cases.iter().enumerate() {
+        let want = &case.float32;
+        e.add_request(case.prompt_ids.clone(), greedy(want.logits.len()))?;
+        let (mut step, mut diverged) = (0, false);
+        while e.has_unfinished() {
+            let events = e.step()?;
+            if events.is_empty() || diverged {
+                continue;
+            }
+            let (_, logits) = &e.last_logits[0];
+            let err = rel_err(logits, &want.logits[step]);
+            if err > tol {
+                bail!("{file} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
+            }
+            if let Some(&want_id) = want.greedy_ids.get(step) {
+                if events[0].token != want_id {
+                    if dtype == DType::F32 {
+                        bail!(
+                            "{file} {dtype} case {ci} step {step}: greedy token {} != reference {want_id}",
+                            events[0].token
+                        );
+                    }
+                    diverged = true;
+                }
+            }
+            step += 1;
+        }
+    }
+    Ok(())
+}
+
+on_every_backend! {
+    qwen2_gguf_f32 => |mk: fn() -> _| check_gguf(mk(), "qwen2_tiny.gguf", "qwen2_tiny", DType::F32);
+    qwen2_gguf_bf16 => |mk: fn() -> _| check_gguf(mk(), "qwen2_tiny.gguf", "qwen2_tiny", DType::BF16);
+    qwen3_gguf_f32 => |mk: fn() -> _| check_gguf(mk(), "qwen3_tiny.gguf", "qwen3_tiny", DType::F32);
+}
+
+/// The GGUF's synthesised config matches the HF `config.json` on every field the model reads,
+/// and every HF tensor comes back bit-identical from the GGUF (so no q/k permutation was undone
+/// on a qwen file, and the biases and q/k norms are found).
+#[test]
+fn gguf_config_and_tensors_equal_the_hf_fixture() {
+    for (file, dir) in [
+        ("qwen2_tiny.gguf", "qwen2_tiny"),
+        ("qwen3_tiny.gguf", "qwen3_tiny"),
+    ] {
+        let g = loader::open(&fixture(file)).unwrap();
+        let h = loader::open(&fixture(dir)).unwrap();
+        for key in [
+            "model_type",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "tie_word_embeddings",
+        ] {
+            assert_eq!(g.config[key], h.config[key], "{file}: {key}");
+        }
+        assert_eq!(
+            g.config["rope_theta"], h.config["rope_parameters"]["rope_theta"],
+            "{file}"
+        );
+        if dir == "qwen3_tiny" {
+            assert_eq!(g.config["head_dim"], h.config["head_dim"], "{file}");
+        }
+        let mut gn = g.tensors.names();
+        let mut hn = h.tensors.names();
+        gn.sort();
+        hn.sort();
+        assert_eq!(gn, hn, "{file}: tensor names");
+        for n in &hn {
+            let (a, b) = (g.tensors.load(n).unwrap(), h.tensors.load(n).unwrap());
+            assert_eq!(a.shape, b.shape, "{file}: {n}");
+            assert_eq!(a.dtype, b.dtype, "{file}: {n}");
+            assert!(a.data == b.data, "{file}: {n} differs");
+        }
+    }
+}
