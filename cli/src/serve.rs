@@ -235,7 +235,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         use std::io::Write;
         // A closed stdout (a supervisor that read the line and left) must not stop the server.
         let mut out = std::io::stdout();
-        let _ = writeln!(out, "dayone serve: ready at http://{local} (model `{}`)", state.settings.model_name);
+        let _ = writeln!(
+            out,
+            "dayone serve: ready at http://{local} (model `{}`)",
+            state.settings.model_name
+        );
         let _ = out.flush();
     }
     rt.block_on(wait_for_signal())?;

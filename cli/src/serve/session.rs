@@ -218,7 +218,8 @@ impl Run {
             let mut chain: Vec<Box<dyn LogitsProcessor>> = Vec::new();
             if !spec.logit_bias.is_empty() {
                 let vocab = loaded.handle.model_info().vocab_size;
-                if let Some(&(bad, _)) = spec.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
+                if let Some(&(bad, _)) = spec.logit_bias.iter().find(|(t, _)| *t as usize >= vocab)
+                {
                     return Err(ApiError::bad_field(
                         "logit_bias",
                         format!("logit_bias token id {bad} is outside the vocabulary (vocab_size {vocab})"),
