@@ -84,6 +84,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.chat && matches!(given, Prompt::Ids(_)) {
         return Err(usage("--chat needs a text prompt, not --prompt-ids"));
     }
+    if matches!(&given, Prompt::Text(t) if t.is_empty()) && !a.chat {
+        // A usage error like an empty --prompt-ids or empty stdin (exit 2).
+        return Err(usage(
+            "the prompt is empty: give some text (--prompt, --prompt-file or stdin)",
+        ));
+    }
     let params = a.sampling.params()?;
     let resolved = a.engine.resolve(&CommandDefaults::default())?;
     let (kind, cfg) = (resolved.backend, resolved.engine);

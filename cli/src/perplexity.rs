@@ -80,6 +80,17 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             a.ctx
         )));
     }
+    if let (Some(save), Some(base)) = (&a.save_logprobs, &a.kl_base) {
+        // Writing the run over its own base would lose the base.
+        let same = save == base
+            || matches!((save.canonicalize(), base.canonicalize()), (Ok(x), Ok(y)) if x == y);
+        if same {
+            return Err(usage(format!(
+                "--save-logprobs and --kl-base name the same file ({}): this run would overwrite its base; save to another path",
+                save.display()
+            )));
+        }
+    }
     // Everything that can fail without the model fails before loading it.
     let text = read_text(&a.file)?;
     let base = a.kl_base.as_deref().map(Saved::read).transpose()?;

@@ -52,8 +52,12 @@ pub fn prefill_bar(prompt_tokens: usize, quiet: bool) -> ProgressBar {
         )
         .progress_chars("=> "),
     );
-    // Drawn at once: the first chunk of a long prompt may take a minute.
+    // Drawn at once, and redrawn every half second: the first chunk of a long prompt may take
+    // a minute, and the elapsed time should move meanwhile.
     b.tick();
+    if !b.is_hidden() {
+        b.enable_steady_tick(std::time::Duration::from_millis(500));
+    }
     b
 }
 

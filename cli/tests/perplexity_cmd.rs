@@ -244,6 +244,16 @@ fn bad_input_gives_clear_errors() {
         "shorter than one window",
     );
     call(run(text, &["--ctx", "1"]), 2, "--ctx must be at least 2");
+    let same = t.dir.path().join("same.lp");
+    let same = same.to_str().unwrap();
+    call(
+        run(
+            text,
+            &["--ctx", "8", "--save-logprobs", same, "--kl-base", same],
+        ),
+        2,
+        "name the same file",
+    );
     call(
         run(text, &["--ctx", "513"]),
         2,
