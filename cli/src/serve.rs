@@ -242,16 +242,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
         let _ = out.flush();
     }
-    rt.block_on(wait_for_signal())?;
+    // One listener for the whole run: a second one made after the first signal could see that
+    // same signal again and quit without draining.
+    let mut signals = rt.block_on(async { Signals::new() })?;
+    rt.block_on(signals.next());
     eprintln!(
         "dayone serve: stopping: draining in-flight requests (up to {} s; a second SIGINT/SIGTERM quits at once)",
         a.shutdown_timeout
     );
-    rt.spawn(async {
-        if wait_for_signal().await.is_ok() {
-            eprintln!("dayone serve: second signal: quitting without draining");
-            std::process::exit(130);
-        }
+    rt.spawn(async move {
+        signals.next().await;
+        eprintln!("dayone serve: second signal: quitting without draining");
+        std::process::exit(130);
     });
     let _ = stop_tx.send(true);
     // Finishes what runs (aborting it after the grace), then the connections close.
@@ -292,20 +294,37 @@ fn weights_bytes(ckpt: &Checkpoint, dtype: dayone_backend::DType) -> u64 {
         .sum()
 }
 
-/// Waits for SIGINT or SIGTERM.
-async fn wait_for_signal() -> Result<()> {
+/// SIGINT and SIGTERM, listened to from start to exit.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-            _ = term.recv() => {}
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (inside the runtime). Errors: the OS refused a handler.
+    fn new() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Self {
+                int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+                term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
-    Ok(())
+
+    /// Waits for the next SIGINT or SIGTERM.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
