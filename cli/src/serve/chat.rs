@@ -345,41 +345,15 @@ impl ChunkShape for ChatShape {
     }
 }
 
-/// One choice of the non-stream answer, accumulated.
-#[derive(Default)]
-struct Acc {
-    delta: ChoiceDelta,
-    finish: Option<super::session::Finish>,
-}
-
-async fn collect(mut run: Run, shape: &ChatShape, env: Envelope) -> Result<Value, ApiError> {
-    let mut acc: Vec<Acc> = (0..run.n()).map(|_| Acc::default()).collect();
-    while let Some(u) = run.next().await {
-        let u = u?;
-        let a = &mut acc[u.index];
-        let d = u.delta;
-        a.delta.content.push_str(&d.content);
-        a.delta.reasoning.push_str(&d.reasoning);
-        a.delta.token_ids.extend(d.token_ids);
-        a.delta.logprobs.extend(d.logprobs);
-        a.delta.invalid_calls.extend(d.invalid_calls);
-        for t in d.tool_calls {
-            match a.delta.tool_calls.iter_mut().find(|x| x.index == t.index) {
-                Some(x) => x.arguments.push_str(&t.arguments),
-                None => a.delta.tool_calls.push(t),
-            }
-        }
-        if u.finish.is_some() {
-            a.finish = u.finish;
-        }
-    }
+async fn collect(run: Run, shape: &ChatShape, env: Envelope) -> Result<Value, ApiError> {
+    let (acc, usage) = run.collect().await?;
     let choices: Vec<Value> = acc
         .into_iter()
         .enumerate()
-        .map(|(i, mut a)| {
-            let invalid = std::mem::take(&mut a.delta.invalid_calls);
-            a.delta.tool_calls.retain(|t| !invalid.contains(&t.index));
-            let d = &a.delta;
+        .map(|(i, (mut d, finish))| {
+            let invalid = std::mem::take(&mut d.invalid_calls);
+            d.tool_calls.retain(|t| !invalid.contains(&t.index));
+            let d = &d;
             let calls = tool_calls_json(d)
                 .into_iter()
                 .map(|mut c| {
@@ -400,7 +374,7 @@ async fn collect(mut run: Run, shape: &ChatShape, env: Envelope) -> Result<Value
             if !calls.is_empty() {
                 message["tool_calls"] = json!(calls);
             }
-            let finish = a.finish.as_ref();
+            let finish = finish.as_ref();
             let mut c = json!({
                 "index": i,
                 "message": message,
@@ -420,7 +394,7 @@ async fn collect(mut run: Run, shape: &ChatShape, env: Envelope) -> Result<Value
         "created": env.created,
         "model": env.model,
         "choices": choices,
-        "usage": sse::usage_json(&run.usage()),
+        "usage": sse::usage_json(&usage),
     });
     if let Some(ids) = env.prompt_token_ids {
         out["prompt_token_ids"] = json!(ids);

@@ -3,7 +3,7 @@
 
 use super::errors::ApiError;
 use super::protocol::{fields, parse_body, Common, GenSpec};
-use super::session::{ChoiceDelta, ChoiceUpdate, ParserChoice, Run, TokenLogprob};
+use super::session::{ChoiceUpdate, ParserChoice, Run, TokenLogprob};
 use super::sse::{self, ChunkShape, Envelope};
 use super::state::{AppState, Loaded};
 use super::{new_id, now_unix, ready};
@@ -216,19 +216,8 @@ impl ChunkShape for TextShape {
     }
 }
 
-async fn collect(mut run: Run, mut shape: TextShape, env: Envelope) -> Result<Value, ApiError> {
-    let mut acc: Vec<(ChoiceDelta, Option<super::session::Finish>)> =
-        (0..run.n()).map(|_| Default::default()).collect();
-    while let Some(u) = run.next().await {
-        let u = u?;
-        let (d, f) = &mut acc[u.index];
-        d.content.push_str(&u.delta.content);
-        d.token_ids.extend(u.delta.token_ids);
-        d.logprobs.extend(u.delta.logprobs);
-        if u.finish.is_some() {
-            *f = u.finish;
-        }
-    }
+async fn collect(run: Run, mut shape: TextShape, env: Envelope) -> Result<Value, ApiError> {
+    let (acc, usage) = run.collect().await?;
     let logprobs = shape.logprobs;
     let choices: Vec<Value> = acc
         .into_iter()
@@ -253,7 +242,7 @@ async fn collect(mut run: Run, mut shape: TextShape, env: Envelope) -> Result<Va
         "created": env.created,
         "model": env.model,
         "choices": choices,
-        "usage": sse::usage_json(&run.usage()),
+        "usage": sse::usage_json(&usage),
     });
     if let Some(ids) = env.prompt_token_ids {
         out["prompt_token_ids"] = json!(ids);

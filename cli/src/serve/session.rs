@@ -308,6 +308,36 @@ impl Run {
         self.usage
     }
 
+    /// Runs to the end and returns each choice's whole answer (the updates of the stream, merged:
+    /// texts joined, a call's argument fragments joined) with how it finished, and the usage.
+    /// The non-stream responses are built from it, so they are the stream put together.
+    pub async fn collect(
+        mut self,
+    ) -> Result<(Vec<(ChoiceDelta, Option<Finish>)>, Usage), ApiError> {
+        let mut acc: Vec<(ChoiceDelta, Option<Finish>)> =
+            (0..self.n()).map(|_| Default::default()).collect();
+        while let Some(u) = self.next().await {
+            let u = u?;
+            let (a, finish) = &mut acc[u.index];
+            let d = u.delta;
+            a.content.push_str(&d.content);
+            a.reasoning.push_str(&d.reasoning);
+            a.token_ids.extend(d.token_ids);
+            a.logprobs.extend(d.logprobs);
+            a.invalid_calls.extend(d.invalid_calls);
+            for t in d.tool_calls {
+                match a.tool_calls.iter_mut().find(|x| x.index == t.index) {
+                    Some(x) => x.arguments.push_str(&t.arguments),
+                    None => a.tool_calls.push(t),
+                }
+            }
+            if u.finish.is_some() {
+                *finish = u.finish;
+            }
+        }
+        Ok((acc, self.usage))
+    }
+
     /// The next update of some choice; `None` once every choice has finished. Errors: the
     /// engine failed (500).
     pub async fn next(&mut self) -> Option<Result<ChoiceUpdate, ApiError>> {
