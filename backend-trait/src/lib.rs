@@ -13,6 +13,8 @@ pub use backend::{host_available_memory, Backend, MoeRouting, RopeStyle, TensorI
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
 
+pub mod comm;
+pub mod comm_tcp;
 pub mod conformance;
 pub mod cpu;
 pub mod reference;
