@@ -22,6 +22,8 @@
 //! - DeepSeek-V3.2 DSA ops (`dsa`): `layer_norm`, `dsa_topk` (blocked indexer scoring on tensor
 //!   cores + radix-select top-k), and `sparse_latent_attention` (the MLA kernel over a
 //!   selection list).
+//! - Collectives between devices ([`NcclComm`], `comm`): `dayone_backend::comm::Comm` through
+//!   NCCL on the backend's stream.
 //!
 //! See `NOTES.md` in this crate for the dispatch rules and measured figures.
 //! - Libraries are loaded dynamically: [`CudaBackend::new`] returns a one-line error (never a
@@ -62,12 +64,14 @@ macro_rules! kparams {
 
 mod attention;
 mod basic;
+pub mod comm;
 mod dsa;
 mod kda;
 mod linear;
 mod mla_moe;
 mod rows;
 
+pub use comm::NcclComm;
 pub use dsa::DSA_SCORE_BYTES;
 pub use kda::{kda_plan, KdaPath, KdaPlan, KDA_CHUNK_MIN_TOKENS};
 
