@@ -121,7 +121,7 @@ fn layer<B: Backend>(b: &B, a: &Args, rng: &mut Rng, dt: DType) -> Result<Mla<B>
         },
         w_uk_t: up(&[h, KV_LORA, NOPE], 0.05)?,
         w_uv: up(&[h, V_DIM, KV_LORA], 0.05)?,
-        o_proj: lin(up(&[HIDDEN, h * V_DIM], 0.01)?),
+        o_proj: dayone_engine::layers::RowLinear::single(lin(up(&[HIDDEN, h * V_DIM], 0.01)?)),
         scale: 1.0 / ((NOPE + ROPE) as f32).sqrt(),
         indexer: Some(indexer),
     })

@@ -14,7 +14,10 @@ use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor, StepMeta, TensorInfo};
 use std::time::Instant;
 
+mod follow;
 mod paging;
+
+use follow::{Command, Mirror};
 
 /// Engine settings.
 #[derive(Clone, Debug)]
@@ -131,6 +134,8 @@ pub struct Engine<B: Backend> {
     pub last_logits: Vec<(u64, Vec<f32>)>,
     /// Sequences whose prompt positions are scored ([`Engine::add_request_scored`]).
     prompt_scores: std::collections::HashMap<u64, PromptScores>,
+    /// The rank group when the model is split over several ranks.
+    mirror: Option<Mirror>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -144,12 +149,32 @@ impl<B: Backend> Engine<B> {
         cfg: &EngineConfig,
         progress: Option<&dyn Fn(usize, usize)>,
     ) -> Result<Self> {
+        Self::new_distributed(backend, ckpt, cfg, progress, None)
+    }
+
+    /// [`Engine::new`] for one rank of a model split over several ([`crate::parallel`]): this
+    /// rank's slices are loaded, the cache is sized to what every rank can hold, and a rank
+    /// other than 0 then runs [`Engine::follow`] while rank 0 takes requests.
+    ///
+    /// Errors: as [`Engine::new`], head or expert counts that do not split over the ranks, and
+    /// a rank that leaves the group.
+    pub fn new_distributed(
+        backend: B,
+        ckpt: &Checkpoint,
+        cfg: &EngineConfig,
+        progress: Option<&dyn Fn(usize, usize)>,
+        dist: Option<crate::parallel::Distributed<B>>,
+    ) -> Result<Self> {
+        let parallel = dist
+            .as_ref()
+            .map(|d| d.parallel.clone())
+            .unwrap_or_default();
         let origin = ckpt.path.join("config.json");
         let config = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
         if !matches!(cfg.dtype, DType::F32 | DType::BF16) {
             bail!("--dtype must be f32 or bf16, got {}", cfg.dtype);
         }
-        let model = load_model(&backend, &config, ckpt, cfg.dtype, progress)?;
+        let model = load_model(&backend, &config, ckpt, cfg.dtype, progress, parallel)?;
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
         let spec = model.cache_spec();
@@ -217,6 +242,17 @@ impl<B: Backend> Engine<B> {
             free_bytes: backend.free_memory(),
             max_tensor_bytes: backend.max_buffer_bytes(),
         })?;
+        // Every rank schedules the same blocks: the cache is what the tightest rank holds.
+        let num_blocks = match &dist {
+            Some(d) => d
+                .group
+                .all_gather_bytes(&(num_blocks as u64).to_le_bytes())?
+                .iter()
+                .map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or_default()) as usize)
+                .min()
+                .unwrap_or(num_blocks),
+            None => num_blocks,
+        };
         let cache = KvCache::new(
             &backend,
             &model.cache_spec(),
@@ -261,6 +297,10 @@ impl<B: Backend> Engine<B> {
             capture_logits: false,
             last_logits: Vec::new(),
             prompt_scores: Default::default(),
+            mirror: dist.map(|d| Mirror {
+                group: d.group,
+                outbox: Vec::new(),
+            }),
         })
     }
 
@@ -287,6 +327,7 @@ impl<B: Backend> Engine<B> {
 
     /// Replaces the stop ids.
     pub fn set_eos_ids(&mut self, ids: Vec<u32>) {
+        self.record(Command::SetEos(ids.clone()));
         self.eos_ids = ids;
     }
 
@@ -334,6 +375,7 @@ impl<B: Backend> Engine<B> {
 
     /// Forgets every cached prefix that no running sequence holds.
     pub fn reset_prefix_cache(&mut self) {
+        self.record(Command::ResetPrefixCache);
         self.scheduler.reset_prefix_cache();
     }
 
@@ -430,6 +472,13 @@ impl<B: Backend> Engine<B> {
         prompt_logprobs: Option<usize>,
     ) -> Result<u64> {
         params.validate()?;
+        let forwarded = self.mirror.is_some().then(|| Command::Add {
+            id: self.next_id,
+            prompt: prompt.clone(),
+            params: params.clone(),
+            extra_keys: extra_keys.clone(),
+            prompt_logprobs,
+        });
         if prompt.is_empty() {
             bail!("the prompt is empty: give at least one token");
         }
@@ -493,6 +542,9 @@ impl<B: Backend> Engine<B> {
             return Err(e);
         }
         self.next_id += 1;
+        if let Some(c) = forwarded {
+            self.record(c);
+        }
         Ok(id)
     }
 
@@ -500,6 +552,7 @@ impl<B: Backend> Engine<B> {
     /// Returns whether it was still unfinished. Call between steps (the engine is single-threaded;
     /// [`crate::service`] serialises aborts from other threads).
     pub fn abort(&mut self, id: u64) -> Result<bool> {
+        self.record(Command::Abort(id));
         self.prompt_scores.remove(&id);
         let Some(seq) = self.scheduler.abort(id)? else {
             return Ok(false);
@@ -517,6 +570,7 @@ impl<B: Backend> Engine<B> {
     /// Runs one step: schedules, runs the model over the step's tokens, samples a token for each
     /// sequence whose prompt is fully computed, and retires finished sequences.
     pub fn step(&mut self) -> Result<Vec<TokenEvent>> {
+        self.send(Command::Step)?;
         let before = self.scheduler.counters;
         let plan = self.scheduler.schedule()?;
         self.record_schedule(before);
@@ -552,7 +606,18 @@ impl<B: Backend> Engine<B> {
             seq.params.is_greedy() && seq.params.logprobs.is_none() && seq.processor.is_none()
         });
         let mut logprobs: Vec<Option<crate::sampling::TokenLogprobs>> = vec![None; want.len()];
-        let tokens: Vec<u32> = if greedy && !self.capture_logits && rows.scored.is_empty() {
+        let tokens: Vec<u32> = if self.is_follower() {
+            // Rank 0 samples (it alone holds logits processors and the requests' streams).
+            let t = self.share_tokens(None)?;
+            if t.len() != want.len() {
+                bail!(
+                    "rank 0 sent {} tokens for {} sequences: the ranks diverged",
+                    t.len(),
+                    want.len()
+                );
+            }
+            t
+        } else if greedy && !self.capture_logits && rows.scored.is_empty() {
             b.download(&b.argmax(&logits)?)?.to_u32()?
         } else {
             let host = b.download(&logits)?.to_f32();
@@ -596,6 +661,9 @@ impl<B: Backend> Engine<B> {
                 })
                 .collect()
         };
+        if self.mirror.is_some() && !self.is_follower() {
+            self.share_tokens(Some(&tokens))?;
+        }
         self.advance(&chunks)?;
         let ctx = self.max_context;
         let now = Instant::now();
@@ -626,7 +694,12 @@ impl<B: Backend> Engine<B> {
                 None
             };
             seq.finished = finish;
-            let prompt_logprobs = if seq.generated().len() == 1 {
+            let follower = self.mirror.as_ref().is_some_and(|m| m.group.rank() != 0);
+            let prompt_logprobs = if follower {
+                // Rank 0 scores the prompt; the others only keep its rows in the step.
+                self.prompt_scores.remove(&seq.id);
+                None
+            } else if seq.generated().len() == 1 {
                 match self.prompt_scores.remove(&seq.id) {
                     Some(s) => match s.entries.into_iter().collect::<Option<Vec<_>>>() {
                         Some(all) => Some(all),
@@ -772,6 +845,7 @@ impl<B: Backend> Engine<B> {
         if self.has_unfinished() {
             bail!("trace_prefill needs an idle engine");
         }
+        self.send(Command::Trace(prompt.to_vec()))?;
         let id = self.add_request(
             prompt.to_vec(),
             SamplingParams {

@@ -13,6 +13,7 @@ pub mod loader;
 pub mod metrics;
 pub mod models;
 pub mod needle;
+pub mod parallel;
 pub mod prompt;
 pub mod sampling;
 pub mod scheduler;

@@ -7,7 +7,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// How a sequence picks tokens and when it stops.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 means greedy (argmax).
     pub temperature: f32,

@@ -1,6 +1,7 @@
 //! Moving checkpoint tensors onto a device: name lookup, shape checks, dtype conversion.
 
-use crate::loader::TensorSource;
+use crate::loader::{Split, TensorSource};
+use crate::parallel::Parallel;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor};
 use std::cell::Cell;
@@ -12,6 +13,7 @@ pub struct WeightLoader<'a, B: Backend> {
     dtype: DType,
     loaded: Cell<usize>,
     progress: Option<&'a dyn Fn(usize, usize)>,
+    parallel: Parallel<B>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -23,7 +25,69 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             dtype,
             loaded: Cell::new(0),
             progress: None,
+            parallel: Parallel::single(),
         }
+    }
+
+    /// Loads this rank's slices of a model split by `parallel` (layers read it through
+    /// [`WeightLoader::parallel`]).
+    pub fn with_parallel(mut self, parallel: Parallel<B>) -> Self {
+        self.parallel = parallel;
+        self
+    }
+
+    /// The split the layers are loaded for (one rank unless [`WeightLoader::with_parallel`]).
+    pub fn parallel(&self) -> &Parallel<B> {
+        &self.parallel
+    }
+
+    /// Loads the slice `split` of `name`, whose whole shape must be `shape`, in the storage
+    /// dtype; only the slice's bytes are read where the source allows.
+    ///
+    /// Errors: as [`WeightLoader::get`], and a shape that does not split as asked.
+    pub fn get_split(&self, name: &str, shape: &[usize], split: Split) -> Result<B::Tensor> {
+        let host = self.host_split_as(name, shape, split, self.dtype)?;
+        self.upload_exact(host)
+    }
+
+    /// [`WeightLoader::get_split`] to the host (for weights rearranged before upload).
+    pub fn host_split(&self, name: &str, shape: &[usize], split: Split) -> Result<HostTensor> {
+        self.host_split_as(name, shape, split, self.dtype)
+    }
+
+    /// [`WeightLoader::host_split`] in f32.
+    pub fn host_split_f32(&self, name: &str, shape: &[usize], split: Split) -> Result<HostTensor> {
+        self.host_split_as(name, shape, split, DType::F32)
+    }
+
+    fn host_split_as(
+        &self,
+        name: &str,
+        shape: &[usize],
+        split: Split,
+        dtype: DType,
+    ) -> Result<HostTensor> {
+        if split.is_whole() {
+            return self.host_as(name, shape, dtype);
+        }
+        let origin = self.src.origin();
+        let Some(found) = self.src.shape(name) else {
+            bail!("{origin}: tensor `{name}` is missing (expected shape {shape:?})");
+        };
+        if found != shape {
+            bail!("{origin}: tensor `{name}` has shape {found:?}, expected {shape:?}");
+        }
+        split
+            .shape(shape)
+            .map_err(|e| anyhow::anyhow!("{origin}: tensor `{name}`: {e:#}"))?;
+        let host = self.src.load_split(name, &split)?;
+        if !host.dtype.is_float() {
+            bail!(
+                "{origin}: tensor `{name}` has dtype {}, expected a float type",
+                host.dtype
+            );
+        }
+        convert(host, dtype)
     }
 
     /// Calls `f(loaded, total)` after each tensor (for a progress bar).

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 pub struct BlockHash(pub [u8; 32]);
 
 /// What besides token ids makes two prefixes differ.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ExtraKeys {
     /// A per-request namespace (OpenAI-style `cache_salt`): prefixes are shared only between
     /// requests with the same salt. Mixed into the first block only; the chain carries it on.

@@ -4,7 +4,8 @@
 //! heads; Qwen3 applies RMSNorm per head to q and k before RoPE; RoPE on q and k; causal
 //! `softmax(q·kᵀ / sqrt(hd)) v` per head, query head `h` reading KV head `h / (H/Hkv)`; `W_o`.
 
-use super::{Linear, RmsNorm, Rope};
+use super::{Linear, RmsNorm, Rope, RowLinear};
+use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta};
@@ -22,9 +23,9 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// One attention layer's weights.
+/// One attention layer's weights (this rank's heads when split over several ranks).
 pub struct Attention<B: Backend> {
-    /// Widths.
+    /// Widths of this rank's part: `heads / world` query heads and its key/value heads.
     pub shape: AttentionShape,
     /// `[H·hd, D]`.
     pub q_proj: Linear<B>,
@@ -32,8 +33,8 @@ pub struct Attention<B: Backend> {
     pub k_proj: Linear<B>,
     /// `[Hkv·hd, D]`.
     pub v_proj: Linear<B>,
-    /// `[D, H·hd]`.
-    pub o_proj: Linear<B>,
+    /// `[D, H·hd]`, row-parallel.
+    pub o_proj: RowLinear<B>,
     /// Qwen3's per-head norm of q, weight `[hd]`.
     pub q_norm: Option<RmsNorm<B>>,
     /// Qwen3's per-head norm of k, weight `[hd]`.
@@ -41,7 +42,11 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    /// Loads `{prefix}.{q,k,v,o}_proj` (+ `q_norm`/`k_norm` when `qk_norm`).
+    /// Loads `{prefix}.{q,k,v,o}_proj` (+ `q_norm`/`k_norm` when `qk_norm`); `s` is the whole
+    /// layer's shape. Over several ranks ([`WeightLoader::parallel`]) it keeps this rank's query
+    /// heads and their key/value heads ([`crate::parallel::Parallel::kv_heads`]).
+    ///
+    /// Errors: missing or misshapen tensors; head counts that do not split over the ranks.
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
@@ -49,18 +54,34 @@ impl<B: Backend> Attention<B> {
         bias: bool,
         qk_norm: Option<f64>,
     ) -> Result<Self> {
+        let par = w.parallel();
         let (q_dim, kv_dim) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let (kv0, kvn) = par.kv_heads(s.heads, s.kv_heads)?;
+        let kv_split = Split::along(0, s.kv_heads / kvn, kv0 / kvn);
         let norm = |name: &str| -> Result<Option<RmsNorm<B>>> {
             qk_norm
                 .map(|eps| RmsNorm::load(w, &format!("{prefix}.{name}"), s.head_dim, eps))
                 .transpose()
         };
+        let kv = |name: &str| {
+            Linear::load_split(
+                w,
+                &format!("{prefix}.{name}"),
+                (kv_dim, s.hidden),
+                bias,
+                kv_split,
+            )
+        };
         Ok(Self {
-            shape: s,
-            q_proj: Linear::load(w, &format!("{prefix}.q_proj"), q_dim, s.hidden, bias)?,
-            k_proj: Linear::load(w, &format!("{prefix}.k_proj"), kv_dim, s.hidden, bias)?,
-            v_proj: Linear::load(w, &format!("{prefix}.v_proj"), kv_dim, s.hidden, bias)?,
-            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), s.hidden, q_dim, false)?,
+            shape: AttentionShape {
+                heads: s.heads / par.world(),
+                kv_heads: kvn,
+                ..s
+            },
+            q_proj: Linear::column(w, &format!("{prefix}.q_proj"), q_dim, s.hidden, bias)?,
+            k_proj: kv("k_proj")?,
+            v_proj: kv("v_proj")?,
+            o_proj: RowLinear::load(w, &format!("{prefix}.o_proj"), s.hidden, q_dim, false)?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
         })

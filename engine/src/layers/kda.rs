@@ -9,7 +9,8 @@
 //! y = W_o · (RMSNorm(o) ⊙ w ⊙ σ(W_gb W_ga x))
 //! ```
 
-use super::Linear;
+use super::{Linear, RowLinear};
+use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -57,15 +58,20 @@ pub struct Kda<B: Backend> {
     pub o_norm: B::Tensor,
     /// Output norm epsilon.
     pub eps: f32,
-    /// `[D, H·K]`.
-    pub o_proj: Linear<B>,
+    /// `[D, H·K]`, row-parallel.
+    pub o_proj: RowLinear<B>,
     /// Forget-gate lower bound (newer family members).
     pub lower_bound: Option<f32>,
 }
 
 impl<B: Backend> Kda<B> {
     /// Loads `{prefix}.*` in either the published layout (`q_conv1d`, `f_a_proj`, `A_log` …) or
-    /// transformers 5's (`conv1d` stacking q, k, v; `forget_gate.*`).
+    /// transformers 5's (`conv1d` stacking q, k, v; `forget_gate.*`). `s` is the whole layer's
+    /// shape; over several ranks this rank keeps `heads / world` heads of every per-head
+    /// tensor (projections, convolution taps, `A_log`, `dt_bias`, `W_o`'s columns) and the
+    /// low-rank `f_a`/`g_a` whole (vLLM's KDA layout); its recurrent state is its heads'.
+    ///
+    /// Errors: missing or misshapen tensors; heads that do not split over the ranks.
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
@@ -73,12 +79,26 @@ impl<B: Backend> Kda<B> {
         eps: f64,
         lower_bound: Option<f64>,
     ) -> Result<Self> {
-        let (h, k, d, width) = (s.heads, s.head_dim, s.hidden, s.conv_width);
+        let par = w.parallel();
+        if s.heads % par.world() != 0 {
+            bail!(
+                "{prefix}: {} KDA heads do not split over tensor_parallel_size {}",
+                s.heads,
+                par.world()
+            );
+        }
+        let (hh, k, d, width) = (s.heads, s.head_dim, s.hidden, s.conv_width);
+        let (full_p, h) = (hh * k, hh / par.world());
         let p = h * k;
+        let heads = par.split(0);
         let name = |a: &str| format!("{prefix}.{a}");
         let either = |a: &str| w.first_of(&[name(a), name(&format!("forget_gate.{a}"))]);
         let conv = if w.has(&name("conv1d.weight")) {
-            let all = w.host_f32(&name("conv1d.weight"), &[3 * p, 1, width])?;
+            let all = w.host_split_f32(
+                &name("conv1d.weight"),
+                &[3 * full_p, 1, width],
+                heads.grouped(3),
+            )?;
             let part = |i: usize| -> Result<B::Tensor> {
                 let bytes = p * width * 4;
                 w.backend().upload(&HostTensor::new(
@@ -90,7 +110,11 @@ impl<B: Backend> Kda<B> {
             [part(0)?, part(1)?, part(2)?]
         } else {
             let one = |c: &str| -> Result<B::Tensor> {
-                let t = w.host_f32(&name(&format!("{c}_conv1d.weight")), &[p, 1, width])?;
+                let t = w.host_split_f32(
+                    &name(&format!("{c}_conv1d.weight")),
+                    &[full_p, 1, width],
+                    heads,
+                )?;
                 w.backend()
                     .upload(&HostTensor::new(vec![p, width], t.dtype, t.data)?)
             };
@@ -98,33 +122,31 @@ impl<B: Backend> Kda<B> {
         };
         let a_log_name = either("A_log")?;
         let a_log = w.host_f32(&a_log_name, &w_shape(w, &a_log_name)?)?;
-        if a_log.numel() != h {
+        if a_log.numel() != hh {
             bail!(
-                "{a_log_name}: expected {h} values (one per head), got shape {:?}",
+                "{a_log_name}: expected {hh} values (one per head), got shape {:?}",
                 a_log.shape
             );
         }
+        // Stored as `[H]` or `[1, 1, H, 1]`: this rank's heads of the flat values.
+        let a_log = heads.apply(&HostTensor::new(vec![hh], a_log.dtype, a_log.data)?)?;
         let dt_name = either("dt_bias")?;
-        let dt_bias = w.host_f32(&dt_name, &[p])?;
+        let dt_bias = w.host_split_f32(&dt_name, &[full_p], heads)?;
+        let col = |n: &str, out: usize, inp: usize| Linear::column(w, n, out, inp, false);
+        let whole = |n: &str, out: usize, inp: usize| {
+            Linear::load_split(w, n, (out, inp), false, Split::whole())
+        };
         Ok(Self {
-            shape: s,
-            q_proj: Linear::load(w, &name("q_proj"), p, d, false)?,
-            k_proj: Linear::load(w, &name("k_proj"), p, d, false)?,
-            v_proj: Linear::load(w, &name("v_proj"), p, d, false)?,
+            shape: KdaShape { heads: h, ..s },
+            q_proj: col(&name("q_proj"), full_p, d)?,
+            k_proj: col(&name("k_proj"), full_p, d)?,
+            v_proj: col(&name("v_proj"), full_p, d)?,
             conv,
-            f_a: Linear::load(
-                w,
-                either("f_a_proj.weight")?.trim_end_matches(".weight"),
-                k,
-                d,
-                false,
-            )?,
-            f_b: Linear::load(
-                w,
+            f_a: whole(either("f_a_proj.weight")?.trim_end_matches(".weight"), k, d)?,
+            f_b: col(
                 either("f_b_proj.weight")?.trim_end_matches(".weight"),
-                p,
+                full_p,
                 k,
-                false,
             )?,
             a_log: w
                 .backend()
@@ -134,12 +156,12 @@ impl<B: Backend> Kda<B> {
                 dt_bias.dtype,
                 dt_bias.data,
             )?)?,
-            b_proj: Linear::load(w, &name("b_proj"), h, d, false)?,
-            g_a: Linear::load(w, &name("g_a_proj"), k, d, false)?,
-            g_b: Linear::load(w, &name("g_b_proj"), p, k, false)?,
+            b_proj: col(&name("b_proj"), hh, d)?,
+            g_a: whole(&name("g_a_proj"), k, d)?,
+            g_b: col(&name("g_b_proj"), full_p, k)?,
             o_norm: w.get(&name("o_norm.weight"), &[k])?,
             eps: eps as f32,
-            o_proj: Linear::load(w, &name("o_proj"), d, p, false)?,
+            o_proj: RowLinear::load(w, &name("o_proj"), d, full_p, false)?,
             lower_bound: lower_bound.map(|x| x as f32),
         })
     }

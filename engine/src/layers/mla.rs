@@ -13,7 +13,7 @@
 //! equals the reference's expanded form `k_nope = W_UK c_kv`, `v = W_UV c_kv` exactly in real
 //! arithmetic.
 
-use super::{Linear, RmsNorm, Rope};
+use super::{Linear, RmsNorm, Rope, RowLinear};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -57,8 +57,8 @@ pub struct Mla<B: Backend> {
     pub w_uk_t: B::Tensor,
     /// `W_UV` per head: `[H, dv, L]`.
     pub w_uv: B::Tensor,
-    /// `[D, H·dv]`.
-    pub o_proj: Linear<B>,
+    /// `[D, H·dv]`, row-parallel.
+    pub o_proj: RowLinear<B>,
     /// Softmax scale τ.
     pub scale: f32,
     /// DeepSeek-V3.2's lightning indexer: attend only to its top-k keys (sparse MLA).
@@ -99,7 +99,11 @@ fn rows_of(
 impl<B: Backend> Mla<B> {
     /// Loads `{prefix}.{q_a_proj,q_a_layernorm,q_b_proj | q_proj, kv_a_proj_with_mqa,
     /// kv_a_layernorm, kv_b_proj, o_proj}`. `eps` is the latent norms' epsilon (transformers
-    /// builds them with its default 1e-6, not `rms_norm_eps`).
+    /// builds them with its default 1e-6, not `rms_norm_eps`). `s` is the whole layer's shape;
+    /// over several ranks this rank keeps `heads / world` heads of `W_qb`, `W_kvb` and `W_o`
+    /// and all of the latent projections (the latent cache is replicated, as in vLLM).
+    ///
+    /// Errors: missing or misshapen tensors; heads that do not split over the ranks.
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
@@ -107,7 +111,16 @@ impl<B: Backend> Mla<B> {
         eps: f64,
         scale: f32,
     ) -> Result<Self> {
-        let h = s.heads;
+        let par = w.parallel();
+        if s.heads % par.world() != 0 {
+            anyhow::bail!(
+                "{prefix}: {} MLA heads do not split over tensor_parallel_size {}",
+                s.heads,
+                par.world()
+            );
+        }
+        let h = s.heads / par.world();
+        let heads = par.split(0);
         let qk = s.nope_dim + s.rope_dim;
         let (q_a, q_in, q_name) = match s.q_lora_rank {
             Some(r) => (
@@ -120,14 +133,15 @@ impl<B: Backend> Mla<B> {
             ),
             None => (None, s.hidden, format!("{prefix}.q_proj.weight")),
         };
-        let q = w.host(&q_name, &[h * qk, q_in])?;
+        let q = w.host_split(&q_name, &[s.heads * qk, q_in], heads)?;
         let kva = w.host(
             &format!("{prefix}.kv_a_proj_with_mqa.weight"),
             &[s.kv_lora_rank + s.rope_dim, s.hidden],
         )?;
-        let kvb = w.host_f32(
+        let kvb = w.host_split_f32(
             &format!("{prefix}.kv_b_proj.weight"),
-            &[h * (s.nope_dim + s.v_dim), s.kv_lora_rank],
+            &[s.heads * (s.nope_dim + s.v_dim), s.kv_lora_rank],
+            heads,
         )?;
         let kvb = kvb.to_f32();
         let (l, dn, dv) = (s.kv_lora_rank, s.nope_dim, s.v_dim);
@@ -152,7 +166,7 @@ impl<B: Backend> Mla<B> {
             })
         };
         Ok(Self {
-            shape: s,
+            shape: MlaShape { heads: h, ..s },
             q_a,
             q_nope: lin(rows_of(&q, h, qk, 0, dn)?)?,
             q_pe: lin(rows_of(&q, h, qk, dn, s.rope_dim)?)?,
@@ -161,7 +175,13 @@ impl<B: Backend> Mla<B> {
             kv_a_norm: RmsNorm::load(w, &format!("{prefix}.kv_a_layernorm"), l, eps)?,
             w_uk_t: w.upload(HostTensor::from_f32(vec![h, l, dn], &uk_t)?)?,
             w_uv: w.upload(HostTensor::from_f32(vec![h, dv, l], &uv)?)?,
-            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), s.hidden, h * dv, false)?,
+            o_proj: RowLinear::load(
+                w,
+                &format!("{prefix}.o_proj"),
+                s.hidden,
+                s.heads * dv,
+                false,
+            )?,
             scale,
             indexer: None,
         })

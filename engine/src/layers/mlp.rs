@@ -1,19 +1,20 @@
 //! SwiGLU feed-forward (Shazeer 2020): `down(silu(gate·x) ⊙ up·x)`; with a limit `l`
 //! (GLM-5.3-Flash's `swiglu_limit`), `down(silu(min(g, l)) ⊙ clamp(u, −l, l))`.
 
-use super::Linear;
+use super::{Linear, RowLinear};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, HostTensor, TensorInfo};
 
-/// `gate`/`up` `[F, D]`, `down` `[D, F]`.
+/// `gate`/`up` `[F, D]`, `down` `[D, F]`; over several ranks each keeps `F / world` of the
+/// width (gate and up column-parallel, down row-parallel).
 pub struct Mlp<B: Backend> {
-    /// `[F, D]`.
+    /// `[F / world, D]`.
     pub gate: Linear<B>,
-    /// `[F, D]`.
+    /// `[F / world, D]`.
     pub up: Linear<B>,
-    /// `[D, F]`.
-    pub down: Linear<B>,
+    /// `[D, F / world]`, row-parallel.
+    pub down: RowLinear<B>,
     /// SwiGLU clamp (`swiglu_limit`), `None`: none.
     pub limit: Option<f32>,
 }
@@ -46,12 +47,19 @@ pub fn clamped_swiglu_device<B: Backend>(
 }
 
 impl<B: Backend> Mlp<B> {
-    /// Loads `{prefix}.{gate,up,down}_proj`.
+    /// Loads `{prefix}.{gate,up,down}_proj` (this rank's slice of the width `inter`).
+    /// Errors: missing or misshapen tensors; a width that does not split over the ranks.
     pub fn load(w: &WeightLoader<B>, prefix: &str, hidden: usize, inter: usize) -> Result<Self> {
+        let world = w.parallel().world();
+        if inter % world != 0 {
+            anyhow::bail!(
+                "{prefix}: the MLP width {inter} does not split over tensor_parallel_size {world}"
+            );
+        }
         Ok(Self {
-            gate: Linear::load(w, &format!("{prefix}.gate_proj"), inter, hidden, false)?,
-            up: Linear::load(w, &format!("{prefix}.up_proj"), inter, hidden, false)?,
-            down: Linear::load(w, &format!("{prefix}.down_proj"), hidden, inter, false)?,
+            gate: Linear::column(w, &format!("{prefix}.gate_proj"), inter, hidden, false)?,
+            up: Linear::column(w, &format!("{prefix}.up_proj"), inter, hidden, false)?,
+            down: RowLinear::load(w, &format!("{prefix}.down_proj"), hidden, inter, false)?,
             limit: None,
         })
     }
@@ -62,14 +70,20 @@ impl<B: Backend> Mlp<B> {
         self
     }
 
-    /// `x` `[N, D]` → `[N, D]`.
+    /// `x` `[N, D]` → `[N, D]`, summed over the ranks.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let y = self.forward_partial(b, x)?;
+        self.down.parallel.all_reduce(b, &y)
+    }
+
+    /// `x` `[N, D]` → this rank's partial `[N, D]` (its slice of the width), not yet summed.
+    pub fn forward_partial(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let g = self.gate.forward(b, x)?;
         let u = self.up.forward(b, x)?;
         let act = match self.limit {
             Some(l) => clamped_swiglu_device(b, &g, &u, l)?,
             None => b.silu_mul(&g, &u)?,
         };
-        self.down.forward(b, &act)
+        self.down.forward_partial(b, &act)
     }
 }

@@ -10,6 +10,7 @@ mod mla;
 mod mlp;
 mod moe;
 mod norm;
+mod parallel;
 mod pooled_indexer;
 mod rope;
 
@@ -23,5 +24,6 @@ pub use mla::{Mla, MlaShape, MlaSparse, Selection};
 pub use mlp::{clamped_swiglu, Mlp};
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use norm::RmsNorm;
+pub use parallel::RowLinear;
 pub use pooled_indexer::PooledDsaIndexer;
 pub use rope::Rope;

@@ -4,6 +4,8 @@
 
 use super::mlp::clamped_swiglu;
 use super::Mlp;
+use crate::loader::Split;
+use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, HostTensor, MoeRouting, TensorInfo};
@@ -37,7 +39,9 @@ pub struct ExpertNames {
 /// Per-expert `([gate; up] [2F, D], down [D, F])`.
 pub type ExpertWeights<B> = Vec<(<B as Backend>::Tensor, <B as Backend>::Tensor)>;
 
-/// One MoE block's weights.
+/// One MoE block's weights. Over several ranks a rank holds experts
+/// `first_expert..first_expert + local_experts` (its expert group's), each cut to its share of
+/// the width, and its slice of the shared experts; [`Moe::forward`] sums the ranks' parts.
 pub struct Moe<B: Backend> {
     /// Router weight `[E, D]` f32.
     pub gate: B::Tensor,
@@ -54,6 +58,14 @@ pub struct Moe<B: Backend> {
     /// SwiGLU clamp (`swiglu_limit`): the routed experts then run one by one, `[gate; up]`
     /// `[2F, D]` and down `[D, F]` each, with the clamp composed on the host.
     pub clamped: Option<(f32, ExpertWeights<B>)>,
+    /// The first routed expert this rank holds.
+    pub first_expert: usize,
+    /// Routed experts this rank holds (`E` on one rank).
+    pub local_experts: usize,
+    /// All routed experts `E` (the router's width).
+    pub experts: usize,
+    /// The ranks holding the other experts and slices.
+    pub parallel: Parallel<B>,
 }
 
 /// Stacks equal-shaped host tensors along a new leading dimension.
@@ -78,21 +90,31 @@ impl<B: Backend> Moe<B> {
         names: &ExpertNames,
         limit: Option<f32>,
     ) -> Result<Self> {
-        let (e, f, d) = (s.experts, s.expert_dim, s.hidden);
-        let gate = w.get_f32(&format!("{prefix}.gate.weight"), &[e, d])?;
+        let (e_all, d) = (s.experts, s.hidden);
+        let par = w.parallel();
+        let (e0, e, width) = par.experts(s.experts, s.expert_dim)?;
+        let f = s.expert_dim / width.parts;
+        let gate = w.get_f32(&format!("{prefix}.gate.weight"), &[e_all, d])?;
         let bias_name = format!("{prefix}.gate.e_score_correction_bias");
         let bias = if w.has(&bias_name) {
-            Some(w.get_f32(&bias_name, &[e])?)
+            Some(w.get_f32(&bias_name, &[e_all])?)
         } else {
             None
         };
+        // This rank's experts (dim 0 of the stacks), then its slice of each one's width.
+        let mine = Split::along(0, e_all / e, e0 / e);
         let fused = format!("{prefix}.experts.gate_up_proj");
         let mut split = Vec::new();
         let (gate_up, down) = if w.has(&fused) {
-            let (gu, dn) = (
-                w.host(&fused, &[e, 2 * f, d])?,
-                w.host(&format!("{prefix}.experts.down_proj"), &[e, d, f])?,
-            );
+            let full = s.expert_dim;
+            let gu = w.host_split(&fused, &[e_all, 2 * full, d], mine)?;
+            let gu = Split { dim: 1, ..width }.grouped(2).apply(&gu)?;
+            let dn = w.host_split(
+                &format!("{prefix}.experts.down_proj"),
+                &[e_all, d, full],
+                mine,
+            )?;
+            let dn = Split { dim: 2, ..width }.apply(&dn)?;
             if limit.is_some() {
                 let es = gu.dtype.size();
                 for i in 0..e {
@@ -114,10 +136,11 @@ impl<B: Backend> Moe<B> {
             }
             (w.upload(gu)?, w.upload(dn)?)
         } else {
+            let full = s.expert_dim;
             let mut gu = Vec::with_capacity(e);
             let mut dn = Vec::with_capacity(e);
             for i in 0..e {
-                let p = format!("{prefix}.experts.{i}");
+                let p = format!("{prefix}.experts.{}", e0 + i);
                 let name = |spellings: &[&str]| {
                     let c: Vec<String> = spellings
                         .iter()
@@ -125,14 +148,14 @@ impl<B: Backend> Moe<B> {
                         .collect();
                     w.first_of(&c)
                 };
-                let g = w.host(&name(names.gate)?, &[f, d])?;
-                let u = w.host(&name(names.up)?, &[f, d])?;
+                let g = w.host_split(&name(names.gate)?, &[full, d], width)?;
+                let u = w.host_split(&name(names.up)?, &[full, d], width)?;
                 gu.push(HostTensor::new(
                     vec![2 * f, d],
                     g.dtype,
                     [g.data, u.data].concat(),
                 )?);
-                dn.push(w.host(&name(names.down)?, &[d, f])?);
+                dn.push(w.host_split(&name(names.down)?, &[d, full], Split { dim: 1, ..width })?);
                 if limit.is_some() {
                     split.push((w.upload(gu[i].clone())?, w.upload(dn[i].clone())?));
                 }
@@ -155,20 +178,57 @@ impl<B: Backend> Moe<B> {
             shared,
             routing,
             clamped: limit.map(|l| (l, split)),
+            first_expert: e0,
+            local_experts: e,
+            experts: e_all,
+            parallel: par.clone(),
         })
     }
 
-    /// `x` `[N, D]` → `[N, D]`.
+    /// `x` `[N, D]` → `[N, D]`, summed over the ranks: each adds its experts' and its slice
+    /// of the shared experts' contributions, then one all-reduce.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (ids, weights) = b.moe_route(x, &self.gate, self.bias.as_ref(), &self.routing)?;
+        let (ids, weights) = self.local_choices(b, ids, weights)?;
         let y = match &self.clamped {
             Some((l, experts)) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
             None => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
         };
-        match &self.shared {
-            Some(mlp) => b.add(&y, &mlp.forward(b, x)?),
-            None => Ok(y),
+        let y = match &self.shared {
+            Some(mlp) => b.add(&y, &mlp.forward_partial(b, x)?)?,
+            None => y,
+        };
+        self.parallel.all_reduce(b, &y)
+    }
+
+    /// The router's choices `ids` `[N, k]` (global expert ids) and `weights` `[N, k]` in terms
+    /// of this rank's experts: an expert held elsewhere becomes local expert 0 with weight 0
+    /// (its rank adds it), so the sum over ranks is the one-rank result. Read through the host;
+    /// the identity when this rank holds every expert.
+    fn local_choices(
+        &self,
+        b: &B,
+        ids: B::Tensor,
+        weights: B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        if self.local_experts == self.experts {
+            return Ok((ids, weights));
         }
+        let (shape, wshape) = (ids.shape().to_vec(), weights.shape().to_vec());
+        let mut id = b.download(&ids)?.to_u32()?;
+        let mut wt = b.download(&weights)?.to_f32();
+        let range = self.first_expert..self.first_expert + self.local_experts;
+        for (i, w) in id.iter_mut().zip(wt.iter_mut()) {
+            if range.contains(&(*i as usize)) {
+                *i -= self.first_expert as u32;
+            } else {
+                (*i, *w) = (0, 0.0);
+            }
+        }
+        Ok((
+            b.upload(&HostTensor::from_u32(shape, &id)?)?,
+            b.upload(&HostTensor::from_f32(wshape, &wt)?)?,
+        ))
     }
 
     /// The routed experts with a clamped SwiGLU, one expert at a time over the tokens that chose

@@ -7,6 +7,7 @@ mod gguf_quant;
 pub(crate) mod gguf_tokenizer;
 mod hf_dir;
 mod safetensors;
+mod split;
 
 use crate::tokenizer::Tokenizer;
 use anyhow::Result;
@@ -21,6 +22,7 @@ pub use self::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
 pub use self::gguf_quant::dequantize;
 pub use self::hf_dir::{open_hf_dir, read_assets};
 pub use self::safetensors::SafetensorsSource;
+pub use self::split::Split;
 
 /// Where a checkpoint's tensors come from. Names are Hugging Face names
 /// (`model.layers.0.self_attn.q_proj.weight`), whatever the file format.
@@ -32,6 +34,12 @@ pub trait TensorSource: Send + Sync {
     /// Reads one tensor as F32, BF16 or F16 (quantized formats are dequantized to F32).
     /// Errors name the file and the tensor.
     fn load(&self, name: &str) -> Result<HostTensor>;
+    /// Reads one rank's slice of a tensor ([`Split`]), as [`TensorSource::load`] would give it
+    /// after slicing. Sources that can read only the slice (memory-mapped safetensors) do; the
+    /// default reads the whole tensor and slices it.
+    fn load_split(&self, name: &str, split: &Split) -> Result<HostTensor> {
+        split.apply(&self.load(name)?)
+    }
     /// The file or directory the tensors come from, for error messages.
     fn origin(&self) -> String;
 }

@@ -3,7 +3,7 @@
 //! A [`SafetensorsSource`] maps every file once, parses each header, and copies a tensor's
 //! bytes out of the map only when [`TensorSource::load`] asks for it.
 
-use super::TensorSource;
+use super::{Split, TensorSource};
 use anyhow::{bail, Context, Result};
 use dayone_backend::{DType, HostTensor};
 use memmap2::Mmap;
@@ -354,6 +354,31 @@ impl TensorSource for SafetensorsSource {
         };
         let bytes = &self.files[e.file].map[e.start..e.end];
         HostTensor::new(e.shape.clone(), dtype, bytes.to_vec())
+            .with_context(|| format!("{}: tensor {name}", path.display()))
+    }
+
+    fn load_split(&self, name: &str, split: &Split) -> Result<HostTensor> {
+        let Some(e) = self.entries.get(name) else {
+            bail!("{}: no tensor named {name}", self.origin);
+        };
+        let dtype = match e.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::BF16 => DType::BF16,
+            Dtype::F16 => DType::F16,
+            // Block-scaled FP8 is dequantised whole, then sliced.
+            _ => return split.apply(&self.load(name)?),
+        };
+        // Only the slice's bytes are read from the map (each rank touches its own pages).
+        let path = &self.files[e.file].path;
+        let bytes = &self.files[e.file].map[e.start..e.end];
+        let ranges = split
+            .byte_ranges(&e.shape, dtype.size())
+            .with_context(|| format!("{}: tensor {name}", path.display()))?;
+        let mut data = Vec::with_capacity(ranges.iter().map(|r| r.1).sum());
+        for (s, n) in ranges {
+            data.extend_from_slice(&bytes[s..s + n]);
+        }
+        HostTensor::new(split.shape(&e.shape)?, dtype, data)
             .with_context(|| format!("{}: tensor {name}", path.display()))
     }
 

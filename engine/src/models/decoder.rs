@@ -230,6 +230,46 @@ pub struct ModelPlan {
 
 impl Mixer {
     /// What a layer with this mixer keeps in the cache.
+    /// What the layer keeps per token (or per sequence), one rank of `world` splitting it
+    /// ([`crate::parallel`]): attention keeps its key/value heads (at least one), KDA its heads'
+    /// state and convolution history; MLA's latent cache is replicated.
+    pub fn cache_spec_on(&self, world: usize) -> LayerCacheSpec {
+        match (self.cache_spec(), world) {
+            (spec, 1) => spec,
+            (
+                LayerCacheSpec::PagedKv {
+                    kv_heads,
+                    k_dim,
+                    v_dim,
+                },
+                w,
+            ) => LayerCacheSpec::PagedKv {
+                kv_heads: (kv_heads / w).max(1),
+                k_dim,
+                v_dim,
+            },
+            (
+                LayerCacheSpec::Recurrent {
+                    convs,
+                    conv_channels,
+                    conv_taps,
+                    heads,
+                    k_dim,
+                    v_dim,
+                },
+                w,
+            ) => LayerCacheSpec::Recurrent {
+                convs,
+                conv_channels: conv_channels / w,
+                conv_taps,
+                heads: heads / w,
+                k_dim,
+                v_dim,
+            },
+            (spec, _) => spec,
+        }
+    }
+
     pub fn cache_spec(&self) -> LayerCacheSpec {
         match self {
             Mixer::Attention { shape, .. } => LayerCacheSpec::PagedKv {
@@ -430,7 +470,12 @@ impl<B: Backend> Decoder<B> {
             .layers
             .iter()
             .enumerate()
-            .map(|(i, l)| load_block(w, plan, i, l))
+            .map(|(i, l)| {
+                load_block(w, plan, i, l).map_err(|e| match w.parallel().world() {
+                    1 => e,
+                    n => e.context(format!("layer {i} over tensor_parallel_size {n}")),
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         let head = TokenHead::load(
             w,
@@ -440,10 +485,17 @@ impl<B: Backend> Decoder<B> {
             plan.norm_eps,
             plan.tied_embeddings,
         )?;
+        let world = w.parallel().world();
         Ok(Self {
             head,
             blocks,
-            spec: plan.cache_spec(),
+            spec: CacheSpec {
+                layers: plan
+                    .layers
+                    .iter()
+                    .map(|l| l.mixer.cache_spec_on(world))
+                    .collect(),
+            },
             streams,
         })
     }

@@ -47,7 +47,8 @@ pub trait CausalLm<B: Backend>: Send + Sync {
 }
 
 /// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
-/// its architecture's [`ModelPlan`] run through the one [`Decoder`].
+/// its architecture's [`ModelPlan`] run through the one [`Decoder`], this rank's slices of it
+/// when `parallel` splits it over several ranks.
 ///
 /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape).
 pub fn load_model<B: Backend>(
@@ -56,9 +57,10 @@ pub fn load_model<B: Backend>(
     ckpt: &Checkpoint,
     dtype: DType,
     progress: Option<&dyn Fn(usize, usize)>,
+    parallel: crate::parallel::Parallel<B>,
 ) -> Result<Box<dyn CausalLm<B>>> {
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
-    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype);
+    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype).with_parallel(parallel);
     if let Some(p) = progress {
         w = w.with_progress(p);
     }

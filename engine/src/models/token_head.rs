@@ -1,19 +1,31 @@
 //! What every decoder-only model here shares around its layers: the token embedding, the final
 //! RMSNorm and the LM head (or the tied embedding), plus HF's `hidden_states` trace order.
+//!
+//! Over several ranks both are split by vocabulary rows when the vocabulary divides (vLLM's
+//! `VocabParallelEmbedding` / `ParallelLMHead`): a rank looks up the tokens in its rows (the
+//! others read a zero row) and the ranks' lookups are summed; each rank's logits for its rows
+//! are gathered and put back in vocabulary order. Otherwise both are replicated.
 
 use crate::layers::{Linear, RmsNorm};
+use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, DeviceStepMeta};
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor, TensorInfo};
 
 /// Embedding `[V, D]`, final norm and LM head.
 pub struct TokenHead<B: Backend> {
-    /// `{model}.embed_tokens.weight` `[V, D]` (`model` is the architecture's prefix).
+    /// `{model}.embed_tokens.weight` `[V, D]` (`model` is the architecture's prefix); split by
+    /// vocabulary: this rank's `[V / world, D]` rows then one zero row.
     pub embed_tokens: B::Tensor,
     /// `model.norm`.
     pub norm: RmsNorm<B>,
-    /// `lm_head` `[V, D]`; `None` when tied to the embedding.
+    /// `lm_head` `[V, D]` (split: this rank's `[V / world, D]`); `None` when tied to the
+    /// embedding on one rank.
     pub lm_head: Option<Linear<B>>,
+    /// The vocabulary split over the ranks: `(first row, rows)` of this rank; `None`: whole.
+    pub vocab_rows: Option<(usize, usize)>,
+    /// The ranks.
+    pub parallel: Parallel<B>,
 }
 
 impl<B: Backend> TokenHead<B> {
@@ -26,21 +38,87 @@ impl<B: Backend> TokenHead<B> {
         eps: f64,
         tied: bool,
     ) -> Result<Self> {
-        let lm_head = if !tied || w.has("lm_head.weight") {
-            Some(Linear::load(w, "lm_head", vocab, hidden, false)?)
+        let par = w.parallel();
+        let world = par.world();
+        let embed = format!("{model}.embed_tokens.weight");
+        let head_name = if !tied || w.has("lm_head.weight") {
+            Some("lm_head.weight")
         } else {
             None
         };
+        if world == 1 || vocab % world != 0 {
+            if world > 1 {
+                eprintln!("note: vocab_size {vocab} does not split over tensor_parallel_size {world}: the embedding and LM head are replicated");
+            }
+            return Ok(Self {
+                lm_head: head_name
+                    .map(|_| Linear::load(w, "lm_head", vocab, hidden, false))
+                    .transpose()?,
+                embed_tokens: w.get(&embed, &[vocab, hidden])?,
+                norm: RmsNorm::load(w, &format!("{model}.norm"), hidden, eps)?,
+                vocab_rows: None,
+                parallel: par.clone(),
+            });
+        }
+        let rows = par.split(0);
+        let per = vocab / world;
+        let mut table = w.host_split(&embed, &[vocab, hidden], rows)?;
+        let head = match head_name {
+            Some(n) => w.host_split(n, &[vocab, hidden], rows)?,
+            // Tied: the head is the rank's embedding rows, kept without the zero row.
+            None => table.clone(),
+        };
+        table.shape[0] += 1;
+        table
+            .data
+            .resize(table.data.len() + hidden * table.dtype.size(), 0);
         Ok(Self {
-            embed_tokens: w.get(&format!("{model}.embed_tokens.weight"), &[vocab, hidden])?,
+            embed_tokens: w.upload(table)?,
             norm: RmsNorm::load(w, &format!("{model}.norm"), hidden, eps)?,
-            lm_head,
+            lm_head: Some(Linear {
+                weight: w.upload(head)?,
+                bias: None,
+            }),
+            vocab_rows: Some((par.rank() * per, per)),
+            parallel: par.clone(),
         })
     }
 
-    /// `ids` `[N]` u32 → `[N, D]`.
+    /// `ids` `[N]` u32 → `[N, D]`. Split by vocabulary: ids outside this rank's rows read its
+    /// zero row, and the ranks' lookups are summed (each token found on exactly one rank).
     pub fn embed(&self, b: &B, ids: &B::Tensor) -> Result<B::Tensor> {
-        b.embedding(&self.embed_tokens, ids)
+        let Some((first, rows)) = self.vocab_rows else {
+            return b.embedding(&self.embed_tokens, ids);
+        };
+        let local: Vec<u32> = b
+            .download(ids)?
+            .to_u32()?
+            .into_iter()
+            .map(|t| match (t as usize).checked_sub(first) {
+                Some(i) if i < rows => i as u32,
+                _ => rows as u32,
+            })
+            .collect();
+        let local = b.upload(&HostTensor::from_u32(vec![local.len()], &local)?)?;
+        self.parallel
+            .all_reduce(b, &b.embedding(&self.embed_tokens, &local)?)
+    }
+
+    /// Each rank's logits `[M, V / world]` gathered into `[M, V]` in vocabulary order: the
+    /// all-gather stacks them `[world·M, V / world]` by rank; row `m·world + r` of the result
+    /// (seen as `[M·world, V / world]`) is row `r·M + m` of that, one row gather.
+    fn gather_vocab(&self, b: &B, local: &B::Tensor) -> Result<B::Tensor> {
+        let (m, per) = (local.shape()[0], local.shape()[1]);
+        let w = self.parallel.world();
+        let all = self.parallel.comm.all_gather(b, local)?;
+        if m == 0 {
+            return b.reshape(&all, &[0, w * per]);
+        }
+        let order: Vec<u32> = (0..m)
+            .flat_map(|row| (0..w).map(move |r| (r * m + row) as u32))
+            .collect();
+        let order = b.upload(&HostTensor::from_u32(vec![order.len()], &order)?)?;
+        b.reshape(&b.embedding(&all, &order)?, &[m, w * per])
     }
 
     /// Logits `[M, V]` of the rows `meta.logit_rows` of `h` `[N, D]` (norm is per row, so the
@@ -52,9 +130,13 @@ impl<B: Backend> TokenHead<B> {
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<B::Tensor> {
         let last = self.norm.forward(b, &b.embedding(h, &meta.logit_rows)?)?;
-        match &self.lm_head {
-            Some(head) => head.forward(b, &last),
-            None => b.linear(&last, &self.embed_tokens, None),
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(b, &last)?,
+            None => b.linear(&last, &self.embed_tokens, None)?,
+        };
+        match self.vocab_rows {
+            Some(_) => self.gather_vocab(b, &logits),
+            None => Ok(logits),
         }
     }
 

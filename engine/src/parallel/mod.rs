@@ -1,0 +1,140 @@
+//! Tensor and expert parallelism: which slice of each layer a rank holds, and the collectives
+//! that join the slices (Megatron-LM's column/row split, Shoeybi et al. 2019 §3; vLLM's
+//! layouts, shared/docs/multigpu-perf.md §B).
+//!
+//! - Attention and KDA: heads split over the ranks (`W_q,k,v` by rows, `W_o` by columns, one
+//!   all-reduce after `W_o`); key/value heads too, or replicated when there are fewer of them
+//!   than ranks. MLA: query and `W_kvb` heads split, the latent projections and the latent
+//!   cache replicated; the DSA indexer replicated.
+//! - Dense MLP: `gate`/`up` by rows, `down` by columns, one all-reduce.
+//! - MoE: routed experts over `ep` groups of ranks, each expert's width split over the
+//!   `world / ep` ranks of its group; the router replicated; shared experts split over all
+//!   ranks; routed and shared partial sums joined by one all-reduce.
+//! - Embedding and LM head split by vocabulary rows: a masked lookup plus an all-reduce, and
+//!   local logits gathered in vocabulary order.
+//!
+//! Every rank runs the same engine and scheduler on the same requests (rank 0 forwards them,
+//! and the tokens it samples, see [`crate::engine`]); [`Parallel`] is what the layers see.
+
+use crate::loader::Split;
+use anyhow::{bail, Result};
+use dayone_backend::comm::{Comm, HostGroup, LocalComm};
+use dayone_backend::Backend;
+use std::sync::Arc;
+
+/// This rank's place in the model's split, handed to the layers at load time.
+pub struct Parallel<B: Backend> {
+    /// The collectives among all ranks.
+    pub comm: Arc<dyn Comm<B>>,
+    /// Expert-parallel size: routed experts are divided among this many groups of ranks.
+    pub ep: usize,
+}
+
+impl<B: Backend> Clone for Parallel<B> {
+    fn clone(&self) -> Self {
+        Self {
+            comm: self.comm.clone(),
+            ep: self.ep,
+        }
+    }
+}
+
+impl<B: Backend> Default for Parallel<B> {
+    fn default() -> Self {
+        Self::single()
+    }
+}
+
+impl<B: Backend> Parallel<B> {
+    /// One rank: every split is the whole tensor, every collective the identity.
+    pub fn single() -> Self {
+        Self {
+            comm: Arc::new(LocalComm),
+            ep: 1,
+        }
+    }
+
+    /// Ranks joined by `comm`, experts over `ep` groups. Errors: `ep` not dividing the world.
+    pub fn new(comm: Arc<dyn Comm<B>>, ep: usize) -> Result<Self> {
+        let world = comm.world();
+        if ep == 0 || world % ep != 0 {
+            bail!("expert_parallel_size ({ep}) must divide tensor_parallel_size ({world})");
+        }
+        Ok(Self { comm, ep })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Ranks in all.
+    pub fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    /// Piece `rank` of `world` along `dim` (column-parallel weights: dim 0 of `[out, in]`;
+    /// row-parallel: dim 1).
+    pub fn split(&self, dim: usize) -> Split {
+        Split::along(dim, self.world(), self.rank())
+    }
+
+    /// The key/value heads this rank keeps out of `kv_heads` when the query heads are split
+    /// over the ranks: `(first, count)`. With fewer key/value heads than ranks each is
+    /// replicated on `world / kv_heads` ranks (vLLM). Errors: counts that do not divide.
+    pub fn kv_heads(&self, heads: usize, kv_heads: usize) -> Result<(usize, usize)> {
+        let w = self.world();
+        if heads % w != 0 {
+            bail!("the layer's {heads} attention heads do not split over tensor_parallel_size {w}");
+        }
+        if kv_heads % w == 0 {
+            Ok((self.rank() * kv_heads / w, kv_heads / w))
+        } else if w % kv_heads == 0 {
+            Ok((self.rank() * kv_heads / w, 1))
+        } else {
+            bail!(
+                "the layer's {kv_heads} key/value heads neither split over nor divide tensor_parallel_size {w}"
+            )
+        }
+    }
+
+    /// `(first expert, experts, split of each expert's width)` this rank holds of `experts`.
+    /// Errors: experts not dividing over the expert groups, or a width not dividing over the
+    /// ranks of a group.
+    pub fn experts(&self, experts: usize, width: usize) -> Result<(usize, usize, Split)> {
+        let (w, ep) = (self.world(), self.ep);
+        if experts % ep != 0 {
+            bail!("{experts} routed experts do not split over expert_parallel_size {ep}");
+        }
+        let inner = w / ep;
+        if width % inner != 0 {
+            bail!(
+                "the experts' width {width} does not split over the {inner} ranks of each expert group (tensor_parallel_size {w} / expert_parallel_size {ep})"
+            );
+        }
+        let group = self.rank() / inner;
+        let per = experts / ep;
+        Ok((
+            group * per,
+            per,
+            Split::along(0, inner, self.rank() % inner),
+        ))
+    }
+
+    /// `Σ_ranks x` (the end of a row-parallel layer); the identity on one rank.
+    pub fn all_reduce(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        if self.world() == 1 {
+            return Ok(x.clone());
+        }
+        self.comm.all_reduce_sum(b, x)
+    }
+}
+
+/// What an engine needs to run as one rank of several: the device collectives its layers use
+/// and the host group that keeps the ranks' schedulers in step.
+pub struct Distributed<B: Backend> {
+    /// The split and its collectives.
+    pub parallel: Parallel<B>,
+    /// Control messages (rank 0's requests and sampled tokens).
+    pub group: Arc<dyn HostGroup>,
+}
