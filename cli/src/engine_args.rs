@@ -71,12 +71,28 @@ pub struct EngineArgs {
     /// (0: only where the engine always keeps one).
     #[arg(long, value_parser = parse::non_negative, allow_negative_numbers = true)]
     pub state_checkpoint_interval: Option<usize>,
-    /// Devices to split each layer over (-tp); only 1 until multi-device serving (issue [8]).
+    /// Devices to split each layer over (-tp): one process per device; dayone starts this
+    /// machine's processes itself unless a launcher (torchrun, srun, mpirun) did.
     #[arg(long, alias = "tp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub tensor_parallel_size: Option<usize>,
-    /// Devices to spread routed experts over (-ep); only 1 until issue [8].
+    /// Groups of the tensor-parallel devices to divide the routed experts among (-ep); it
+    /// divides --tensor-parallel-size (inside a group each expert is split by width).
     #[arg(long, alias = "ep", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub expert_parallel_size: Option<usize>,
+    /// Machines the tensor-parallel ranks span (each runs the same command with its
+    /// --node-rank; --tensor-parallel-size / --nnodes ranks per machine).
+    #[arg(long, value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub nnodes: Option<usize>,
+    /// This machine's index, 0..--nnodes (node 0 runs the command; the others serve it).
+    #[arg(long, value_parser = parse::non_negative, allow_negative_numbers = true)]
+    pub node_rank: Option<usize>,
+    /// Address of node 0, where the ranks meet (or MASTER_ADDR) [default: 127.0.0.1].
+    #[arg(long, alias = "dist-init-addr")]
+    pub master_addr: Option<String>,
+    /// Port of node 0 for the ranks' meeting (or MASTER_PORT) [default: 29500; a free port
+    /// on one machine].
+    #[arg(long)]
+    pub master_port: Option<u16>,
     /// Pipeline stages (-pp); only 1 until issue [8].
     #[arg(long, alias = "pp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub pipeline_parallel_size: Option<usize>,
@@ -229,6 +245,14 @@ impl EngineArgs {
         merged
             .apply(&mut engine)
             .map_err(|e| usage(format!("{e:#}")))?;
+        crate::distributed::set_flags(crate::distributed::LaunchFlags {
+            nnodes: self.nnodes,
+            node_rank: self.node_rank,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+        });
+        // A rank other than 0 of a split model serves rank 0 from here and never returns.
+        crate::distributed::run_if_follower(engine.tensor_parallel_size, backend)?;
         Ok(ResolvedEngine {
             backend,
             engine,

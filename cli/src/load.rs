@@ -1,6 +1,7 @@
 //! Opening a model for a command: default model, checkpoint, progress bar, engine.
 
 use crate::backend_choice::BackendKind;
+use crate::distributed::{Leader, RankComm};
 use crate::progress;
 use anyhow::{Context, Result};
 use dayone_backend::Backend;
@@ -67,38 +68,87 @@ fn gguf_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Starts the engine service for `kind` with `ckpt` loaded (a progress bar on stderr unless
-/// `quiet`): the backend is created on the engine thread, so it need not be `Send`. Errors: the
-/// backend's or the load's, unchanged.
+/// `quiet`): the backend is created on the engine thread, so it need not be `Send`. With
+/// `tensor_parallel_size > 1` this process is rank 0: it first meets the other ranks
+/// (starting this machine's, [`crate::distributed`]). Errors: the backend's, the launch's or
+/// the load's, unchanged.
 pub fn service(
     kind: BackendKind,
     ckpt: Checkpoint,
     cfg: EngineConfig,
     quiet: bool,
 ) -> Result<EngineHandle> {
-    fn on<B: Backend>(
+    fn on<B: RankComm>(
         make: impl FnOnce() -> Result<B> + Send + 'static,
         ckpt: Checkpoint,
         cfg: EngineConfig,
         quiet: bool,
+        leader: Option<Leader>,
     ) -> Result<EngineHandle> {
-        EngineHandle::start(move || engine(make()?, &ckpt, &cfg, quiet))
+        EngineHandle::start(move || load(make()?, &ckpt, &cfg, quiet, leader.as_ref()))
     }
+    let leader = crate::distributed::lead(kind, &ckpt, &cfg)?;
     match kind {
-        BackendKind::Cpu => on(|| Ok(dayone_backend::cpu::CpuBackend), ckpt, cfg, quiet),
-        BackendKind::Cuda => on(|| dayone_cuda::CudaBackend::new(0), ckpt, cfg, quiet),
+        BackendKind::Cpu => on(
+            || Ok(dayone_backend::cpu::CpuBackend),
+            ckpt,
+            cfg,
+            quiet,
+            leader,
+        ),
+        BackendKind::Cuda => on(
+            || dayone_cuda::CudaBackend::new(0),
+            ckpt,
+            cfg,
+            quiet,
+            leader,
+        ),
         BackendKind::Wgsl => match crate::backend_choice::wgsl_or_cpu_fallback()? {
-            Ok(_) => on(dayone_wgsl::WgslBackend::new, ckpt, cfg, quiet),
-            Err(cpu) => on(move || Ok(cpu), ckpt, cfg, quiet),
+            Ok(_) => on(dayone_wgsl::WgslBackend::new, ckpt, cfg, quiet, leader),
+            Err(cpu) => on(move || Ok(cpu), ckpt, cfg, quiet, leader),
         },
     }
 }
 
-/// Loads `ckpt` onto `backend` with a progress bar on stderr.
+/// Loads `ckpt` onto `backend` with a progress bar on stderr (one device: the interactive
+/// commands that drive the engine directly). Errors: the load's, and a split model
+/// (`--tensor-parallel-size` > 1), which runs through [`service`].
 pub fn engine<B: Backend>(
     backend: B,
     ckpt: &Checkpoint,
     cfg: &EngineConfig,
     quiet: bool,
+) -> Result<Engine<B>> {
+    if cfg.tensor_parallel_size > 1 {
+        anyhow::bail!(crate::usage::usage(
+            "--tensor-parallel-size > 1 works with generate, bench, check, perplexity and serve; this command runs on one device"
+        ));
+    }
+    load_bar(backend, ckpt, quiet, |b, p| {
+        Engine::new(b, ckpt, cfg, Some(p))
+    })
+}
+
+/// [`engine`], as rank 0 of `leader`'s group when given.
+fn load<B: RankComm>(
+    backend: B,
+    ckpt: &Checkpoint,
+    cfg: &EngineConfig,
+    quiet: bool,
+    leader: Option<&Leader>,
+) -> Result<Engine<B>> {
+    match leader {
+        Some(l) => load_bar(backend, ckpt, quiet, |b, p| l.engine(b, ckpt, cfg, Some(p))),
+        None => engine(backend, ckpt, cfg, quiet),
+    }
+}
+
+/// Runs `f` under a progress bar naming the model and backend.
+fn load_bar<B: Backend>(
+    backend: B,
+    ckpt: &Checkpoint,
+    quiet: bool,
+    f: impl FnOnce(B, &dyn Fn(usize, usize)) -> Result<Engine<B>>,
 ) -> Result<Engine<B>> {
     // The file name, not the full path, and the backend's short name: one 80-column line.
     let what = format!(
@@ -111,7 +161,7 @@ pub fn engine<B: Backend>(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let engine = Engine::new(backend, ckpt, cfg, Some(&progress));
+    let engine = f(backend, &progress);
     bar.finish_and_clear();
     engine
 }

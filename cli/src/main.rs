@@ -7,6 +7,7 @@ mod bench_serve;
 mod chat;
 mod check;
 mod config_cmd;
+mod distributed;
 mod engine_args;
 mod generate;
 mod info;
@@ -234,6 +235,8 @@ fn main() {
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Perplexity(a) => perplexity::run(a),
     };
+    // The other ranks this process started end with rank 0's engine; collect them.
+    distributed::reap_children();
     match result {
         // llama.cpp's convention: stats printed, then 128 + SIGINT.
         Ok(()) if interrupt::requested() => std::process::exit(interrupt::EXIT_CODE),

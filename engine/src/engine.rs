@@ -19,10 +19,11 @@ mod paging;
 
 use follow::{Command, Mirror};
 
-/// Engine settings.
-#[derive(Clone, Debug)]
+/// Engine settings (serialisable: rank 0 hands its settings to the other ranks).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct EngineConfig {
     /// Requested float dtype for weights and activations (the backend may compute bf16 in f32).
+    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// Tokens the KV cache holds over all sequences; `None`: the model's context window,
     /// clamped to 4096..=65536 tokens (million-token configs do not reserve their whole window),
@@ -51,6 +52,26 @@ pub struct EngineConfig {
     pub state_checkpoints: Option<usize>,
     /// Caps the model's context window (`--max-model-len`); `None`: the config's window.
     pub max_model_len: Option<usize>,
+    /// Ranks each layer is split over (`--tensor-parallel-size`; [`crate::parallel`]).
+    pub tensor_parallel_size: usize,
+    /// Groups of ranks the routed experts are divided among (`--expert-parallel-size`); it
+    /// divides `tensor_parallel_size`.
+    pub expert_parallel_size: usize,
+}
+
+/// `DType` as its name in serialised settings.
+mod dtype_name {
+    use dayone_backend::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&d.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let name = String::deserialize(d)?;
+        DType::parse(&name).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Default for EngineConfig {
@@ -65,6 +86,8 @@ impl Default for EngineConfig {
             state_checkpoint_interval: 0,
             state_checkpoints: None,
             max_model_len: None,
+            tensor_parallel_size: 1,
+            expert_parallel_size: 1,
         }
     }
 }
@@ -173,6 +196,9 @@ impl<B: Backend> Engine<B> {
         let config = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
         if !matches!(cfg.dtype, DType::F32 | DType::BF16) {
             bail!("--dtype must be f32 or bf16, got {}", cfg.dtype);
+        }
+        if parallel.world() > 1 {
+            crate::models::layer_plan(&config)?.check_parallel(parallel.world(), parallel.ep)?;
         }
         let model = load_model(&backend, &config, ckpt, cfg.dtype, progress, parallel)?;
         let act = backend.activation_dtype(cfg.dtype);
@@ -300,6 +326,7 @@ impl<B: Backend> Engine<B> {
             mirror: dist.map(|d| Mirror {
                 group: d.group,
                 outbox: Vec::new(),
+                done: d.done,
             }),
         })
     }

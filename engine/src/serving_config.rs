@@ -437,8 +437,16 @@ impl Serving {
             ));
         }
         let p = &self.parallel;
-        parallel_one(o, &TP, p.tensor_parallel_size, "tensor parallelism")?;
-        parallel_one(o, &EP, p.expert_parallel_size, "expert parallelism")?;
+        at_least_one(o, &TP, p.tensor_parallel_size)?;
+        at_least_one(o, &EP, p.expert_parallel_size)?;
+        if let (Some(t), Some(e)) = (p.tensor_parallel_size, p.expert_parallel_size) {
+            if t % e != 0 {
+                return Err(o.err(
+                    &EP,
+                    format!("{e} must divide tensor_parallel_size ({t}): experts are split over groups of the tensor-parallel ranks"),
+                ));
+            }
+        }
         parallel_one(o, &PP, p.pipeline_parallel_size, "pipeline parallelism")?;
         at_least_one(
             o,
@@ -544,6 +552,19 @@ impl Serving {
             cfg.scheduler.max_batched_tokens = n;
             cfg.scheduler.max_prefill_chunk = n;
         }
+        if let Some(n) = self.parallel.tensor_parallel_size {
+            cfg.tensor_parallel_size = n as usize;
+        }
+        if let Some(n) = self.parallel.expert_parallel_size {
+            cfg.expert_parallel_size = n as usize;
+        }
+        if cfg.tensor_parallel_size % cfg.expert_parallel_size.max(1) != 0 {
+            bail!(
+                "expert_parallel_size ({}) must divide tensor_parallel_size ({})",
+                cfg.expert_parallel_size,
+                cfg.tensor_parallel_size
+            );
+        }
         let c = &self.cache;
         if let Some(b) = c.prefix_caching {
             cfg.prefix_caching = b;
@@ -601,8 +622,8 @@ impl Serving {
                 dtype: Some(DtypeName::of(cfg.dtype)),
             },
             parallel: ParallelSection {
-                tensor_parallel_size: Some(1),
-                expert_parallel_size: Some(1),
+                tensor_parallel_size: Some(cfg.tensor_parallel_size as u64),
+                expert_parallel_size: Some(cfg.expert_parallel_size as u64),
                 pipeline_parallel_size: Some(1),
             },
             context: ContextSection {

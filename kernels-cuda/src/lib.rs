@@ -133,6 +133,16 @@ pub fn is_available() -> bool {
     dr::init().is_ok() && dr::device::get_count().map(|c| c > 0).unwrap_or(false)
 }
 
+/// Visible CUDA devices (0 when the driver is missing).
+pub fn device_count() -> usize {
+    if LibraryPresence::probe().check().is_err() || dr::init().is_err() {
+        return 0;
+    }
+    dr::device::get_count()
+        .map(|c| c.max(0) as usize)
+        .unwrap_or(0)
+}
+
 fn dtype_suffix(op: &str, dt: DType) -> Result<&'static str> {
     Ok(match dt {
         DType::F32 => "f32",

@@ -108,6 +108,7 @@ fn split(model: &str, world: usize, ep: usize) -> Result<Run> {
                 let dist = Distributed {
                     parallel: Parallel::new(comm, ep)?,
                     group,
+                    done: None,
                 };
                 let ckpt = loader::open(&fixture(&model))?;
                 let mut e = Engine::new_distributed(CpuBackend, &ckpt, &config(), None, Some(dist))

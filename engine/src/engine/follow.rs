@@ -45,6 +45,19 @@ pub(super) struct Mirror {
     pub group: Arc<dyn HostGroup>,
     /// Rank 0: calls not yet sent.
     pub outbox: Vec<Command>,
+    /// Set before the ranks part ([`crate::parallel::Distributed::done`]).
+    pub done: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Mirror {
+    /// The orderly end: marks it, then waits until every rank got there (so none exits while
+    /// another still reads from it).
+    fn part(&self) -> Result<()> {
+        if let Some(d) = &self.done {
+            d.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.group.barrier()
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -139,7 +152,12 @@ impl<B: Backend> Engine<B> {
                     Command::Trace(prompt) => {
                         self.trace_prefill(&prompt)?;
                     }
-                    Command::Shutdown => return Ok(()),
+                    Command::Shutdown => {
+                        if let Some(m) = &self.mirror {
+                            m.part()?;
+                        }
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -149,6 +167,12 @@ impl<B: Backend> Engine<B> {
 impl<B: Backend> Drop for Engine<B> {
     fn drop(&mut self) {
         // Rank 0 releases the followers; a broken group has nobody left to tell.
-        let _ = self.send(Command::Shutdown);
+        if self.mirror.as_ref().is_some_and(|m| m.group.rank() == 0)
+            && self.send(Command::Shutdown).is_ok()
+        {
+            if let Some(m) = &self.mirror {
+                let _ = m.part();
+            }
+        }
     }
 }

@@ -304,6 +304,35 @@ impl Mixer {
 }
 
 impl ModelPlan {
+    /// Checks that every layer splits over `world` ranks with experts over `ep` groups
+    /// ([`crate::parallel`]) before anything is loaded or launched. Errors name the layer and
+    /// the count that does not divide.
+    pub fn check_parallel(&self, world: usize, ep: usize) -> Result<()> {
+        use crate::parallel::{divides, expert_split, kv_split};
+        for (i, l) in self.layers.iter().enumerate() {
+            let layer = |e: anyhow::Error| {
+                e.context(format!("layer {i} over tensor_parallel_size {world}"))
+            };
+            match &l.mixer {
+                Mixer::Attention { shape, .. } => {
+                    kv_split(0, world, shape.heads, shape.kv_heads).map(|_| ())
+                }
+                Mixer::Mla { shape, .. } => divides(shape.heads, world, "MLA heads"),
+                Mixer::Kda { shape, .. } => divides(shape.heads, world, "KDA heads"),
+            }
+            .map_err(layer)?;
+            match &l.ffn {
+                Ffn::Dense { intermediate } => divides(*intermediate, world, "MLP channels"),
+                Ffn::Moe { shape, .. } => {
+                    expert_split(0, world, ep, shape.experts, shape.expert_dim)
+                        .and_then(|_| divides(shape.shared_dim, world, "shared-expert channels"))
+                }
+            }
+            .map_err(layer)?;
+        }
+        Ok(())
+    }
+
     /// The per-layer cache specs, from the mixers.
     pub fn cache_spec(&self) -> CacheSpec {
         CacheSpec {

@@ -83,42 +83,14 @@ impl<B: Backend> Parallel<B> {
     /// over the ranks: `(first, count)`. With fewer key/value heads than ranks each is
     /// replicated on `world / kv_heads` ranks (vLLM). Errors: counts that do not divide.
     pub fn kv_heads(&self, heads: usize, kv_heads: usize) -> Result<(usize, usize)> {
-        let w = self.world();
-        if heads % w != 0 {
-            bail!("the layer's {heads} attention heads do not split over tensor_parallel_size {w}");
-        }
-        if kv_heads % w == 0 {
-            Ok((self.rank() * kv_heads / w, kv_heads / w))
-        } else if w % kv_heads == 0 {
-            Ok((self.rank() * kv_heads / w, 1))
-        } else {
-            bail!(
-                "the layer's {kv_heads} key/value heads neither split over nor divide tensor_parallel_size {w}"
-            )
-        }
+        kv_split(self.rank(), self.world(), heads, kv_heads)
     }
 
     /// `(first expert, experts, split of each expert's width)` this rank holds of `experts`.
     /// Errors: experts not dividing over the expert groups, or a width not dividing over the
     /// ranks of a group.
     pub fn experts(&self, experts: usize, width: usize) -> Result<(usize, usize, Split)> {
-        let (w, ep) = (self.world(), self.ep);
-        if experts % ep != 0 {
-            bail!("{experts} routed experts do not split over expert_parallel_size {ep}");
-        }
-        let inner = w / ep;
-        if width % inner != 0 {
-            bail!(
-                "the experts' width {width} does not split over the {inner} ranks of each expert group (tensor_parallel_size {w} / expert_parallel_size {ep})"
-            );
-        }
-        let group = self.rank() / inner;
-        let per = experts / ep;
-        Ok((
-            group * per,
-            per,
-            Split::along(0, inner, self.rank() % inner),
-        ))
+        expert_split(self.rank(), self.world(), self.ep, experts, width)
     }
 
     /// `Σ_ranks x` (the end of a row-parallel layer); the identity on one rank.
@@ -137,4 +109,62 @@ pub struct Distributed<B: Backend> {
     pub parallel: Parallel<B>,
     /// Control messages (rank 0's requests and sampled tokens).
     pub group: Arc<dyn HostGroup>,
+    /// Set just before the ranks part in order (rank 0's engine shutting down), so that a
+    /// watcher of the peers ([`dayone_backend::comm_tcp::TcpGroup::watch_peers`]) does not take
+    /// their exit for a failure.
+    pub done: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// [`Parallel::kv_heads`] for `rank` of `world`.
+pub fn kv_split(
+    rank: usize,
+    world: usize,
+    heads: usize,
+    kv_heads: usize,
+) -> Result<(usize, usize)> {
+    if heads % world != 0 {
+        bail!("the layer's {heads} attention heads do not split over tensor_parallel_size {world}");
+    }
+    if kv_heads % world == 0 {
+        Ok((rank * kv_heads / world, kv_heads / world))
+    } else if world % kv_heads == 0 {
+        Ok((rank * kv_heads / world, 1))
+    } else {
+        bail!(
+            "the layer's {kv_heads} key/value heads neither split over nor divide tensor_parallel_size {world}"
+        )
+    }
+}
+
+/// [`Parallel::experts`] for `rank` of `world` with `ep` expert groups.
+pub fn expert_split(
+    rank: usize,
+    world: usize,
+    ep: usize,
+    experts: usize,
+    width: usize,
+) -> Result<(usize, usize, Split)> {
+    if ep == 0 || world % ep != 0 {
+        bail!("expert_parallel_size ({ep}) must divide tensor_parallel_size ({world})");
+    }
+    if experts % ep != 0 {
+        bail!("{experts} routed experts do not split over expert_parallel_size {ep}");
+    }
+    let inner = world / ep;
+    if width % inner != 0 {
+        bail!(
+            "the experts' width {width} does not split over the {inner} ranks of each expert group (tensor_parallel_size {world} / expert_parallel_size {ep})"
+        );
+    }
+    let group = rank / inner;
+    let per = experts / ep;
+    Ok((group * per, per, Split::along(0, inner, rank % inner)))
+}
+
+/// Whether `width` (heads, an MLP's width) splits over `world` ranks, as an error naming `what`.
+pub fn divides(width: usize, world: usize, what: &str) -> Result<()> {
+    if width % world != 0 {
+        bail!("the layer's {width} {what} do not split over tensor_parallel_size {world}");
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use std::collections::VecDeque;
 
 /// Scheduler limits.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SchedulerConfig {
     /// Most tokens in one step (the token budget).
     pub max_batched_tokens: usize,
