@@ -688,6 +688,10 @@ impl<B: Backend> Engine<B> {
                 })
                 .collect()
         };
+        // A step without logits rows still runs the head on one padded row (metadata tensors
+        // are never empty): only the sampled rows' tokens count.
+        let mut tokens = tokens;
+        tokens.truncate(want.len());
         if self.mirror.is_some() && !self.is_follower() {
             self.share_tokens(Some(&tokens))?;
         }
@@ -880,6 +884,10 @@ impl<B: Backend> Engine<B> {
                 ..Default::default()
             },
         )?;
+        // The other ranks trace on their own (`Command::Trace`): this request is not theirs.
+        if let Some(m) = self.mirror.as_mut() {
+            m.outbox.pop();
+        }
         let seq = self
             .scheduler
             .abort(id)?
