@@ -267,6 +267,11 @@ pub fn check_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
         (33, 130, 257, false),
         (64, 576, 192, true),
         (17, 1024, 1, false),
+        // Narrow reductions (a layer split over ranks: an expert's 16 channels over 2).
+        (1, 8, 64, false),
+        (3, 8, 64, false),
+        (8, 8, 40, true),
+        (5, 16, 2, false),
     ];
     for &(m, k, n, bias) in cases {
         let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
@@ -937,6 +942,8 @@ pub fn check_moe_experts<B: Backend>(b: &B, dt: DType) -> Result<()> {
         (3, 256, 4, 100, 4),
         (2, 40, 6, 8, 1),
         (33, 96, 32, 64, 8),
+        (1, 64, 4, 8, 2),
+        (6, 64, 4, 8, 2),
     ];
     for &(n, d, e, f, k) in cases {
         let x = rand_tensor(&mut rng, &[n, d], dt, 1.0)?;
@@ -1081,6 +1088,9 @@ pub fn check_kda<B: Backend>(b: &B, dt: DType) -> Result<()> {
         (3, 32, 24, 5, &[(0, 150), (12, 7), (5, 1)]),
         (2, 64, 64, 3, &[(40, 150), (0, 70)]),
         (1, 128, 128, 4, &[(3, 1), (0, 65), (17, 2)]),
+        // Narrow heads through the chunked path (a Kimi shard: 2 of 4 heads of width 16).
+        (2, 16, 16, 4, &[(0, 71), (0, 20), (8, 40)]),
+        (4, 16, 16, 3, &[(0, 71), (16, 33)]),
     ];
     for &(h, k, v, slots, seqs) in cases {
         for lb in [None, Some(-5.0f32)] {

@@ -93,7 +93,7 @@ pub struct EngineArgs {
     /// on one machine].
     #[arg(long)]
     pub master_port: Option<u16>,
-    /// Pipeline stages (-pp); only 1 until issue [8].
+    /// Pipeline stages (-pp); only 1 (pipeline parallelism is not built; use -tp).
     #[arg(long, alias = "pp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub pipeline_parallel_size: Option<usize>,
 }

@@ -27,8 +27,6 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 /// KV block sizes accepted (tokens per block; vLLM's `--block-size` choices).
 pub const BLOCK_SIZES: [usize; 5] = [8, 16, 32, 64, 128];
 
-/// The issue that brings multi-device serving (tensor / expert / pipeline parallelism).
-pub const PARALLEL_ISSUE: &str = "[8]";
 
 /// A whole config file: one top-level `serving` mapping.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -129,7 +127,8 @@ pub struct ModelSection {
     pub dtype: Option<DtypeName>,
 }
 
-/// `serving.parallel`: every size must be 1 until issue [8].
+/// `serving.parallel`: tensor and expert parallel sizes ([`crate::parallel`]); pipeline
+/// parallelism is not built (1 only).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParallelSection {
@@ -369,7 +368,7 @@ fn parallel_one(o: &Origin, k: &Key, v: Option<u64>, what: &str) -> Result<()> {
         Some(0) => Err(o.err(k, "must be at least 1, got 0")),
         Some(n) if n > 1 => Err(o.err(
             k,
-            format!("{n} is not supported by this build: {what} arrives with issue {PARALLEL_ISSUE}; set it to 1"),
+            format!("{n} is not supported by this build: {what} is not built; set it to 1 (tensor_parallel_size splits a model over devices)"),
         )),
         _ => Ok(()),
     }
