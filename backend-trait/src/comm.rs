@@ -163,6 +163,7 @@ fn frame(parts: &[Vec<u8>]) -> Vec<u8> {
 
 /// The inverse of [`frame`].
 fn unframe(mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let total = b.len();
     let mut take = |n: usize| -> Result<&[u8]> {
         if b.len() < n {
             bail!("internal: truncated group message");
@@ -172,6 +173,9 @@ fn unframe(mut b: &[u8]) -> Result<Vec<Vec<u8>>> {
         Ok(h)
     };
     let count = u32::from_le_bytes(take(4)?.try_into()?) as usize;
+    if count > total / 4 {
+        bail!("a malformed group message: the ranks' collectives are out of step (did rank 0 stop mid-step?)");
+    }
     let mut parts = Vec::with_capacity(count);
     for _ in 0..count {
         let len = u32::from_le_bytes(take(4)?.try_into()?) as usize;
@@ -331,12 +335,9 @@ fn with_rows(t: &HostTensor, rows: usize, data: Vec<u8>) -> Result<HostTensor> {
     HostTensor::new(shape, t.dtype, data)
 }
 
-/// Bytes of one row of `t`.
+/// Bytes of one row of `t` (from its shape: a tensor of no rows still has a row width).
 fn row_bytes(t: &HostTensor) -> usize {
-    match t.shape.first() {
-        Some(&r) if r > 0 => t.data.len() / r,
-        _ => t.data.len(),
-    }
+    t.shape.iter().skip(1).product::<usize>() * t.dtype.size()
 }
 
 impl HostComm {

@@ -147,7 +147,7 @@ fn role(tp: usize) -> Result<Option<Role>> {
     }
     let nnodes = f.nnodes.unwrap_or(1);
     let node = f.node_rank.unwrap_or(0);
-    if nnodes == 0 || tp % nnodes != 0 {
+    if nnodes == 0 || !tp.is_multiple_of(nnodes) {
         bail!("--tensor-parallel-size {tp} does not split over --nnodes {nnodes}");
     }
     if node >= nnodes {

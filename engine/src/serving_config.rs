@@ -27,7 +27,6 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 /// KV block sizes accepted (tokens per block; vLLM's `--block-size` choices).
 pub const BLOCK_SIZES: [usize; 5] = [8, 16, 32, 64, 128];
 
-
 /// A whole config file: one top-level `serving` mapping.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -557,7 +556,10 @@ impl Serving {
         if let Some(n) = self.parallel.expert_parallel_size {
             cfg.expert_parallel_size = n as usize;
         }
-        if cfg.tensor_parallel_size % cfg.expert_parallel_size.max(1) != 0 {
+        if !cfg
+            .tensor_parallel_size
+            .is_multiple_of(cfg.expert_parallel_size.max(1))
+        {
             bail!(
                 "expert_parallel_size ({}) must divide tensor_parallel_size ({})",
                 cfg.expert_parallel_size,

@@ -129,11 +129,17 @@ fn split(model: &str, world: usize, ep: usize) -> Result<Run> {
         })
         .collect();
     let mut lead_run = None;
+    let mut errors = Vec::new();
     for (r, h) in handles.into_iter().enumerate() {
-        let res = h.join().map_err(|_| anyhow!("rank {r} panicked"))?;
-        if let Some(run) = res.with_context(|| format!("rank {r} of {world}"))? {
-            lead_run = Some(run);
+        match h.join().map_err(|_| anyhow!("rank {r} panicked"))? {
+            Ok(Some(run)) => lead_run = Some(run),
+            Ok(None) => {}
+            Err(e) => errors.push(format!("rank {r} of {world}: {e:#}")),
         }
+    }
+    if !errors.is_empty() {
+        // The first failure is the cause; the others are ranks left waiting for it.
+        anyhow::bail!("{}", errors.join("\n"));
     }
     lead_run.ok_or_else(|| anyhow!("rank 0 returned nothing"))
 }

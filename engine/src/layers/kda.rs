@@ -80,7 +80,7 @@ impl<B: Backend> Kda<B> {
         lower_bound: Option<f64>,
     ) -> Result<Self> {
         let par = w.parallel();
-        if s.heads % par.world() != 0 {
+        if !s.heads.is_multiple_of(par.world()) {
             bail!(
                 "{prefix}: {} KDA heads do not split over tensor_parallel_size {}",
                 s.heads,

@@ -112,7 +112,7 @@ impl<B: Backend> Mla<B> {
         scale: f32,
     ) -> Result<Self> {
         let par = w.parallel();
-        if s.heads % par.world() != 0 {
+        if !s.heads.is_multiple_of(par.world()) {
             anyhow::bail!(
                 "{prefix}: {} MLA heads do not split over tensor_parallel_size {}",
                 s.heads,

@@ -51,7 +51,7 @@ impl<B: Backend> Mlp<B> {
     /// Errors: missing or misshapen tensors; a width that does not split over the ranks.
     pub fn load(w: &WeightLoader<B>, prefix: &str, hidden: usize, inter: usize) -> Result<Self> {
         let world = w.parallel().world();
-        if inter % world != 0 {
+        if !inter.is_multiple_of(world) {
             anyhow::bail!(
                 "{prefix}: the MLP width {inter} does not split over tensor_parallel_size {world}"
             );

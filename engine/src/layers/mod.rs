@@ -9,6 +9,7 @@ mod linear;
 mod mla;
 mod mlp;
 mod moe;
+mod moe_dispatch;
 mod norm;
 mod parallel;
 mod pooled_indexer;

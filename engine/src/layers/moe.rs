@@ -185,11 +185,19 @@ impl<B: Backend> Moe<B> {
         })
     }
 
-    /// `x` `[N, D]` → `[N, D]`, summed over the ranks: each adds its experts' and its slice
-    /// of the shared experts' contributions, then one all-reduce.
+    /// `x` `[N, D]` → `[N, D]`, summed over the ranks. With every expert on every rank (each
+    /// cut by width), a rank adds its slices of the routed and shared experts and one
+    /// all-reduce sums them; with experts over expert groups, the routed part goes by dispatch
+    /// and combine ([`super::moe_dispatch`]) and the shared experts' slices are summed apart.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (ids, weights) = b.moe_route(x, &self.gate, self.bias.as_ref(), &self.routing)?;
-        let (ids, weights) = self.local_choices(b, ids, weights)?;
+        if self.dispatches() {
+            let y = self.dispatched_experts(b, x, &ids, &weights)?;
+            return match &self.shared {
+                Some(mlp) => b.add(&y, &mlp.forward(b, x)?),
+                None => Ok(y),
+            };
+        }
         let y = match &self.clamped {
             Some((l, experts)) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
             None => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
@@ -201,40 +209,10 @@ impl<B: Backend> Moe<B> {
         self.parallel.all_reduce(b, &y)
     }
 
-    /// The router's choices `ids` `[N, k]` (global expert ids) and `weights` `[N, k]` in terms
-    /// of this rank's experts: an expert held elsewhere becomes local expert 0 with weight 0
-    /// (its rank adds it), so the sum over ranks is the one-rank result. Read through the host;
-    /// the identity when this rank holds every expert.
-    fn local_choices(
-        &self,
-        b: &B,
-        ids: B::Tensor,
-        weights: B::Tensor,
-    ) -> Result<(B::Tensor, B::Tensor)> {
-        if self.local_experts == self.experts {
-            return Ok((ids, weights));
-        }
-        let (shape, wshape) = (ids.shape().to_vec(), weights.shape().to_vec());
-        let mut id = b.download(&ids)?.to_u32()?;
-        let mut wt = b.download(&weights)?.to_f32();
-        let range = self.first_expert..self.first_expert + self.local_experts;
-        for (i, w) in id.iter_mut().zip(wt.iter_mut()) {
-            if range.contains(&(*i as usize)) {
-                *i -= self.first_expert as u32;
-            } else {
-                (*i, *w) = (0, 0.0);
-            }
-        }
-        Ok((
-            b.upload(&HostTensor::from_u32(shape, &id)?)?,
-            b.upload(&HostTensor::from_f32(wshape, &wt)?)?,
-        ))
-    }
-
     /// The routed experts with a clamped SwiGLU, one expert at a time over the tokens that chose
     /// it (HF `Glm5NextTextExperts`): routing read back to the host, each expert's projections
     /// on the device, clamp and weighted sum on the host.
-    fn clamped_experts(
+    pub(super) fn clamped_experts(
         &self,
         b: &B,
         x: &B::Tensor,
@@ -245,9 +223,9 @@ impl<B: Backend> Moe<B> {
     ) -> Result<B::Tensor> {
         let (n, d) = (x.shape()[0], x.shape()[1]);
         let dtype = x.dtype();
+        let k = ids.shape()[1];
         let ids = b.download(ids)?.to_u32()?;
         let wts = b.download(weights)?.to_f32();
-        let k = self.routing.top_k;
         let xs = b.download(x)?.to_f32();
         let mut y = vec![0f32; n * d];
         for (e, (gu, dn)) in experts.iter().enumerate() {

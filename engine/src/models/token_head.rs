@@ -46,7 +46,7 @@ impl<B: Backend> TokenHead<B> {
         } else {
             None
         };
-        if world == 1 || vocab % world != 0 {
+        if world == 1 || !vocab.is_multiple_of(world) {
             if world > 1 {
                 eprintln!("note: vocab_size {vocab} does not split over tensor_parallel_size {world}: the embedding and LM head are replicated");
             }

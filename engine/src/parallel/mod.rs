@@ -9,7 +9,9 @@
 //! - Dense MLP: `gate`/`up` by rows, `down` by columns, one all-reduce.
 //! - MoE: routed experts over `ep` groups of ranks, each expert's width split over the
 //!   `world / ep` ranks of its group; the router replicated; shared experts split over all
-//!   ranks; routed and shared partial sums joined by one all-reduce.
+//!   ranks. With `ep = 1` routed and shared partial sums are joined by one all-reduce; with
+//!   `ep > 1` tokens reach their experts by dispatch and combine all-to-alls
+//!   ([`crate::layers::Moe`], `layers/moe_dispatch.rs`).
 //! - Embedding and LM head split by vocabulary rows: a masked lookup plus an all-reduce, and
 //!   local logits gathered in vocabulary order.
 //!
@@ -122,12 +124,12 @@ pub fn kv_split(
     heads: usize,
     kv_heads: usize,
 ) -> Result<(usize, usize)> {
-    if heads % world != 0 {
+    if !heads.is_multiple_of(world) {
         bail!("the layer's {heads} attention heads do not split over tensor_parallel_size {world}");
     }
-    if kv_heads % world == 0 {
+    if kv_heads.is_multiple_of(world) {
         Ok((rank * kv_heads / world, kv_heads / world))
-    } else if world % kv_heads == 0 {
+    } else if world.is_multiple_of(kv_heads) {
         Ok((rank * kv_heads / world, 1))
     } else {
         bail!(
@@ -144,14 +146,14 @@ pub fn expert_split(
     experts: usize,
     width: usize,
 ) -> Result<(usize, usize, Split)> {
-    if ep == 0 || world % ep != 0 {
+    if ep == 0 || !world.is_multiple_of(ep) {
         bail!("expert_parallel_size ({ep}) must divide tensor_parallel_size ({world})");
     }
-    if experts % ep != 0 {
+    if !experts.is_multiple_of(ep) {
         bail!("{experts} routed experts do not split over expert_parallel_size {ep}");
     }
     let inner = world / ep;
-    if width % inner != 0 {
+    if !width.is_multiple_of(inner) {
         bail!(
             "the experts' width {width} does not split over the {inner} ranks of each expert group (tensor_parallel_size {world} / expert_parallel_size {ep})"
         );
@@ -163,7 +165,7 @@ pub fn expert_split(
 
 /// Whether `width` (heads, an MLP's width) splits over `world` ranks, as an error naming `what`.
 pub fn divides(width: usize, world: usize, what: &str) -> Result<()> {
-    if width % world != 0 {
+    if !width.is_multiple_of(world) {
         bail!("the layer's {width} {what} do not split over tensor_parallel_size {world}");
     }
     Ok(())
