@@ -317,15 +317,27 @@ mod tests {
     }
 
     #[test]
-    fn parallel_flags_above_one_are_refused_naming_the_flag_and_issue() {
-        let e = args(&["--backend", "cpu", "-tp", "2"])
+    fn parallel_flags_set_the_split_and_bad_ones_name_the_flag() {
+        let r = args(&["--backend", "cpu", "-tp", "4", "-ep", "2"])
+            .resolve(&cpu_defaults())
+            .unwrap();
+        assert_eq!(
+            (r.engine.tensor_parallel_size, r.engine.expert_parallel_size),
+            (4, 2)
+        );
+        let e = args(&["--backend", "cpu", "-tp", "4", "-ep", "3"])
             .resolve(&cpu_defaults())
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--tensor-parallel-size") && e.contains("[8]"),
+            e.contains("--expert-parallel-size") && e.contains("divide"),
             "{e}"
         );
+        let e = args(&["--backend", "cpu", "-pp", "2"])
+            .resolve(&cpu_defaults())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--pipeline-parallel-size"), "{e}");
         let e = args(&["--backend", "cpu", "--dtype", "float16"])
             .resolve(&cpu_defaults())
             .unwrap_err()

@@ -94,9 +94,11 @@ fn bad_files_name_the_file_and_key_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     for (name, text, key) in [
         (
-            "tp.yaml",
-            SEED_LAYOUT.replace("tensor_parallel_size: 1", "tensor_parallel_size: 8"),
-            "serving.parallel.tensor_parallel_size",
+            "ep.yaml",
+            SEED_LAYOUT
+                .replace("tensor_parallel_size: 1", "tensor_parallel_size: 4")
+                .replace("expert_parallel_size: 1", "expert_parallel_size: 3"),
+            "serving.parallel.expert_parallel_size",
         ),
         (
             "unknown.yaml",
@@ -141,23 +143,35 @@ fn bad_files_name_the_file_and_key_and_exit_2() {
 }
 
 #[test]
-fn parallel_flags_above_one_are_refused_until_issue_8() {
-    for flag in [
-        "-tp",
-        "--tensor-parallel-size",
-        "-pp",
-        "--expert-parallel-size",
-    ] {
-        let o = dayone(&["config", flag, "2"]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+fn parallel_flags_set_the_split_and_bad_ones_are_usage_errors() {
+    for flag in ["-tp", "--tensor-parallel-size"] {
+        let out = stdout(&dayone(&[
+            "config",
+            flag,
+            "4",
+            "-ep",
+            "2",
+            "--backend",
+            "cpu",
+        ]));
         assert!(
-            err.contains("[8]") && err.contains("-parallel-size"),
-            "{flag}: {err}"
+            out.contains("tensor_parallel_size: 4") && out.contains("expert_parallel_size: 2"),
+            "{flag}: {out}"
         );
     }
-    let out = stdout(&dayone(&["config", "-tp", "1", "--backend", "cpu"]));
-    assert!(out.contains("tensor_parallel_size: 1"), "{out}");
+    for (args, want) in [
+        (&["config", "-pp", "2"][..], "--pipeline-parallel-size"),
+        (
+            &["config", "--expert-parallel-size", "2"][..],
+            "must divide",
+        ),
+        (&["config", "-tp", "4", "-ep", "3"][..], "must divide"),
+    ] {
+        let o = dayone(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

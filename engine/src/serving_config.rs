@@ -561,7 +561,7 @@ impl Serving {
             .is_multiple_of(cfg.expert_parallel_size.max(1))
         {
             bail!(
-                "expert_parallel_size ({}) must divide tensor_parallel_size ({})",
+                "serving.parallel.expert_parallel_size / --expert-parallel-size ({}) must divide serving.parallel.tensor_parallel_size / --tensor-parallel-size ({})",
                 cfg.expert_parallel_size,
                 cfg.tensor_parallel_size
             );
@@ -699,17 +699,18 @@ serving:
     }
 
     #[test]
-    fn the_seeds_parallel_sizes_are_refused_naming_the_key_and_file() {
+    fn parallel_sizes_are_read_and_bad_ones_name_the_key_and_file() {
         let text = SEED_EXAMPLE.replace("tensor_parallel_size: 1", "tensor_parallel_size: 8");
+        let f = parse(&text).unwrap();
+        assert_eq!(f.serving.parallel.tensor_parallel_size, Some(8));
+        let text = text.replace("expert_parallel_size: 1", "expert_parallel_size: 3");
         let e = err(&text);
         assert!(
             e.contains("serve.yaml")
-                && e.contains("serving.parallel.tensor_parallel_size")
-                && e.contains("[8]"),
+                && e.contains("serving.parallel.expert_parallel_size")
+                && e.contains("must divide"),
             "{e}"
         );
-        let e = err("serving:\n  parallel:\n    expert-parallel-size: 8\n");
-        assert!(e.contains("serving.parallel.expert_parallel_size"), "{e}");
         let e = err("serving: {parallel: {pipeline_parallel_size: 2}}");
         assert!(e.contains("serving.parallel.pipeline_parallel_size"), "{e}");
     }
