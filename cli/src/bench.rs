@@ -3,7 +3,7 @@
 //! Bytes that must move per decode step = weights read once (all but the embedding table, which
 //! is only gathered, unless tied to the output head; routed experts only as far as a step of that
 //! batch touches them) + every running sequence's KV cache (and recurrent state, read and written). The
-//! roofline is the device's measured copy bandwidth (a 96 MiB gather, read + write;
+//! roofline is the device's measured copy bandwidth (a device-to-device copy of up to 1 GiB, read + write;
 //! [`EngineHandle::copy_bandwidth`]).
 //!
 //! The engine runs behind an [`EngineHandle`], as under `dayone serve`: each batch is submitted
@@ -361,6 +361,7 @@ impl Run<'_> {
             "roofline_gbps": roofline / 1e9,
             "roofline_fraction": fraction,
             "roofline_unreliable": ceiling_unreliable,
+            "roofline_method": "copy_rows of one row of a [2, n] tensor onto the other, n·4 = min(1 GiB, half the largest buffer, an eighth of free memory) bytes, read + write, 10 repetitions",
             "total_s": total,
         });
         if a.json {
@@ -416,7 +417,10 @@ impl Run<'_> {
             format!("{:.1}", decode_tokens as f64 / decode_time),
         )?;
         row("decode GB/s achieved", format!("{:.1}", achieved / 1e9))?;
-        row("roofline GB/s (measured)", format!("{:.1}", roofline / 1e9))?;
+        row(
+            "roofline GB/s (device copy ≤ 1 GiB, read + write)",
+            format!("{:.1}", roofline / 1e9),
+        )?;
         row(
             "roofline fraction",
             if ceiling_unreliable {
@@ -427,7 +431,7 @@ impl Run<'_> {
         )?;
         if ceiling_unreliable {
             outln!(
-                "note: decode moved {:.1} GB/s, above the measured ceiling of {:.1} GB/s: that ceiling (a 96 MiB gather) is unreliable on this device, so the fraction is capped at 100%",
+                "note: decode moved {:.1} GB/s, above the measured ceiling of {:.1} GB/s: that ceiling (a device-to-device copy) is unreliable on this device, so the fraction is capped at 100%",
                 achieved / 1e9,
                 roofline / 1e9
             )?;

@@ -313,23 +313,36 @@ impl EngineHandle {
     }
 }
 
-/// A device's copy bandwidth in bytes/s (read + write), the decode roofline: an embedding
-/// gather of every row of a 96 MiB f32 table in order is a plain copy (past any L2; one binding
-/// on lavapipe), timed over 10 repetitions after one warm-up.
+/// Bytes the copy-bandwidth probe moves per repetition: 1 GiB (large enough to stream past any
+/// cache), less where the device caps one buffer or has little free memory.
+pub fn copy_probe_bytes<B: Backend>(b: &B) -> usize {
+    let mut bytes = 1usize << 30;
+    if let Some(cap) = b.max_buffer_bytes() {
+        bytes = bytes.min((cap / 2) as usize);
+    }
+    if let Some(free) = b.free_memory() {
+        bytes = bytes.min((free / 8) as usize);
+    }
+    (bytes / 4096 * 4096).max(4096)
+}
+
+/// A device's copy bandwidth in bytes/s (read + write), the decode roofline: one row of a
+/// `[2, n]` tensor copied onto the other (`copy_rows`: a device-to-device copy of
+/// [`copy_probe_bytes`], 1 GiB on a GPU), timed over 10 repetitions after one warm-up.
 pub fn copy_bandwidth<B: Backend>(b: &B) -> Result<f64> {
-    let (rows, cols) = (24576usize, 1024usize);
-    let table = b.zeros(&[rows, cols], DType::F32)?;
-    let ids: Vec<u32> = (0..rows as u32).collect();
-    let ids = b.upload(&HostTensor::from_u32(vec![rows], &ids)?)?;
-    b.embedding(&table, &ids)?;
+    let bytes = copy_probe_bytes(b);
+    let t = b.zeros(&[2, bytes / 4], DType::F32)?;
+    b.copy_rows(&t, &[(0, 1)])?;
     b.synchronize()?;
     let reps = 10;
-    let t = Instant::now();
-    for _ in 0..reps {
-        b.embedding(&table, &ids)?;
+    let start = Instant::now();
+    for i in 0..reps {
+        // Alternate the direction so that no copy is a no-op a backend could skip.
+        let pair = if i % 2 == 0 { (1, 0) } else { (0, 1) };
+        b.copy_rows(&t, &[pair])?;
     }
     b.synchronize()?;
-    Ok((2 * 4 * rows * cols * reps) as f64 / t.elapsed().as_secs_f64())
+    Ok((2 * bytes * reps) as f64 / start.elapsed().as_secs_f64())
 }
 
 impl Inner {
