@@ -166,6 +166,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Index of the largest value in each row (first on ties): `x` `[R, V]` → `[R]` u32.
     fn argmax(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
 
+    /// Log-probability of one token per row under the row's softmax (prompt scoring,
+    /// perplexity): `out[r] = x[r, t_r] − ln Σ_j exp(x[r, j])`, the log-sum-exp taken about the
+    /// row's maximum. `x` `[R, V]` float, `targets` `[R]` u32 (each `< V`) → `[R]` f32.
+    /// The default reads `x` back and computes in f64 ([`crate::reference::token_logprob_rows`]);
+    /// a device kernel saves copying `R × V` logits to the host.
+    fn token_logprob_rows(&self, x: &Self::Tensor, targets: &Self::Tensor) -> Result<Self::Tensor> {
+        let out =
+            crate::reference::token_logprob_rows(&self.download(x)?, &self.download(targets)?)?;
+        self.upload(&out)
+    }
+
     /// Per-head linear map `y[n, h] = w[h] · x[n, h]`: `x` `[N, H, K]`, `w` `[H, O, K]` →
     /// `[N, H, O]` in `x`'s dtype, f32 accumulation. MLA uses it to absorb `W_UK` into the query
     /// and to apply `W_UV` to the latent output (DeepSeek-V2 report §2.1.2).

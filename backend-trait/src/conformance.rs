@@ -137,6 +137,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_write_kv(b, dt)?;
         check_paged_attention(b, dt)?;
         check_argmax(b, dt)?;
+        check_token_logprob_rows(b, dt)?;
     }
     check_mla_moe(b)?;
     check_kda_ops(b)?;
@@ -536,6 +537,56 @@ pub fn check_paged_attention<B: Backend>(b: &B, dt: DType) -> Result<()> {
             &want,
             tolerance(dt),
         )?;
+    }
+    Ok(())
+}
+
+/// `token_logprob_rows`: vocabulary-sized and odd rows, a target at the maximum, at the first
+/// and last column, rows of large magnitude (the log-sum-exp must be taken about the maximum).
+pub fn check_token_logprob_rows<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(19);
+    for &(r, v, scale, shift) in &[
+        (1usize, 49152usize, 4.0f32, 0.0f32),
+        (5, 1001, 2.0, 30.0),
+        (3, 7, 1.0, -80.0),
+        (2, 128256, 8.0, 0.0),
+    ] {
+        let vals: Vec<f32> = rng.vec(r * v, scale).iter().map(|x| x + shift).collect();
+        let x = HostTensor::from_f32_as(vec![r, v], &vals, dt)?;
+        let xs = x.to_f32();
+        let t: Vec<u32> = (0..r)
+            .map(|i| match i % 4 {
+                0 => 0,
+                1 => v as u32 - 1,
+                2 => {
+                    let row = &xs[i * v..(i + 1) * v];
+                    (0..v)
+                        .max_by(|&a, &c| row[a].total_cmp(&row[c]))
+                        .unwrap_or(0) as u32
+                }
+                _ => rng.below(v) as u32,
+            })
+            .collect();
+        let targets = HostTensor::from_u32(vec![r], &t)?;
+        let want = reference::token_logprob_rows(&x, &targets)?;
+        let got = run(
+            b,
+            &b.token_logprob_rows(&b.upload(&x)?, &b.upload(&targets)?)?,
+        )?;
+        // Log-probabilities near 0 make a relative test meaningless: absolute, in f32.
+        let (g, w) = (got.to_f32(), want.to_f32());
+        ensure!(
+            got.shape == want.shape,
+            "token_logprob_rows: shape {:?}, want {:?}",
+            got.shape,
+            want.shape
+        );
+        for (i, (a, c)) in g.iter().zip(&w).enumerate() {
+            ensure!(
+                (a - c).abs() <= 1e-4 * (1.0 + c.abs()),
+                "token_logprob_rows ({dt} [{r}, {v}]) row {i}: got {a}, want {c}"
+            );
+        }
     }
     Ok(())
 }

@@ -373,6 +373,39 @@ pub fn paged_attention(
     HostTensor::from_f32_as(vec![n, h, hdv], &out, dt)
 }
 
+/// Log-probability of one token per row: `out[r] = x[r, t_r] − lse(x[r])`, the log-sum-exp in
+/// f64 about the row's maximum. `x` `[R, V]` float, `targets` `[R]` u32 → `[R]` f32.
+pub fn token_logprob_rows(x: &HostTensor, targets: &HostTensor) -> Result<HostTensor> {
+    rank("token_logprob_rows", "x", x, 2, "[R, V]")?;
+    float_dtype("token_logprob_rows", "x", x)?;
+    let (r, v) = (x.shape[0], x.shape[1]);
+    let t = targets.to_u32()?;
+    ensure!(
+        t.len() == r,
+        "token_logprob_rows: targets must be [{r}] u32, got {:?} {}",
+        targets.shape,
+        targets.dtype
+    );
+    let xv = x.to_f32();
+    let mut out = Vec::with_capacity(r);
+    for (i, &tok) in t.iter().enumerate() {
+        ensure!(
+            (tok as usize) < v,
+            "token_logprob_rows: target {tok} of row {i} is outside the {v} columns"
+        );
+        let row = &xv[i * v..(i + 1) * v];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&y| (y as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        out.push((row[tok as usize] as f64 - lse) as f32);
+    }
+    HostTensor::from_f32(vec![r], &out)
+}
+
 /// Row-wise argmax: `out[r] = min { j : x[r, j] = max_k x[r, k] }` (first index on ties).
 ///
 /// `x` `[R, V]` float → `[R]` u32.

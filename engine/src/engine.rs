@@ -644,8 +644,16 @@ impl<B: Backend> Engine<B> {
                 );
             }
             t
-        } else if greedy && !self.capture_logits && rows.scored.is_empty() {
-            b.download(&b.argmax(&logits)?)?.to_u32()?
+        } else if greedy && !self.capture_logits && self.scores_on_device(&rows) {
+            // Only token ids (and one log-probability per scored row) leave the device.
+            self.score_prompt_rows_on_device(&logits, &rows.scored)?;
+            let b = &self.backend;
+            let all = b.download(&b.argmax(&logits)?)?.to_u32()?;
+            if rows.scored.is_empty() {
+                all
+            } else {
+                rows.sample.iter().map(|&r| all[r]).collect()
+            }
         } else {
             let host = b.download(&logits)?.to_f32();
             let n_rows = rows.sample.len() + rows.scored.iter().map(|s| s.3).sum::<usize>();
@@ -784,6 +792,52 @@ impl<B: Backend> Engine<B> {
             let hit = (c.host_hit_tokens - before.host_hit_tokens) as usize;
             self.metrics.on_host_query(host_query, hit);
         }
+    }
+
+    /// Whether this step's scored rows (if any) need only the next prompt token's
+    /// log-probability (no alternatives), which the device computes.
+    fn scores_on_device(&self, rows: &LogitRows) -> bool {
+        rows.scored
+            .iter()
+            .all(|s| self.prompt_scores.get(&s.0).is_none_or(|p| p.top == 0))
+    }
+
+    /// The scored rows' log-probabilities of their next prompt tokens, computed on the device
+    /// ([`Backend::token_logprob_rows`] over `logits` `[rows, V]`): one f32 per row is read back.
+    fn score_prompt_rows_on_device(
+        &mut self,
+        logits: &B::Tensor,
+        scored: &[(u64, usize, usize, usize)],
+    ) -> Result<()> {
+        if scored.is_empty() {
+            return Ok(());
+        }
+        // Rows that are not scored (sampling rows, padding) get token 0 and are ignored.
+        let mut targets = vec![0u32; logits.shape()[0]];
+        for &(id, pos0, row0, n) in scored {
+            let Some(seq) = self.scheduler.running.iter().find(|s| s.id == id) else {
+                continue;
+            };
+            for j in 0..n {
+                targets[row0 + j] = seq.tokens[pos0 + j + 1];
+            }
+        }
+        let b = &self.backend;
+        let t = b.upload(&HostTensor::from_u32(vec![targets.len()], &targets)?)?;
+        let lp = b.download(&b.token_logprob_rows(logits, &t)?)?.to_f32();
+        for &(id, pos0, row0, n) in scored {
+            let Some(scores) = self.prompt_scores.get_mut(&id) else {
+                continue;
+            };
+            for j in 0..n {
+                scores.entries[pos0 + j] = Some(crate::sampling::TokenLogprobs {
+                    token: targets[row0 + j],
+                    logprob: lp[row0 + j],
+                    top: Vec::new(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Turns the scored rows of a step's logits (`host`, `[rows, v]`) into prompt

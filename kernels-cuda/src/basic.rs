@@ -227,4 +227,47 @@ impl CudaBackend {
         )?;
         Ok(out)
     }
+
+    pub(crate) fn token_logprob_rows_impl(
+        &self,
+        x: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "token_logprob_rows";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let [r, v] = x.shape[..] else {
+            bail!("{OP}: x must be [R, V], got {:?}", x.shape);
+        };
+        if targets.shape != [r] || targets.dtype != DType::U32 {
+            bail!(
+                "{OP}: targets must be [{r}] u32, got {:?} {}",
+                targets.shape,
+                targets.dtype
+            );
+        }
+        self.bind()?;
+        let out = self.alloc(vec![r], DType::F32)?;
+        if r == 0 {
+            return Ok(out);
+        }
+        if v == 0 {
+            bail!("{OP}: rows of x are empty (shape {:?})", x.shape);
+        }
+        let f = self.func("argmax", sfx, &format!("logprob_rows_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(r, 65535), 1, 1),
+            (1024, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                targets.device_ptr(),
+                out.device_ptr(),
+                r as u32,
+                to_u32(OP, "V", v)?
+            ],
+        )?;
+        Ok(out)
+    }
 }

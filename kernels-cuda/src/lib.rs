@@ -905,6 +905,10 @@ impl Backend for CudaBackend {
         self.argmax_impl(x)
     }
 
+    fn token_logprob_rows(&self, x: &CudaTensor, targets: &CudaTensor) -> Result<CudaTensor> {
+        self.token_logprob_rows_impl(x, targets)
+    }
+
     /// One `cuMemcpyDtoDAsync` per run, through a scratch buffer when rows are both read and
     /// written (`rows.rs`).
     fn copy_rows(&self, t: &CudaTensor, pairs: &[(u32, u32)]) -> Result<()> {
