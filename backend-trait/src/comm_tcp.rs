@@ -84,17 +84,31 @@ impl TcpGroup {
     /// Errors: the address does not resolve or bind; a rank that has not joined within
     /// `join_timeout` (the error lists the missing ranks); a worker of another world size.
     pub fn join(r: &Rendezvous, listener: Option<TcpListener>) -> Result<Self> {
+        Self::join_checking(r, listener, &|| Ok(()))
+    }
+
+    /// [`TcpGroup::join`], calling `alive` while rank 0 waits for the others (every 20 ms): an
+    /// error from it (a rank process this one started has exited) ends the wait at once.
+    pub fn join_checking(
+        r: &Rendezvous,
+        listener: Option<TcpListener>,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<Self> {
         if r.world < 2 || r.rank >= r.world {
             bail!("rank {} of a world of {}: nothing to join", r.rank, r.world);
         }
         if r.rank == 0 {
-            Self::host(r, listener)
+            Self::host(r, listener, alive)
         } else {
             Self::connect(r)
         }
     }
 
-    fn host(r: &Rendezvous, listener: Option<TcpListener>) -> Result<Self> {
+    fn host(
+        r: &Rendezvous,
+        listener: Option<TcpListener>,
+        alive: &dyn Fn() -> Result<()>,
+    ) -> Result<Self> {
         let l = match listener {
             Some(l) => l,
             None => TcpListener::bind(&r.master).with_context(|| {
@@ -137,6 +151,7 @@ impl TcpGroup {
                     slot[rank] = Some(s);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    alive()?;
                     if Instant::now() > deadline {
                         let missing: Vec<usize> = (1..r.world)
                             .filter(|&i| msg[i].is_none() || watch[i].is_none())

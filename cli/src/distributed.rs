@@ -3,7 +3,7 @@
 //!
 //! Who is who:
 //! - A launcher's variables give each process its rank: torchrun's `RANK`/`WORLD_SIZE`/
-//!   `LOCAL_RANK`, Slurm's `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID`, Open MPI's
+//!   `LOCAL_RANK`, Slurm's `SLURM_PROCID`/`SLURM_STEP_NUM_TASKS`/`SLURM_LOCALID`, Open MPI's
 //!   `OMPI_COMM_WORLD_*`, MPICH's `PMI_RANK`/`PMI_SIZE`; they meet at
 //!   `MASTER_ADDR:MASTER_PORT` (default port 29500; under Slurm `SLURM_LAUNCH_NODE_IPADDR`).
 //! - Otherwise dayone starts its local ranks itself: the process the user ran is the node's
@@ -17,6 +17,7 @@
 //! that dies or never joins ends the job with a message naming it.
 
 use crate::backend_choice::BackendKind;
+use crate::engine_args::{CommandDefaults, EngineArgs};
 use anyhow::{bail, Context, Result};
 use dayone_backend::comm::{Comm, HostComm, HostGroup};
 use dayone_backend::comm_tcp::{Rendezvous, TcpGroup};
@@ -63,6 +64,8 @@ struct Role {
     world: usize,
     /// Rank on this machine (picks the GPU).
     local_rank: usize,
+    /// Ranks on this machine (they share its memory, or its GPUs when there are fewer).
+    local_world: usize,
     /// `host:port` of rank 0.
     master: String,
     /// Ranks this process must start itself (global ranks), when dayone launches.
@@ -81,10 +84,14 @@ fn env_ranks() -> Result<Option<(usize, usize, Option<usize>)>> {
             })
             .transpose()
     };
+    // dayone's own children first; `DAYONE_IGNORE_LAUNCHER=1` makes dayone start its ranks
+    // itself inside a launcher's job. Slurm's step size (set by `srun`, not in a batch
+    // script) counts, not the job's `SLURM_NTASKS`. A world of one is no launch at all.
+    let ignore = get("DAYONE_IGNORE_LAUNCHER").is_some_and(|v| v != "0");
     for (rank, world, local) in [
         ("DAYONE_RANK", "DAYONE_WORLD_SIZE", "DAYONE_LOCAL_RANK"),
         ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-        ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"),
         (
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
@@ -92,9 +99,15 @@ fn env_ranks() -> Result<Option<(usize, usize, Option<usize>)>> {
         ),
         ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     ] {
+        if ignore && rank != "DAYONE_RANK" {
+            continue;
+        }
         if let (Some(r), Some(w)) = (num(rank)?, num(world)?) {
             if r >= w {
                 bail!("{rank}={r} is not below {world}={w}");
+            }
+            if w == 1 {
+                return Ok(None);
             }
             return Ok(Some((r, w, num(local)?)));
         }
@@ -126,18 +139,16 @@ fn master_from(f: &LaunchFlags) -> String {
 fn role(tp: usize) -> Result<Option<Role>> {
     let f = flags();
     if let Some((rank, world, local)) = env_ranks()? {
-        if world == 1 && tp == 1 {
-            return Ok(None);
-        }
         if world != tp {
             bail!(
-                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but --tensor-parallel-size is {tp}: they must match (one process per device)"
+                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but --tensor-parallel-size is {tp}: they must match (one process per device), or set DAYONE_IGNORE_LAUNCHER=1 for dayone to start its ranks itself"
             );
         }
         return Ok(Some(Role {
             rank,
             world,
             local_rank: local.unwrap_or(rank),
+            local_world: local_world_from_env().unwrap_or(world),
             master: master_from(&f),
             spawn: Vec::new(),
         }));
@@ -156,15 +167,47 @@ fn role(tp: usize) -> Result<Option<Role>> {
     if nnodes > 1 && f.master_addr.is_none() && std::env::var_os("MASTER_ADDR").is_none() {
         bail!("--nnodes {nnodes} needs --master-addr (the address of node 0) on every node");
     }
+    if nnodes > 1 && f.master_port == Some(0) {
+        bail!("--master-port 0 cannot be shared between nodes: give node 0's port (default 29500)");
+    }
     let local = tp / nnodes;
     let first = node * local;
     Ok(Some(Role {
         rank: first,
         world: tp,
         local_rank: 0,
+        local_world: local,
         master: master_from(&f),
         spawn: (first + 1..first + local).collect(),
     }))
+}
+
+/// Ranks on this machine from a launcher's variables (torchrun, Open MPI, Slurm's
+/// `SLURM_STEP_TASKS_PER_NODE` such as `4(x2)`, dayone's own).
+fn local_world_from_env() -> Option<usize> {
+    [
+        "DAYONE_LOCAL_WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_STEP_TASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|k| {
+        let v = std::env::var(k).ok()?;
+        let digits: String = v.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().ok().filter(|&n: &usize| n > 0)
+    })
+}
+
+/// How many ranks draw on one pool of memory here: all of this machine's ranks on the CPU and
+/// WGSL backends (one host, one adapter); on CUDA the ranks sharing each GPU.
+fn ranks_per_memory(kind: BackendKind, local_world: usize) -> usize {
+    match kind {
+        BackendKind::Cuda => local_world
+            .div_ceil(dayone_cuda::device_count().max(1))
+            .max(1),
+        _ => local_world.max(1),
+    }
 }
 
 /// What rank 0 sends every other rank once they have met.
@@ -179,11 +222,12 @@ struct Setup {
 
 /// How long ranks wait to meet, and for a collective.
 fn timeouts() -> (Duration, Duration) {
-    let secs = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
+    let secs = |k: &str, d: u64| match std::env::var(k) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            eprintln!("note: {k}={v} is not a number of seconds: using {d}");
+            d
+        }),
+        Err(_) => d,
     };
     (
         Duration::from_secs(secs("DAYONE_DIST_JOIN_TIMEOUT_S", 300)),
@@ -204,6 +248,7 @@ fn spawn_ranks(r: &Role, master: &str, share_gpu: bool) -> Result<Vec<Child>> {
             .env("DAYONE_RANK", rank.to_string())
             .env("DAYONE_WORLD_SIZE", r.world.to_string())
             .env("DAYONE_LOCAL_RANK", (r.local_rank + i + 1).to_string())
+            .env("DAYONE_LOCAL_WORLD_SIZE", r.local_world.to_string())
             .env(
                 "MASTER_ADDR",
                 master
@@ -279,7 +324,17 @@ fn join(r: &Role, kind: BackendKind) -> Result<TcpGroup> {
         join_timeout: join_t,
         collective_timeout: coll_t,
     };
-    TcpGroup::join(&rv, listener)
+    // A rank this process started that exits before joining is named at once.
+    let alive = || -> Result<()> {
+        let mut kids = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
+        for (c, &rank) in kids.iter_mut().zip(&r.spawn) {
+            if let Ok(Some(status)) = c.try_wait() {
+                bail!("rank {rank} exited ({status}) before joining; its error is above");
+            }
+        }
+        Ok(())
+    };
+    TcpGroup::join_checking(&rv, listener, &alive)
 }
 
 /// Rank 0's part in a split model, kept until the job ends.
@@ -289,16 +344,18 @@ pub struct Leader {
     /// Set before an orderly shutdown, so peers leaving is not an error.
     pub done: Arc<AtomicBool>,
     nccl_id: Option<[u8; 128]>,
+    /// Ranks sharing this rank's memory pool.
+    shared_by: usize,
 }
 
 /// The rank processes this process started, reaped by [`reap_children`].
 static CHILDREN: std::sync::Mutex<Vec<Child>> = std::sync::Mutex::new(Vec::new());
 
-/// Waits (up to 30 s) for the rank processes this process started, which end when rank 0's
-/// engine shuts down or exits; kills any still running after that.
-pub fn reap_children() {
+/// Waits (up to `limit`) for the rank processes this process started, which end when rank
+/// 0's engine shuts down or exits; kills any still running after that.
+pub fn reap_children(limit: Duration) {
     let mut kids = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|p| p.into_inner()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + limit;
     while !kids.is_empty() {
         kids.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
         if std::time::Instant::now() > deadline {
@@ -349,6 +406,7 @@ pub fn lead(
         group: Arc::new(g),
         done,
         nccl_id,
+        shared_by: ranks_per_memory(kind, r.local_world),
     }))
 }
 
@@ -407,16 +465,22 @@ impl Leader {
         cfg: &EngineConfig,
         progress: Option<&dyn Fn(usize, usize)>,
     ) -> Result<Engine<B>> {
-        distributed_engine(
-            backend,
-            ckpt,
-            cfg,
-            progress,
-            &self.group,
-            self.nccl_id,
-            &self.done,
-        )
+        let rank = Rank {
+            group: &self.group,
+            nccl_id: self.nccl_id,
+            done: &self.done,
+            shared_by: self.shared_by,
+        };
+        distributed_engine(backend, ckpt, cfg, progress, &rank)
     }
+}
+
+/// What one rank's engine is built with.
+struct Rank<'a> {
+    group: &'a Arc<dyn HostGroup>,
+    nccl_id: Option<[u8; 128]>,
+    done: &'a Arc<AtomicBool>,
+    shared_by: usize,
 }
 
 fn distributed_engine<B: RankComm>(
@@ -424,37 +488,56 @@ fn distributed_engine<B: RankComm>(
     ckpt: &loader::Checkpoint,
     cfg: &EngineConfig,
     progress: Option<&dyn Fn(usize, usize)>,
-    group: &Arc<dyn HostGroup>,
-    nccl_id: Option<[u8; 128]>,
-    done: &Arc<AtomicBool>,
+    rank: &Rank,
 ) -> Result<Engine<B>> {
-    let comm = backend.rank_comm(group, nccl_id)?;
+    let comm = backend.rank_comm(rank.group, rank.nccl_id)?;
     let dist = Distributed {
         parallel: Parallel::new(comm, cfg.expert_parallel_size)?,
-        group: group.clone(),
-        done: Some(done.clone()),
+        group: rank.group.clone(),
+        done: Some(rank.done.clone()),
+        memory_shared_by: rank.shared_by,
     };
     Engine::new_distributed(backend, ckpt, cfg, progress, Some(dist))
 }
 
-/// When this process is one of the other ranks of a split model: runs it until rank 0 shuts
-/// down, then exits the process (status 0, or 1 with the error on stderr). Returns for rank 0
-/// and for unsplit runs. `tp` is this command line's tensor-parallel size.
-pub fn run_if_follower(tp: usize, kind: BackendKind) -> Result<()> {
+/// Before a command runs: when this process is one of the other ranks of a split model, serves
+/// rank 0 until it shuts down and exits the process (status 0, or 1 with the error on stderr);
+/// otherwise returns so that the command runs (as rank 0, or alone). Only the engine flags
+/// count here (the other ranks take every other setting from rank 0), so a rank never reads a
+/// prompt, a file or a port of the command. `splittable`: whether the command can run split.
+///
+/// Errors: the flags' (usage errors), a launch that does not add up, a command that runs on
+/// one device asked to split.
+pub fn follow_if_rank(engine: &EngineArgs, splittable: bool) -> Result<()> {
+    let resolved = engine.resolve(&CommandDefaults::default())?;
+    let tp = resolved.engine.tensor_parallel_size;
+    if !splittable {
+        if tp > 1 || env_ranks()?.is_some() {
+            bail!(crate::usage::usage(
+                "--tensor-parallel-size > 1 (or a launcher's ranks) works with generate, bench, check, perplexity and serve; this command runs on one device"
+            ));
+        }
+        return Ok(());
+    }
     let Some(r) = role(tp)? else {
         return Ok(());
     };
     if r.rank == 0 {
         return Ok(());
     }
-    let code = match follow(&r, kind) {
+    let code = match follow(&r, resolved.backend) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("error: rank {}: {e:#}", r.rank);
+            let msg = format!("{e:#}");
+            if msg.starts_with("rank ") {
+                eprintln!("error: {msg}");
+            } else {
+                eprintln!("error: rank {}: {msg}", r.rank);
+            }
             1
         }
     };
-    reap_children();
+    reap_children(Duration::from_secs(if code == 0 { 30 } else { 5 }));
     std::process::exit(code);
 }
 
@@ -475,35 +558,30 @@ fn follow(r: &Role, kind: BackendKind) -> Result<()> {
         None => None,
     };
     let cfg = setup.engine;
-    match setup.backend.as_str() {
-        "cpu" => run(
-            dayone_backend::cpu::CpuBackend,
-            &ckpt,
-            &cfg,
-            &group,
-            id,
-            &done,
-        ),
-        "wgsl" => run(
-            dayone_wgsl::WgslBackend::new()?,
-            &ckpt,
-            &cfg,
-            &group,
-            id,
-            &done,
-        ),
-        "cuda" => {
+    let kind = match setup.backend.as_str() {
+        "cpu" => BackendKind::Cpu,
+        "wgsl" => BackendKind::Wgsl,
+        "cuda" => BackendKind::Cuda,
+        other => bail!("rank 0 runs an unknown backend `{other}`"),
+    };
+    let rank = Rank {
+        group: &group,
+        nccl_id: id,
+        done: &done,
+        shared_by: ranks_per_memory(kind, r.local_world),
+    };
+    match kind {
+        BackendKind::Cpu => run(dayone_backend::cpu::CpuBackend, &ckpt, &cfg, &rank),
+        BackendKind::Wgsl => run(dayone_wgsl::WgslBackend::new()?, &ckpt, &cfg, &rank),
+        BackendKind::Cuda => {
             let n = dayone_cuda::device_count().max(1);
             run(
                 dayone_cuda::CudaBackend::new(r.local_rank % n)?,
                 &ckpt,
                 &cfg,
-                &group,
-                id,
-                &done,
+                &rank,
             )
         }
-        other => bail!("rank 0 runs an unknown backend `{other}`"),
     }
 }
 
@@ -511,10 +589,8 @@ fn run<B: RankComm>(
     b: B,
     ckpt: &loader::Checkpoint,
     cfg: &EngineConfig,
-    group: &Arc<dyn HostGroup>,
-    id: Option<[u8; 128]>,
-    done: &Arc<AtomicBool>,
+    rank: &Rank,
 ) -> Result<()> {
-    let mut e = distributed_engine(b, ckpt, cfg, None, group, id, done)?;
+    let mut e = distributed_engine(b, ckpt, cfg, None, rank)?;
     e.follow()
 }

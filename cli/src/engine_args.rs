@@ -86,7 +86,8 @@ pub struct EngineArgs {
     /// This machine's index, 0..--nnodes (node 0 runs the command; the others serve it).
     #[arg(long, value_parser = parse::non_negative, allow_negative_numbers = true)]
     pub node_rank: Option<usize>,
-    /// Address of node 0, where the ranks meet (or MASTER_ADDR) [default: 127.0.0.1].
+    /// Address of node 0, where the ranks meet (or MASTER_ADDR) [default: 127.0.0.1 on one
+    /// machine; needed with --nnodes > 1].
     #[arg(long, alias = "dist-init-addr")]
     pub master_addr: Option<String>,
     /// Port of node 0 for the ranks' meeting (or MASTER_PORT) [default: 29500; a free port
@@ -251,8 +252,6 @@ impl EngineArgs {
             master_addr: self.master_addr.clone(),
             master_port: self.master_port,
         });
-        // A rank other than 0 of a split model serves rank 0 from here and never returns.
-        crate::distributed::run_if_follower(engine.tensor_parallel_size, backend)?;
         Ok(ResolvedEngine {
             backend,
             engine,

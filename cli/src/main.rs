@@ -166,6 +166,22 @@ enum Command {
 }
 
 impl Command {
+    /// The engine flags of a command that loads a model and may split it over ranks
+    /// (`generate`, `check`, `bench`, `perplexity`, `serve`; `chat` and `needle` run on one
+    /// device), with whether it can be split.
+    fn engine_args(&self) -> Option<(&engine_args::EngineArgs, bool)> {
+        match self {
+            Command::Generate(a) => Some((&a.engine, true)),
+            Command::Check(a) => Some((&a.engine, true)),
+            Command::Bench(a) => Some((&a.engine, true)),
+            Command::Perplexity(a) => Some((&a.engine, true)),
+            Command::Serve(a) => Some((&a.engine, true)),
+            Command::Chat(a) => Some((&a.engine, false)),
+            Command::Needle(a) => Some((&a.engine, false)),
+            _ => None,
+        }
+    }
+
     /// The subcommand's name on the command line (for usage errors).
     fn name(&self) -> &'static str {
         match self {
@@ -222,6 +238,13 @@ fn main() {
         interrupt::install();
     }
     let name = cli.command.name();
+    // A rank other than 0 of a split model serves rank 0 and exits here, before the command
+    // reads a prompt, binds a port or prints anything; rank 0 goes on to run the command.
+    if let Some((engine, splittable)) = cli.command.engine_args() {
+        if let Err(e) = distributed::follow_if_rank(engine, splittable) {
+            report(&mut Cli::command(), name, e);
+        }
+    }
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Check(a) => check::run(a),
@@ -235,19 +258,28 @@ fn main() {
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Perplexity(a) => perplexity::run(a),
     };
-    // The other ranks this process started end with rank 0's engine; collect them.
-    distributed::reap_children();
     match result {
         // llama.cpp's convention: stats printed, then 128 + SIGINT.
-        Ok(()) if interrupt::requested() => std::process::exit(interrupt::EXIT_CODE),
-        Ok(()) => {}
-        Err(e) => {
-            if let Some(u) = e.downcast_ref::<usage::UsageError>() {
-                usage::exit(&mut Cli::command(), name, u)
-            }
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}");
-            std::process::exit(1);
+        Ok(()) if interrupt::requested() => {
+            distributed::reap_children(std::time::Duration::from_secs(30));
+            std::process::exit(interrupt::EXIT_CODE)
         }
+        // The other ranks this process started end with rank 0's engine; collect them.
+        Ok(()) => distributed::reap_children(std::time::Duration::from_secs(30)),
+        Err(e) => report(&mut Cli::command(), name, e),
     }
+}
+
+/// Prints a command's error (a usage error as clap prints its own, exit 2; anything else as
+/// one `error:` line, exit 1), then ends the ranks this process started and exits.
+fn report(cli: &mut clap::Command, name: &str, e: anyhow::Error) -> ! {
+    if let Some(u) = e.downcast_ref::<usage::UsageError>() {
+        distributed::reap_children(std::time::Duration::from_secs(5));
+        usage::exit(cli, name, u)
+    }
+    let msg = format!("{e:#}").replace('\n', " ");
+    eprintln!("error: {msg}");
+    // After the message: the other ranks see this process leave and stop within seconds.
+    distributed::reap_children(std::time::Duration::from_secs(5));
+    std::process::exit(1);
 }

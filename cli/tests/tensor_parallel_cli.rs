@@ -356,3 +356,52 @@ fn serve_over_two_ranks_and_a_rank_that_dies() {
     );
     assert!(err.contains("rank 1 exited"), "{err}");
 }
+
+/// The other ranks never read the command's input: a prompt piped on stdin reaches rank 0 only
+/// (the ranks dayone starts have no stdin), and `config` under a launcher just prints.
+#[test]
+fn only_rank_0_reads_the_commands_input() {
+    let dir = with_tokenizer();
+    let m = dir.path().to_str().unwrap().to_string();
+    let gen = |tp: &str| {
+        let mut c = dayone()
+            .args([
+                "generate",
+                "--backend",
+                "cpu",
+                "-m",
+                &m,
+                "--max-tokens",
+                "6",
+                "-tp",
+                tp,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(b"w5 w6 w7 w8").unwrap();
+        wait_output(c, Duration::from_secs(120))
+    };
+    let (one, two) = (gen("1"), gen("2"));
+    assert_eq!(
+        ids(&two, "stdin prompt, tp 2"),
+        ids(&one, "stdin prompt, tp 1")
+    );
+    let o = run(
+        &[
+            "config".into(),
+            "-tp".into(),
+            "2".into(),
+            "--backend".into(),
+            "cpu".into(),
+        ],
+        &[("RANK", "1".into()), ("WORLD_SIZE", "2".into())],
+    );
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success() && out.contains("tensor_parallel_size: 2"),
+        "{out} {err}"
+    );
+}

@@ -265,7 +265,10 @@ impl<B: Backend> Engine<B> {
                 .largest_state_tensor_elements_per_seq()
                 .saturating_mul(4),
             state_slots,
-            free_bytes: backend.free_memory(),
+            // Ranks on one memory pool each take their share of it.
+            free_bytes: backend
+                .free_memory()
+                .map(|f| f / dist.as_ref().map_or(1, |d| d.memory_shared_by.max(1)) as u64),
             max_tensor_bytes: backend.max_buffer_bytes(),
         })?;
         // Every rank schedules the same blocks: the cache is what the tightest rank holds.

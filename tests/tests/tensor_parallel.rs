@@ -109,6 +109,7 @@ fn split(model: &str, world: usize, ep: usize) -> Result<Run> {
                     parallel: Parallel::new(comm, ep)?,
                     group,
                     done: None,
+                    memory_shared_by: world,
                 };
                 let ckpt = loader::open(&fixture(&model))?;
                 let mut e = Engine::new_distributed(CpuBackend, &ckpt, &config(), None, Some(dist))

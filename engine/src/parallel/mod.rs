@@ -115,6 +115,9 @@ pub struct Distributed<B: Backend> {
     /// watcher of the peers ([`dayone_backend::comm_tcp::TcpGroup::watch_peers`]) does not take
     /// their exit for a failure.
     pub done: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Ranks drawing on this rank's pool of memory (several ranks on one host's memory, or on
+    /// one GPU): the cache is sized from this share of the free memory. At least 1.
+    pub memory_shared_by: usize,
 }
 
 /// [`Parallel::kv_heads`] for `rank` of `world`.
