@@ -124,6 +124,7 @@ fn layer<B: Backend>(b: &B, a: &Args, rng: &mut Rng, dt: DType) -> Result<Mla<B>
         o_proj: dayone_engine::layers::RowLinear::single(lin(up(&[HIDDEN, h * V_DIM], 0.01)?)),
         scale: 1.0 / ((NOPE + ROPE) as f32).sqrt(),
         indexer: Some(indexer),
+        expanded: None,
     })
 }
 

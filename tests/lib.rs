@@ -157,8 +157,7 @@ pub fn greedy(max_tokens: usize) -> SamplingParams {
 /// be within tolerance, and the comparison of that prompt stops there, since later steps continue
 /// from a different token.
 pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
-    let r = reference(name)?;
-    let mut e = engine(
+    check_golden_with(
         b,
         name,
         EngineConfig {
@@ -166,7 +165,14 @@ pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
             kv_cache_tokens: Some(2048),
             ..Default::default()
         },
-    )?;
+    )
+}
+
+/// [`check_golden`] with the engine settings `cfg` (its dtype is the run's).
+pub fn check_golden_with<B: Backend>(b: B, name: &str, cfg: EngineConfig) -> Result<()> {
+    let dtype = cfg.dtype;
+    let r = reference(name)?;
+    let mut e = engine(b, name, cfg)?;
     e.capture_logits = true;
     let tol = tolerance(dtype);
     for (ci, case) in r.cases.iter().enumerate() {

@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// Groups of ranks the routed experts are divided among (`--expert-parallel-size`); it
     /// divides `tensor_parallel_size`.
     pub expert_parallel_size: usize,
+    /// MLA layers compute steps of at least this many new tokens in the expanded form
+    /// ([`crate::layers::MlaExpanded`]); `None`: always the absorbed form. Default from
+    /// `DAYONE_MLA_PREFILL=expanded` (and `DAYONE_MLA_EXPANDED_MIN_TOKENS`, default 256).
+    pub mla_expanded_min_tokens: Option<usize>,
 }
 
 /// `DType` as its name in serialised settings.
@@ -88,6 +92,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             tensor_parallel_size: 1,
             expert_parallel_size: 1,
+            mla_expanded_min_tokens: crate::layers::expanded_min_tokens(),
         }
     }
 }
@@ -200,7 +205,17 @@ impl<B: Backend> Engine<B> {
         if parallel.world() > 1 {
             crate::models::layer_plan(&config)?.check_parallel(parallel.world(), parallel.ep)?;
         }
-        let model = load_model(&backend, &config, ckpt, cfg.dtype, progress, parallel)?;
+        let model = load_model(
+            &backend,
+            &config,
+            ckpt,
+            cfg.dtype,
+            progress,
+            crate::models::LoadOptions {
+                parallel,
+                mla_expanded_min_tokens: cfg.mla_expanded_min_tokens,
+            },
+        )?;
         let act = backend.activation_dtype(cfg.dtype);
         let bs = cfg.scheduler.block_size;
         let spec = model.cache_spec();

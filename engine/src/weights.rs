@@ -14,6 +14,7 @@ pub struct WeightLoader<'a, B: Backend> {
     loaded: Cell<usize>,
     progress: Option<&'a dyn Fn(usize, usize)>,
     parallel: Parallel<B>,
+    mla_expanded: Option<usize>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -26,7 +27,19 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             loaded: Cell::new(0),
             progress: None,
             parallel: Parallel::single(),
+            mla_expanded: None,
         }
+    }
+
+    /// MLA layers also load their expanded-form weights, used from this many new tokens a step.
+    pub fn with_mla_expanded(mut self, min_tokens: Option<usize>) -> Self {
+        self.mla_expanded = min_tokens;
+        self
+    }
+
+    /// See [`WeightLoader::with_mla_expanded`].
+    pub fn mla_expanded(&self) -> Option<usize> {
+        self.mla_expanded
     }
 
     /// Loads this rank's slices of a model split by `parallel` (layers read it through

@@ -63,6 +63,8 @@ pub struct Mla<B: Backend> {
     pub scale: f32,
     /// DeepSeek-V3.2's lightning indexer: attend only to its top-k keys (sparse MLA).
     pub indexer: Option<super::DsaIndexer<B>>,
+    /// The expanded-form weights for long prefills ([`super::mla_expanded`]), when enabled.
+    pub expanded: Option<super::MlaExpanded<B>>,
 }
 
 /// How an MLA layer picks its keys beyond [`Mla::indexer`].
@@ -159,6 +161,25 @@ impl<B: Backend> Mla<B> {
                 uv[(hh * dv + i) * l..(hh * dv + i + 1) * l].copy_from_slice(&kvb[src..src + l]);
             }
         }
+        let expanded = match w.mla_expanded() {
+            Some(min_tokens) => {
+                let (wq, wk, wv) =
+                    super::mla_expanded::expanded_weights(&q, &kvb, (h, dn, s.rope_dim, dv, l))?;
+                let up = |t: HostTensor| -> Result<Linear<B>> {
+                    Ok(Linear {
+                        weight: w.upload(t)?,
+                        bias: None,
+                    })
+                };
+                Some(super::MlaExpanded {
+                    w_q: up(wq)?,
+                    w_k: up(wk)?,
+                    w_v: up(wv)?,
+                    min_tokens,
+                })
+            }
+            None => None,
+        };
         let lin = |t: HostTensor| -> Result<Linear<B>> {
             Ok(Linear {
                 weight: w.upload(t)?,
@@ -184,6 +205,7 @@ impl<B: Backend> Mla<B> {
             )?,
             scale,
             indexer: None,
+            expanded,
         })
     }
 
@@ -225,12 +247,6 @@ impl<B: Backend> Mla<B> {
             Some((proj, norm)) => norm.forward(b, &proj.forward(b, x)?)?,
             None => x.clone(),
         };
-        let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;
-        let q_pe = b.reshape(&self.q_pe.forward(b, &cq)?, &[n, s.heads, s.rope_dim])?;
-        let q_pe = match rope {
-            Some(r) => r.forward(b, &q_pe, &meta.positions)?,
-            None => q_pe,
-        };
         let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
         let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, s.rope_dim])?;
         let k_pe = match rope {
@@ -240,7 +256,6 @@ impl<B: Backend> Mla<B> {
         let k_pe = b.reshape(&k_pe, &[n, s.rope_dim])?;
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
-        let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
         let need_cache =
             || anyhow::anyhow!("an MLA layer with a DSA indexer needs its indexer key cache");
         let selected: Option<Selection<B>> = if let Some(ix) = &self.indexer {
@@ -260,11 +275,24 @@ impl<B: Backend> Mla<B> {
         } else {
             selected.clone().flatten()
         };
-        let o_lat = match &attend {
-            Some(sel) => b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, sel)?,
-            None => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
+        let o = if attend.is_none() && self.expands(meta) {
+            self.expanded_attention(b, &cq, rope, meta, cache)?
+        } else {
+            let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;
+            let q_pe = b.reshape(&self.q_pe.forward(b, &cq)?, &[n, s.heads, s.rope_dim])?;
+            let q_pe = match rope {
+                Some(r) => r.forward(b, &q_pe, &meta.positions)?,
+                None => q_pe,
+            };
+            let q_lat = b.head_linear(&q_nope, &self.w_uk_t)?;
+            let o_lat = match &attend {
+                Some(sel) => {
+                    b.sparse_latent_attention(&q_lat, &q_pe, cache, meta, self.scale, sel)?
+                }
+                None => b.paged_latent_attention(&q_lat, &q_pe, cache, meta, self.scale)?,
+            };
+            b.head_linear(&o_lat, &self.w_uv)?
         };
-        let o = b.head_linear(&o_lat, &self.w_uv)?;
         let y = self
             .o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.v_dim])?)?;

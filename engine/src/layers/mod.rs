@@ -7,6 +7,7 @@ mod hyper_connections;
 mod kda;
 mod linear;
 mod mla;
+mod mla_expanded;
 mod mlp;
 mod moe;
 mod moe_dispatch;
@@ -22,6 +23,7 @@ pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnec
 pub use kda::{Kda, KdaShape};
 pub use linear::Linear;
 pub use mla::{Mla, MlaShape, MlaSparse, Selection};
+pub use mla_expanded::{expanded_min_tokens, MlaExpanded};
 pub use mlp::{clamped_swiglu, Mlp};
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use norm::RmsNorm;

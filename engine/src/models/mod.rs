@@ -46,9 +46,17 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     ) -> Result<B::Tensor>;
 }
 
+/// How a model is built beyond its checkpoint.
+pub struct LoadOptions<B: Backend> {
+    /// This rank's split ([`crate::parallel::Parallel::single`] on one device).
+    pub parallel: crate::parallel::Parallel<B>,
+    /// MLA's expanded prefill from this many new tokens ([`crate::EngineConfig`]).
+    pub mla_expanded_min_tokens: Option<usize>,
+}
+
 /// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
 /// its architecture's [`ModelPlan`] run through the one [`Decoder`], this rank's slices of it
-/// when `parallel` splits it over several ranks.
+/// when `options.parallel` splits it over several ranks.
 ///
 /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape).
 pub fn load_model<B: Backend>(
@@ -57,10 +65,12 @@ pub fn load_model<B: Backend>(
     ckpt: &Checkpoint,
     dtype: DType,
     progress: Option<&dyn Fn(usize, usize)>,
-    parallel: crate::parallel::Parallel<B>,
+    options: LoadOptions<B>,
 ) -> Result<Box<dyn CausalLm<B>>> {
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
-    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype).with_parallel(parallel);
+    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype)
+        .with_parallel(options.parallel)
+        .with_mla_expanded(options.mla_expanded_min_tokens);
     if let Some(p) = progress {
         w = w.with_progress(p);
     }
