@@ -85,6 +85,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         None
     }
 
+    /// Bytes of device memory this backend holds now (live tensors plus what its allocator
+    /// keeps for reuse), or `None` when it does not track them. An allocator that never returns
+    /// memory holds its peak: after a run this is the memory the run needed.
+    fn memory_reserved(&self) -> Option<u64> {
+        None
+    }
+
     /// The largest single cache tensor, in bytes, that every op reading or writing a cache
     /// (`write_kv`, `write_cache`, the paged attentions, `dsa_topk`, `short_conv`, `kda`) can
     /// take, or `None` when only the device memory limits it. WGSL answers its largest buffer

@@ -36,9 +36,10 @@ pub struct BenchArgs {
     /// Concurrent sequences; a comma-separated list runs each size in turn on one loaded model.
     #[arg(long, default_value = "1", value_delimiter = ',', value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub batch: Vec<usize>,
-    /// Prompt tokens per sequence (random ids, fixed seed); a comma-separated list of the same
-    /// length as --batch pairs each batch size with its own prompt length.
-    #[arg(long, default_value = "512", value_delimiter = ',', value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    /// Prompt tokens per sequence (random ids, fixed seed; `8K` = 8192, `1M` = 1048576); a
+    /// comma-separated list runs each length with the one --batch size, or pairs each length
+    /// with its own --batch entry.
+    #[arg(long, default_value = "512", value_delimiter = ',', value_parser = parse::token_count, allow_negative_numbers = true)]
     pub prompt_len: Vec<usize>,
     /// Generated tokens per sequence (EOS ignored); prompt length + this must fit the context
     /// window.
@@ -47,17 +48,26 @@ pub struct BenchArgs {
     /// Print one JSON object per line (one per batch/prompt configuration) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also write every run's TTFT, prefill tok/s, TPOT, throughput and device memory to this
+    /// CSV file.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<std::path::PathBuf>,
+    /// Also draw TTFT, prefill tok/s, TPOT and device memory against the prompt length (the
+    /// long-context curves) into this .svg or .png file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let (batches, prompts) = (a.batch.clone(), a.prompt_len.clone());
-    let runs: Vec<(usize, usize)> = match prompts.len() {
-        1 => batches.iter().map(|&b| (b, prompts[0])).collect(),
-        n if n == batches.len() => batches.iter().copied().zip(prompts).collect(),
+    let runs: Vec<(usize, usize)> = match (batches.len(), prompts.len()) {
+        (_, 1) => batches.iter().map(|&b| (b, prompts[0])).collect(),
+        (1, _) => prompts.iter().map(|&p| (batches[0], p)).collect(),
+        (b, p) if b == p => batches.iter().copied().zip(prompts).collect(),
         _ => {
             return Err(crate::usage::usage(
-                "--prompt-len must give one length or one per --batch entry",
+                "--prompt-len must give one length, one per --batch entry, or several with one --batch size",
             ))
         }
     };
@@ -195,8 +205,20 @@ fn bench(
         weights: &weights,
         roofline,
     };
+    let mut reports = Vec::with_capacity(runs.len());
     for &(batch, prompt_len) in runs {
-        run.one(a, batch, prompt_len)?;
+        reports.push(run.one(a, batch, prompt_len)?);
+    }
+    if let Some(f) = &a.csv {
+        crate::bench_plot::write_csv(f, &reports)?;
+    }
+    if let Some(f) = &a.plot {
+        let title = format!(
+            "{} on {}",
+            crate::progress::short_path(std::path::Path::new(&model_path)),
+            info.backend
+        );
+        crate::bench_plot::write_plot(f, &reports, &title)?;
     }
     handle.shutdown(Duration::from_secs(1));
     Ok(())
@@ -245,7 +267,7 @@ fn steps(mut tokens: Vec<(Instant, usize)>) -> Vec<Step> {
 }
 
 impl Run<'_> {
-    fn one(&self, a: &BenchArgs, batch: usize, prompt_len: usize) -> Result<()> {
+    fn one(&self, a: &BenchArgs, batch: usize, prompt_len: usize) -> Result<serde_json::Value> {
         let (info, weights, roofline) = (self.info, self.weights, self.roofline);
         let act = info.activation_dtype;
         let vocab = info.vocab_size as u64;
@@ -340,6 +362,8 @@ impl Run<'_> {
         let raw_fraction = achieved / roofline;
         let ceiling_unreliable = raw_fraction > 1.0;
         let fraction = raw_fraction.min(1.0);
+        // Held by the backend after the run: its peak where the allocator keeps what it took.
+        let memory = self.handle.stats()?.memory_reserved;
         let report = serde_json::json!({
             "backend": info.backend,
             "model": self.model,
@@ -363,10 +387,11 @@ impl Run<'_> {
             "roofline_unreliable": ceiling_unreliable,
             "roofline_method": "copy_rows of one row of a [2, n] tensor onto the other, n·4 = min(1 GiB, half the largest buffer, an eighth of free memory) bytes, read + write, 10 repetitions",
             "total_s": total,
+            "device_memory_bytes": memory,
         });
         if a.json {
             outln!("{report}")?;
-            return Ok(());
+            return Ok(report);
         }
         outln!()?;
         outln!(
@@ -436,6 +461,12 @@ impl Run<'_> {
                 roofline / 1e9
             )?;
         }
-        Ok(())
+        if let Some(m) = memory {
+            row(
+                "device memory (GiB)",
+                format!("{:.2}", m as f64 / (1u64 << 30) as f64),
+            )?;
+        }
+        Ok(report)
     }
 }

@@ -3,6 +3,7 @@
 
 mod backend_choice;
 mod bench;
+mod bench_plot;
 mod bench_serve;
 mod chat;
 mod check;
@@ -69,6 +70,19 @@ pub mod parse {
             return Err(format!("must be at least 1, got {}", s.trim()));
         }
         fit(v, s, usize::MAX)
+    }
+
+    /// A token count ≥ 1, plain or with a binary suffix: `8K` = 8192, `1M` = 1 048 576.
+    pub fn token_count(s: &str) -> Result<usize, String> {
+        let t = s.trim();
+        let (digits, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+            Some('K') => (&t[..t.len() - 1], 1usize << 10),
+            Some('M') => (&t[..t.len() - 1], 1usize << 20),
+            _ => (t, 1),
+        };
+        let n = at_least_one(digits)?;
+        n.checked_mul(mult)
+            .ok_or_else(|| format!("{t} is too large (at most {})", usize::MAX))
     }
 
     /// An integer ≥ 0.

@@ -856,3 +856,61 @@ fn bench_never_prints_a_roofline_fraction_above_100_percent() {
         assert!(out.contains("unreliable"), "{out}");
     }
 }
+
+// ---- 16. bench's long-context curves ------------------------------------------------------
+
+#[test]
+fn bench_sweeps_prompt_lengths_into_a_csv_and_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (csv, png) = (dir.path().join("c.csv"), dir.path().join("c.png"));
+    let m = fixture("kimi_linear_tiny");
+    let o = run(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "-m",
+        m.to_str().unwrap(),
+        "--prompt-len",
+        "16,1K",
+        "--gen-len",
+        "3",
+        "--json",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    let font = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    ]
+    .iter()
+    .any(|f| std::path::Path::new(f).exists());
+    if font {
+        assert!(o.status.success(), "{err}");
+        let head = std::fs::read(&png).unwrap();
+        assert_eq!(&head[1..4], b"PNG", "not a PNG");
+    } else {
+        assert!(err.contains("TrueType font"), "{err}");
+    }
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "one JSON line per prompt length: {out}"
+    );
+    let table = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = table.lines().collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert!(
+        rows[0].starts_with("batch,prompt_len,gen_len,ttft_median_s"),
+        "{table}"
+    );
+    assert!(
+        rows[1].starts_with("1,16,3,") && rows[2].starts_with("1,1024,3,"),
+        "{table}"
+    );
+    let o = run(&["bench", "-m", m.to_str().unwrap(), "--prompt-len", "2X"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+}

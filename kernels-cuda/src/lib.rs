@@ -905,6 +905,11 @@ impl Backend for CudaBackend {
         self.argmax_impl(x)
     }
 
+    fn memory_reserved(&self) -> Option<u64> {
+        let (live, cached) = self.memory_usage();
+        Some((live + cached) as u64)
+    }
+
     fn token_logprob_rows(&self, x: &CudaTensor, targets: &CudaTensor) -> Result<CudaTensor> {
         self.token_logprob_rows_impl(x, targets)
     }

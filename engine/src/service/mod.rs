@@ -102,6 +102,9 @@ pub struct EngineStats {
     pub cached_blocks: usize,
     /// The engine's metrics ([`crate::metrics`]); `None` from engines that keep none.
     pub metrics: Option<crate::metrics::MetricsSnapshot>,
+    /// Device memory the backend holds, bytes ([`dayone_backend::Backend::memory_reserved`]);
+    /// `None` where it is not tracked.
+    pub memory_reserved: Option<u64>,
 }
 
 /// A handle to an engine running on its own thread. Cheap to clone, usable from any thread;

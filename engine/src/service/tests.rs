@@ -131,6 +131,7 @@ impl Stepper for Fake {
             total_blocks: TOTAL_BLOCKS,
             cached_blocks: 0,
             metrics: None,
+            memory_reserved: None,
         }
     }
 }

@@ -148,6 +148,7 @@ impl<B: Backend> Stepper for Engine<B> {
             total_blocks: self.total_blocks(),
             cached_blocks: self.cached_blocks(),
             metrics: Some(self.metrics()),
+            memory_reserved: self.backend.memory_reserved(),
         }
     }
 }
