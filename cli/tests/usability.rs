@@ -852,9 +852,11 @@ fn bench_never_prints_a_roofline_fraction_above_100_percent() {
         .find_map(|w| w.trim_end_matches('%').parse().ok())
         .expect(row);
     assert!(pct <= 100.0, "{row}");
+    // Each run is judged on its own (the measured ceiling varies between runs on lavapipe).
     if j["roofline_unreliable"] == true {
-        assert!(out.contains("unreliable"), "{out}");
+        assert_eq!(f, 1.0, "{j}");
     }
+    assert_eq!(row.contains("capped"), out.contains("unreliable"), "{out}");
 }
 
 // ---- 16. bench's long-context curves ------------------------------------------------------
