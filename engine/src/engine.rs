@@ -164,6 +164,8 @@ pub struct Engine<B: Backend> {
     prompt_scores: std::collections::HashMap<u64, PromptScores>,
     /// The rank group when the model is split over several ranks.
     mirror: Option<Mirror>,
+    /// `(weight bytes, cache bytes)` of each rank (one entry on one device).
+    rank_memory: Vec<(u64, u64)>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -205,7 +207,7 @@ impl<B: Backend> Engine<B> {
         if parallel.world() > 1 {
             crate::models::layer_plan(&config)?.check_parallel(parallel.world(), parallel.ep)?;
         }
-        let model = load_model(
+        let (model, weight_bytes) = load_model(
             &backend,
             &config,
             ckpt,
@@ -305,6 +307,43 @@ impl<B: Backend> Engine<B> {
             act,
             state_slots,
         )?;
+        let cache_bytes: u64 = cache
+            .block_tensors()
+            .into_iter()
+            .chain(cache.state_tensors())
+            .map(|t| (t.numel() * t.dtype().size()) as u64)
+            .sum();
+        let rank_memory = match &dist {
+            Some(d) => {
+                let mine = [weight_bytes.to_le_bytes(), cache_bytes.to_le_bytes()].concat();
+                let all = d.group.all_gather_bytes(&mine)?;
+                let per: Vec<(u64, u64)> = all
+                    .iter()
+                    .map(|b| {
+                        let word = |i: usize| {
+                            u64::from_le_bytes(
+                                b.get(i..i + 8)
+                                    .and_then(|s| s.try_into().ok())
+                                    .unwrap_or([0; 8]),
+                            )
+                        };
+                        (word(0), word(8))
+                    })
+                    .collect();
+                if d.group.rank() == 0 {
+                    for (r, (w, c)) in per.iter().enumerate() {
+                        tracing::info!(
+                            "rank {r} of {}: weights {}, cache {} ({num_blocks} blocks of {bs} tokens)",
+                            per.len(),
+                            crate::cache::human_bytes(*w),
+                            crate::cache::human_bytes(*c)
+                        );
+                    }
+                }
+                per
+            }
+            None => vec![(weight_bytes, cache_bytes)],
+        };
         let mut scheduler = Scheduler::new(cfg.scheduler.clone(), num_blocks, prefix)?;
         if cfg.host_cache_bytes > 0 {
             if let Some(avail) = dayone_backend::host_available_memory() {
@@ -341,12 +380,19 @@ impl<B: Backend> Engine<B> {
             capture_logits: false,
             last_logits: Vec::new(),
             prompt_scores: Default::default(),
+            rank_memory,
             mirror: dist.map(|d| Mirror {
                 group: d.group,
                 outbox: Vec::new(),
                 done: d.done,
             }),
         })
+    }
+
+    /// `(weight bytes, cache and state bytes)` this model holds on each rank, rank 0 first (one
+    /// entry on one device). Weights count what was uploaded through the loader.
+    pub fn rank_memory(&self) -> &[(u64, u64)] {
+        &self.rank_memory
     }
 
     /// Bytes the cache keeps per token over all layers.

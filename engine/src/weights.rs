@@ -15,6 +15,7 @@ pub struct WeightLoader<'a, B: Backend> {
     progress: Option<&'a dyn Fn(usize, usize)>,
     parallel: Parallel<B>,
     mla_expanded: Option<usize>,
+    bytes: Cell<u64>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -28,6 +29,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             progress: None,
             parallel: Parallel::single(),
             mla_expanded: None,
+            bytes: Cell::new(0),
         }
     }
 
@@ -35,6 +37,11 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     pub fn with_mla_expanded(mut self, min_tokens: Option<usize>) -> Self {
         self.mla_expanded = min_tokens;
         self
+    }
+
+    /// Bytes uploaded through [`WeightLoader::get`] and its kin so far (this rank's weights).
+    pub fn loaded_bytes(&self) -> u64 {
+        self.bytes.get()
     }
 
     /// See [`WeightLoader::with_mla_expanded`].
@@ -184,6 +191,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     fn upload_exact(&self, host: HostTensor) -> Result<B::Tensor> {
         let t = self.backend.upload(&host)?;
         self.loaded.set(self.loaded.get() + 1);
+        self.bytes.set(self.bytes.get() + host.data.len() as u64);
         if let Some(p) = self.progress {
             p(self.loaded.get(), self.src.names().len());
         }

@@ -115,6 +115,16 @@ fn split(model: &str, world: usize, ep: usize) -> Result<Run> {
                 let mut e = Engine::new_distributed(CpuBackend, &ckpt, &config(), None, Some(dist))
                     .with_context(|| format!("rank {rank}"))?;
                 if rank == 0 {
+                    // No rank holds the whole model: each holds less than one rank alone would,
+                    // all together at least that (replicated norms and latent projections).
+                    let whole = Engine::new(CpuBackend, &ckpt, &config(), None)?.rank_memory()[0].0;
+                    let mem = e.rank_memory();
+                    ensure!(mem.len() == world, "{} ranks report memory", mem.len());
+                    ensure!(
+                        mem.iter().all(|m| m.0 < whole)
+                            && mem.iter().map(|m| m.0).sum::<u64>() >= whole,
+                        "rank weights {mem:?} vs {whole} on one rank"
+                    );
                     let run = lead(&mut e)?;
                     drop(e); // releases the followers
                     Ok(Some(run))

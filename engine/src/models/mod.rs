@@ -56,7 +56,7 @@ pub struct LoadOptions<B: Backend> {
 
 /// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
 /// its architecture's [`ModelPlan`] run through the one [`Decoder`], this rank's slices of it
-/// when `options.parallel` splits it over several ranks.
+/// when `options.parallel` splits it over several ranks; with the bytes of weights it uploaded.
 ///
 /// Errors: a missing tensor or one of the wrong shape (naming file, tensor, expected shape).
 pub fn load_model<B: Backend>(
@@ -66,7 +66,7 @@ pub fn load_model<B: Backend>(
     dtype: DType,
     progress: Option<&dyn Fn(usize, usize)>,
     options: LoadOptions<B>,
-) -> Result<Box<dyn CausalLm<B>>> {
+) -> Result<(Box<dyn CausalLm<B>>, u64)> {
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
     let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype)
         .with_parallel(options.parallel)
@@ -75,5 +75,6 @@ pub fn load_model<B: Backend>(
         w = w.with_progress(p);
     }
     let plan = layer_plan(config)?;
-    Ok(Box::new(Decoder::load(&w, &plan)?))
+    let model = Decoder::load(&w, &plan)?;
+    Ok((Box::new(model), w.loaded_bytes()))
 }
