@@ -72,6 +72,12 @@ struct Role {
     spawn: Vec<usize>,
 }
 
+/// Whether a launcher's variables make this process a rank other than 0 (its engine notes would
+/// repeat rank 0's, so it logs only warnings unless `DAYONE_LOG` says otherwise).
+pub fn launched_as_follower() -> bool {
+    matches!(env_ranks(), Ok(Some((r, _, _))) if r > 0)
+}
+
 /// `(rank, world, local rank)` from a launcher's variables, the first family present.
 fn env_ranks() -> Result<Option<(usize, usize, Option<usize>)>> {
     let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());

@@ -232,8 +232,14 @@ fn main() {
     tracing_subscriber::fmt()
         // Engine notes (e.g. skipped MTP layers) show by default; DAYONE_LOG overrides.
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DAYONE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,dayone_engine=info")),
+            tracing_subscriber::EnvFilter::try_from_env("DAYONE_LOG").unwrap_or_else(|_| {
+                // The other ranks of a split model would repeat rank 0's notes.
+                tracing_subscriber::EnvFilter::new(if distributed::launched_as_follower() {
+                    "warn"
+                } else {
+                    "warn,dayone_engine=info"
+                })
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
