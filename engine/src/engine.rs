@@ -204,9 +204,6 @@ impl<B: Backend> Engine<B> {
         if !matches!(cfg.dtype, DType::F32 | DType::BF16) {
             bail!("--dtype must be f32 or bf16, got {}", cfg.dtype);
         }
-        if parallel.world() > 1 {
-            crate::models::layer_plan(&config)?.check_parallel(parallel.world(), parallel.ep)?;
-        }
         let (model, weight_bytes) = load_model(
             &backend,
             &config,
