@@ -167,6 +167,7 @@ fn bench(
     let is_expert = |n: &str| n.contains(".mlp.experts.");
     let (dense_elems, expert_elems) = (elems(&|n| !is_expert(n)), elems(&is_expert));
     let model_path = ckpt.path.display().to_string();
+    let split = (cfg.tensor_parallel_size, cfg.expert_parallel_size);
     // The engine runs on its own thread behind the service handle, as under `dayone serve`.
     let handle = load::service(kind, ckpt, cfg, a.json)?;
     let info = handle.model_info().clone();
@@ -204,6 +205,7 @@ fn bench(
         model: &model_path,
         weights: &weights,
         roofline,
+        split,
     };
     let mut reports = Vec::with_capacity(runs.len());
     for &(batch, prompt_len) in runs {
@@ -233,6 +235,8 @@ struct Run<'a> {
     weights: &'a WeightBytes,
     /// Measured copy bandwidth, bytes/s.
     roofline: f64,
+    /// `(tensor_parallel_size, expert_parallel_size)` of the run.
+    split: (usize, usize),
 }
 
 /// An engine step of the run, as its tokens show it (the tokens of one step share their time).
@@ -371,6 +375,8 @@ impl Run<'_> {
             "batch": batch,
             "prompt_len": prompt_len,
             "gen_len": a.gen_len,
+            "tensor_parallel_size": self.split.0,
+            "expert_parallel_size": self.split.1,
             "ttft_median_s": percentile(&ttft, 0.5),
             "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
             "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
@@ -394,8 +400,13 @@ impl Run<'_> {
             return Ok(report);
         }
         outln!()?;
+        let split = match self.split {
+            (1, _) => String::new(),
+            (tp, 1) => format!(" | tp {tp}"),
+            (tp, ep) => format!(" | tp {tp} ep {ep}"),
+        };
         outln!(
-            "model {} | {} | {} | batch {} | prompt {} | gen {}",
+            "model {} | {} | {} | batch {} | prompt {} | gen {}{split}",
             self.model,
             info.backend,
             act,
