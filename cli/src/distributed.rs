@@ -416,35 +416,21 @@ pub fn lead(
     }))
 }
 
-/// A backend's collectives for a rank: NCCL on CUDA, the host group elsewhere.
+/// A backend's collectives for a rank: the host group by default (CPU, WGSL), NCCL on CUDA.
 pub trait RankComm: Backend {
-    /// The communicator of this rank in `group`.
+    /// The communicator of this rank in `group` (`nccl_id`: rank 0's NCCL id, CUDA only).
     fn rank_comm(
         &self,
         group: &Arc<dyn HostGroup>,
-        nccl_id: Option<[u8; 128]>,
-    ) -> Result<Arc<dyn Comm<Self>>>;
-}
-
-impl RankComm for dayone_backend::cpu::CpuBackend {
-    fn rank_comm(
-        &self,
-        group: &Arc<dyn HostGroup>,
-        _: Option<[u8; 128]>,
+        _nccl_id: Option<[u8; 128]>,
     ) -> Result<Arc<dyn Comm<Self>>> {
         Ok(Arc::new(HostComm::new(group.clone())))
     }
 }
 
-impl RankComm for dayone_wgsl::WgslBackend {
-    fn rank_comm(
-        &self,
-        group: &Arc<dyn HostGroup>,
-        _: Option<[u8; 128]>,
-    ) -> Result<Arc<dyn Comm<Self>>> {
-        Ok(Arc::new(HostComm::new(group.clone())))
-    }
-}
+impl RankComm for dayone_backend::cpu::CpuBackend {}
+
+impl RankComm for dayone_wgsl::WgslBackend {}
 
 impl RankComm for dayone_cuda::CudaBackend {
     fn rank_comm(

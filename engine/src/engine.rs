@@ -63,6 +63,20 @@ pub struct EngineConfig {
     pub mla_expanded_min_tokens: Option<usize>,
 }
 
+/// `DAYONE_MLA_PREFILL=expanded` (from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens, default
+/// 256) or `absorbed` (the default until the expanded form is measured on each backend).
+fn mla_expanded_from_env() -> Option<usize> {
+    match std::env::var("DAYONE_MLA_PREFILL").ok()?.as_str() {
+        "expanded" => Some(
+            std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(256),
+        ),
+        _ => None,
+    }
+}
+
 /// `DType` as its name in serialised settings.
 mod dtype_name {
     use dayone_backend::DType;
@@ -92,7 +106,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             tensor_parallel_size: 1,
             expert_parallel_size: 1,
-            mla_expanded_min_tokens: crate::layers::expanded_min_tokens(),
+            mla_expanded_min_tokens: mla_expanded_from_env(),
         }
     }
 }
@@ -768,6 +782,7 @@ impl<B: Backend> Engine<B> {
         let ctx = self.max_context;
         let now = Instant::now();
         let mut events = Vec::with_capacity(want.len());
+        let follower = self.is_follower();
         for ((&i, &token), logprobs) in want.iter().zip(&tokens).zip(logprobs) {
             let seq = &mut self.scheduler.running[i];
             seq.tokens.push(token);
@@ -794,7 +809,6 @@ impl<B: Backend> Engine<B> {
                 None
             };
             seq.finished = finish;
-            let follower = self.mirror.as_ref().is_some_and(|m| m.group.rank() != 0);
             let prompt_logprobs = if follower {
                 // Rank 0 scores the prompt; the others only keep its rows in the step.
                 self.prompt_scores.remove(&seq.id);

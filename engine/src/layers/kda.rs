@@ -10,7 +10,6 @@
 //! ```
 
 use super::{Linear, RowLinear};
-use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -133,16 +132,19 @@ impl<B: Backend> Kda<B> {
         let dt_name = either("dt_bias")?;
         let dt_bias = w.host_split_f32(&dt_name, &[full_p], heads)?;
         let col = |n: &str, out: usize, inp: usize| Linear::column(w, n, out, inp, false);
-        let whole = |n: &str, out: usize, inp: usize| {
-            Linear::load_split(w, n, (out, inp), false, Split::whole())
-        };
         Ok(Self {
             shape: KdaShape { heads: h, ..s },
             q_proj: col(&name("q_proj"), full_p, d)?,
             k_proj: col(&name("k_proj"), full_p, d)?,
             v_proj: col(&name("v_proj"), full_p, d)?,
             conv,
-            f_a: whole(either("f_a_proj.weight")?.trim_end_matches(".weight"), k, d)?,
+            f_a: Linear::load(
+                w,
+                either("f_a_proj.weight")?.trim_end_matches(".weight"),
+                k,
+                d,
+                false,
+            )?,
             f_b: col(
                 either("f_b_proj.weight")?.trim_end_matches(".weight"),
                 full_p,
@@ -157,7 +159,7 @@ impl<B: Backend> Kda<B> {
                 dt_bias.data,
             )?)?,
             b_proj: col(&name("b_proj"), hh, d)?,
-            g_a: whole(&name("g_a_proj"), k, d)?,
+            g_a: Linear::load(w, &name("g_a_proj"), k, d, false)?,
             g_b: col(&name("g_b_proj"), full_p, k)?,
             o_norm: w.get(&name("o_norm.weight"), &[k])?,
             eps: eps as f32,

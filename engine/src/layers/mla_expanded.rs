@@ -32,21 +32,6 @@ pub struct MlaExpanded<B: Backend> {
     pub min_tokens: usize,
 }
 
-/// When prefill takes the expanded form: `DAYONE_MLA_PREFILL=expanded` (every step with at
-/// least `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens, default 256) or `absorbed` (never;
-/// the default until the expanded kernels are measured on each backend).
-pub fn expanded_min_tokens() -> Option<usize> {
-    match std::env::var("DAYONE_MLA_PREFILL").ok()?.as_str() {
-        "expanded" => Some(
-            std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(256),
-        ),
-        _ => None,
-    }
-}
-
 /// Builds the expanded weights from the layer's `q` rows (`[H·(dn+R), q_in]`, per head
 /// `[nope | pe]`) and `W_kvb` (`[H·(dn+dv), L]` f32, per head `[W_UK | W_UV]`), in `dtype`.
 pub fn expanded_weights(

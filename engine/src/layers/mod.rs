@@ -23,7 +23,7 @@ pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnec
 pub use kda::{Kda, KdaShape};
 pub use linear::Linear;
 pub use mla::{Mla, MlaShape, MlaSparse, Selection};
-pub use mla_expanded::{expanded_min_tokens, MlaExpanded};
+pub use mla_expanded::MlaExpanded;
 pub use mlp::{clamped_swiglu, Mlp};
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use norm::RmsNorm;
