@@ -1,6 +1,6 @@
 //! The [`Backend`] trait: the tensor ops a decoder needs, at the level of fused layer ops.
 
-use crate::{DType, DeviceStepMeta, HostTensor, StepMeta};
+use crate::{DType, DeviceStepMeta, HostTensor, QuantTensor, StepMeta};
 use anyhow::Result;
 
 /// Shape and dtype of a device tensor.
@@ -384,6 +384,47 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "moe_experts is not implemented on the {} backend",
             self.name()
         )
+    }
+
+    /// Decodes whole items of a block-quantized weight into a float workspace
+    /// ([`crate::quant`]): `out[i] = dequant(q[items[i]])` for `i < M`, each value
+    /// `value(code) · scale (+ min)` computed in f32 (product and sum rounded once each) and
+    /// rounded to `out`'s dtype. `q` `[E, R, C]`, `items` `[M]` u32 (an item `≥ E` writes
+    /// zeros), `out` `[S, R, C]` float with `S ≥ M` (items `M..S` keep their values). The MoE
+    /// layers decode only the experts a step routed to, into one workspace reused by every
+    /// layer; embedding tables (`[V, 1, D]`) decode the looked-up rows.
+    fn dequantize_into(
+        &self,
+        _q: &QuantTensor<Self::Tensor>,
+        _items: &Self::Tensor,
+        _out: &Self::Tensor,
+    ) -> Result<()> {
+        anyhow::bail!(
+            "dequantize_into is not implemented on the {} backend",
+            self.name()
+        )
+    }
+
+    /// `y = x · dequant(q)ᵀ (+ bias)` for a quantized `q` `[1, N, K]`: `x` `[M, K]`, `bias`
+    /// `[N]` → `[M, N]` in `x`'s dtype, f32 accumulation. The default decodes `q` into a
+    /// temporary `[N, K]` of `x`'s dtype and calls [`Backend::linear`]; a backend may instead
+    /// read the codes directly (a low-bit GEMV for few rows).
+    fn linear_quant(
+        &self,
+        x: &Self::Tensor,
+        q: &QuantTensor<Self::Tensor>,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        let [items, n, k] = q.shape;
+        anyhow::ensure!(
+            items == 1,
+            "linear_quant: expected one weight [1, N, K], got {:?}",
+            q.shape
+        );
+        let w = self.zeros(&[1, n, k], x.dtype())?;
+        let zero = self.upload(&HostTensor::from_u32(vec![1], &[0])?)?;
+        self.dequantize_into(q, &zero, &w)?;
+        self.linear(x, &self.reshape(&w, &[n, k])?, bias)
     }
 
     /// Uploads one step's metadata (one host→device copy per field).

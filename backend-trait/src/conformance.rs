@@ -143,6 +143,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     check_kda_ops(b)?;
     check_row_ops(b)?;
     check_many_row_ops(b)?;
+    crate::conformance_quant::check_quant(b)?;
     Ok(())
 }
 

@@ -4,7 +4,8 @@
 //! speed. bf16 activations are computed in f32 (`activation_dtype(BF16) = F32`).
 
 use crate::{
-    reference, rows, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
+    reference, rows, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor,
+    RopeStyle, TensorInfo,
 };
 use anyhow::{ensure, Result};
 use std::sync::{Arc, RwLock};
@@ -375,6 +376,44 @@ impl Backend for CpuBackend {
         let plan = rows::plan_copy("copy_rows", pairs, &t.shape)?;
         rows::copy_rows_bytes(&mut g.data, layout.row_bytes, &plan);
         Ok(())
+    }
+
+    fn dequantize_into(
+        &self,
+        q: &QuantTensor<CpuTensor>,
+        items: &CpuTensor,
+        out: &CpuTensor,
+    ) -> Result<()> {
+        let host = q.download(self)?;
+        let items = items.host().to_u32()?;
+        let [_, rows, cols] = q.shape;
+        let per = rows * cols;
+        ensure!(
+            out.shape.len() == 3 && out.shape[1..] == [rows, cols] && out.shape[0] >= items.len(),
+            "dequantize_into: out must be [>= {}, {rows}, {cols}], got {:?}",
+            items.len(),
+            out.shape
+        );
+        let values = host.dequantize_items(&items);
+        out.write(|t| {
+            ensure!(
+                t.dtype.is_float(),
+                "dequantize_into: out must be float, got {}",
+                t.dtype
+            );
+            let dtype = t.dtype;
+            let mut head = HostTensor::new(
+                vec![items.len() * per],
+                dtype,
+                t.data[..items.len() * per * dtype.size()].to_vec(),
+            )?;
+            head.update_f32(dtype, |v| {
+                v.copy_from_slice(&values);
+                Ok(())
+            })?;
+            t.data[..head.data.len()].copy_from_slice(&head.data);
+            Ok(())
+        })
     }
 
     fn read_rows(&self, t: &CpuTensor, indices: &[u32]) -> Result<HostTensor> {

@@ -12,11 +12,14 @@ mod dtype;
 pub use backend::{host_available_memory, Backend, MoeRouting, RopeStyle, TensorInfo};
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
+pub use quant::{QuantFormat, QuantHost, QuantTensor};
 
 pub mod comm;
 pub mod comm_tcp;
 pub mod conformance;
+pub mod conformance_quant;
 pub mod cpu;
+pub mod quant;
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;

@@ -58,7 +58,7 @@ mod pipelines;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use buffers::{Chunk, Pool, Storage};
 use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, TensorInfo,
+    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, TensorInfo,
 };
 use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
 use std::collections::HashMap;
@@ -739,6 +739,24 @@ impl Backend for WgslBackend {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| anyhow!("synchronize: device poll failed: {e}"))?;
         self.check_error()
+    }
+
+    fn dequantize_into(
+        &self,
+        q: &QuantTensor<WTensor>,
+        items: &WTensor,
+        out: &WTensor,
+    ) -> Result<()> {
+        self.dequantize_into_impl(q, items, out)
+    }
+
+    fn linear_quant(
+        &self,
+        x: &WTensor,
+        q: &QuantTensor<WTensor>,
+        bias: Option<&WTensor>,
+    ) -> Result<WTensor> {
+        self.linear_quant_impl(x, q, bias)
     }
 
     fn embedding(&self, table: &WTensor, ids: &WTensor) -> Result<WTensor> {

@@ -51,6 +51,7 @@ const KDA_CHUNK_STATE: &str = include_str!("../shaders/kda_chunk_state.wgsl");
 const LAYER_NORM: &str = include_str!("../shaders/layer_norm.wgsl");
 const DSA_TOPK: &str = include_str!("../shaders/dsa_topk.wgsl");
 const DSA_SELECT: &str = include_str!("../shaders/dsa_select.wgsl");
+const QUANT: &str = include_str!("../shaders/quant.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -67,6 +68,8 @@ spec!(
     "silu_mul",
     [R, R, W]
 );
+spec!(DEQUANT, QUANT, "quant.wgsl", "dequant", [R, R, R, R, W]);
+spec!(MATVEC_Q, QUANT, "quant.wgsl", "matvec", [R, R, R, R, W]);
 spec!(EMBED, EMBEDDING, "embedding.wgsl", "embedding", [R, R, W]);
 spec!(RMS_NORM, NORM, "norm.wgsl", "rms_norm", [R, R, W]);
 spec!(ROPE_K, ROPE, "rope.wgsl", "rope", [R, R, R, W]);

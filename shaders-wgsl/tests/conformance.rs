@@ -38,3 +38,10 @@ fn conformance_cpu_kernels() {
 fn conformance_gpu_kernels() {
     ok(conformance::check_all(&backend(KernelChoice::Gpu)));
 }
+
+#[test]
+fn quantized_weights() {
+    ok(dayone_backend::conformance_quant::check_quant(&backend(
+        KernelChoice::Auto,
+    )));
+}

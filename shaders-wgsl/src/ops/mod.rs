@@ -8,4 +8,5 @@ mod kda;
 mod linear;
 mod mla;
 mod moe;
+mod quant;
 mod rows;

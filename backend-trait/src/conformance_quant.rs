@@ -1,0 +1,119 @@
+//! Conformance of the quantized-weight ops ([`Backend::dequantize_into`],
+//! [`Backend::linear_quant`]) against [`crate::quant`]'s host decode, for every format.
+
+use crate::conformance::{compare, rand_tensor, tolerance, Rng};
+use crate::quant::{QuantFormat, QuantHost, QuantTensor, ScaleType};
+use crate::{reference, Backend, DType, HostTensor};
+use anyhow::{ensure, Result};
+
+/// The formats checked: MXFP4, INT4 (bf16 scale, group 32; f16 scale, group 64), Q4_0, Q4_1,
+/// Q8_0.
+pub fn formats() -> Vec<QuantFormat> {
+    vec![
+        QuantFormat::MXFP4,
+        QuantFormat::int4(32, ScaleType::BF16),
+        QuantFormat::int4(64, ScaleType::F16),
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q8_0,
+    ]
+}
+
+/// A random weight of `format` and `shape`: random codes (every code value occurs), scales
+/// near 1/16 (E8M0 bytes 119..=126, including the edge byte 0 once), mins in [−0.5, 0.5).
+pub fn rand_quant(rng: &mut Rng, format: QuantFormat, shape: [usize; 3]) -> Result<QuantHost> {
+    let n: usize = shape.iter().product();
+    let codes = (0..n * format.code_bits() / 8)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let groups = n / format.group;
+    let half_bytes = |v: f32| match format.scale {
+        ScaleType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+        _ => half::f16::from_f32(v).to_le_bytes().to_vec(),
+    };
+    let scales: Vec<u8> = match format.scale {
+        ScaleType::E8M0 => (0..groups)
+            .map(|g| if g == 1 { 0 } else { 119 + rng.below(8) as u8 })
+            .collect(),
+        _ => (0..groups)
+            .flat_map(|_| half_bytes(0.02 + 0.06 * rng.uniform().abs()))
+            .collect(),
+    };
+    let mins = if format.has_min {
+        (0..groups)
+            .flat_map(|_| half_bytes(0.5 * rng.uniform()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    QuantHost::new("random weight", format, shape, codes, scales, mins)
+}
+
+/// `dequantize_into`: items out of order and repeated, an out-of-range item (zeros), and a
+/// workspace row beyond the items that must keep its values; then `linear_quant` at 1, 3, 8
+/// and 37 rows, with and without bias, against the reference linear of the decoded weight.
+pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(71);
+    let mut dts = vec![b.activation_dtype(DType::F32)];
+    if b.activation_dtype(DType::BF16) != dts[0] {
+        dts.push(b.activation_dtype(DType::BF16));
+    }
+    for f in formats() {
+        let q = rand_quant(&mut rng, f, [4, 6, 128])?;
+        let dq = QuantTensor::upload(b, &q)?;
+        let items = [2u32, 0, 2, 9];
+        for &dt in &dts {
+            let marker = HostTensor::from_f32_as(vec![5, 6, 128], &vec![7.0; 5 * 6 * 128], dt)?;
+            let out = b.upload(&marker)?;
+            b.dequantize_into(
+                &dq,
+                &b.upload(&HostTensor::from_u32(vec![4], &items)?)?,
+                &out,
+            )?;
+            let mut want = q.dequantize_items(&items);
+            want.extend(std::iter::repeat_n(7.0, 6 * 128));
+            let want = HostTensor::from_f32_as(vec![5, 6, 128], &want, dt)?;
+            let case = format!("{} {dt} [4, 6, 128] items {items:?}", f.name());
+            // Decoding is exact in f32 and rounded once to a 16-bit dtype.
+            compare("dequantize_into", &case, &b.download(&out)?, &want, 1e-6)?;
+        }
+        let w = rand_quant(&mut rng, f, [1, 40, 192])?;
+        let dw = QuantTensor::upload(b, &w)?;
+        for &dt in &dts {
+            let wf = w.to_host(dt)?;
+            for (m, bias) in [(1, false), (3, true), (8, false), (37, true)] {
+                let x = rand_tensor(&mut rng, &[m, 192], dt, 1.0)?;
+                let bt = if bias {
+                    Some(rand_tensor(&mut rng, &[40], dt, 1.0)?)
+                } else {
+                    None
+                };
+                let want = reference::linear(&x, &wf, bt.as_ref())?;
+                let bd = match &bt {
+                    Some(t) => Some(b.upload(t)?),
+                    None => None,
+                };
+                let got = b.linear_quant(&b.upload(&x)?, &dw, bd.as_ref())?;
+                let case = format!("{} {dt} x [{m}, 192] w [40, 192] bias {bias}", f.name());
+                compare(
+                    "linear_quant",
+                    &case,
+                    &b.download(&got)?,
+                    &want,
+                    tolerance(dt),
+                )?;
+            }
+        }
+    }
+    let bad = rand_quant(&mut rng, QuantFormat::Q8_0, [1, 4, 32])?;
+    let r = b.linear_quant(
+        &b.upload(&HostTensor::from_f32(vec![1, 64], &[0.0; 64])?)?,
+        &QuantTensor::upload(b, &bad)?,
+        None,
+    );
+    ensure!(
+        r.is_err(),
+        "linear_quant: x of 64 columns against a weight of 32 must be an error"
+    );
+    Ok(())
+}

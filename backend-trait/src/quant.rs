@@ -1,0 +1,644 @@
+//! Block-quantized weights kept in their low-bit form on the device.
+//!
+//! Every format here stores, per row of a `[rows, cols]` weight, `cols` codes of 4 or 8 bits
+//! and one scale (and, for Q4_1, one min) per group of `group` consecutive columns:
+//! `w[r, c] = value(code[r, c]) · scale[r, c / group] (+ min[r, c / group])`.
+//!
+//! | format | codes | value(code) | scale | min | source |
+//! |---|---|---|---|---|---|
+//! | MXFP4 | 4-bit | FP4 E2M1 | E8M0 `2^(s−127)` | – | OCP MX spec v1.0; gpt-oss, compressed-tensors `mxfp4-pack-quantized` |
+//! | INT4 | 4-bit | `code − 8` | bf16 or f16 | – | compressed-tensors `pack-quantized` (symmetric) |
+//! | Q4_0 | 4-bit | `code − 8` | f16 | – | ggml `block_q4_0` |
+//! | Q4_1 | 4-bit | `code` | f16 | f16 | ggml `block_q4_1` |
+//! | Q8_0 | 8-bit | `code as i8` | f16 | – | ggml `block_q8_0` |
+//!
+//! Device layout ([`QuantHost`], [`QuantTensor`]): the codes of all rows row-major, two 4-bit
+//! codes per byte with the **low nibble the even column** (as gpt-oss and compressed-tensors
+//! store them; GGUF's Q4 blocks, which put column `j` and `j + 16` in one byte, are repacked at
+//! load, byte count unchanged); scales row-major `[rows, cols / group]` in their stored type;
+//! mins likewise. Each byte array travels as a `u32` tensor (little-endian, zero-padded to a
+//! multiple of 4 bytes), so the resident bytes are the checkpoint's low-bit bytes.
+
+use crate::{Backend, DType, HostTensor};
+use anyhow::{bail, ensure, Result};
+
+/// How a 4- or 8-bit code maps to a number before scaling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Codes {
+    /// FP4 E2M1: bit 3 sign, magnitudes `[0, 0.5, 1, 1.5, 2, 3, 4, 6]` (OCP MX §5.3.3).
+    Fp4E2M1,
+    /// Unsigned 4-bit, offset by 8: `code − 8` in `[−8, 7]`.
+    U4Offset8,
+    /// Unsigned 4-bit: `code` in `[0, 15]` (with a min).
+    U4,
+    /// Signed 8-bit two's complement.
+    I8,
+}
+
+/// The stored type of a group's scale (and min).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    /// One byte, `2^(s − 127)`; 255 is NaN (refused at load).
+    E8M0,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl ScaleType {
+    /// Bytes per scale.
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::E8M0 => 1,
+            ScaleType::F16 | ScaleType::BF16 => 2,
+        }
+    }
+
+    /// The scale stored at byte `i` of `bytes` (`i` counted in scales, not bytes).
+    pub fn read(self, bytes: &[u8], i: usize) -> f32 {
+        match self {
+            ScaleType::E8M0 => e8m0(bytes[i]),
+            ScaleType::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            ScaleType::BF16 => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+        }
+    }
+}
+
+/// `2^(s − 127)` exactly in f32 (`s = 0` is the subnormal `2^−127`); `s = 255` gives NaN.
+pub fn e8m0(s: u8) -> f32 {
+    match s {
+        0 => f32::from_bits(1 << 22),
+        255 => f32::NAN,
+        s => f32::from_bits((s as u32) << 23),
+    }
+}
+
+/// FP4 E2M1 magnitudes by the low three bits of a code.
+pub const FP4_E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// A block-quantized weight format: codes, their mapping, scale type, min, group length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantFormat {
+    /// Code width and value mapping.
+    pub codes: Codes,
+    /// Stored type of the per-group scale (and min).
+    pub scale: ScaleType,
+    /// Whether each group also has an additive min (Q4_1).
+    pub has_min: bool,
+    /// Columns per scale (32 for MXFP4 and the GGUF formats; 32 or 128 for INT4).
+    pub group: usize,
+}
+
+impl QuantFormat {
+    /// MXFP4 (OCP MX): FP4 E2M1 codes, E8M0 scale per 32.
+    pub const MXFP4: QuantFormat = QuantFormat {
+        codes: Codes::Fp4E2M1,
+        scale: ScaleType::E8M0,
+        has_min: false,
+        group: 32,
+    };
+    /// ggml Q4_0: `(code − 8) · d`, f16 `d` per 32.
+    pub const Q4_0: QuantFormat = QuantFormat {
+        codes: Codes::U4Offset8,
+        scale: ScaleType::F16,
+        has_min: false,
+        group: 32,
+    };
+    /// ggml Q4_1: `code · d + m`, f16 `d` and `m` per 32.
+    pub const Q4_1: QuantFormat = QuantFormat {
+        codes: Codes::U4,
+        scale: ScaleType::F16,
+        has_min: true,
+        group: 32,
+    };
+    /// ggml Q8_0: `code · d`, signed 8-bit codes, f16 `d` per 32.
+    pub const Q8_0: QuantFormat = QuantFormat {
+        codes: Codes::I8,
+        scale: ScaleType::F16,
+        has_min: false,
+        group: 32,
+    };
+
+    /// compressed-tensors symmetric INT4 with `group` columns per scale of type `scale`.
+    pub fn int4(group: usize, scale: ScaleType) -> QuantFormat {
+        QuantFormat {
+            codes: Codes::U4Offset8,
+            scale,
+            has_min: false,
+            group,
+        }
+    }
+
+    /// Bits per code (4 or 8).
+    pub fn code_bits(&self) -> usize {
+        match self.codes {
+            Codes::I8 => 8,
+            _ => 4,
+        }
+    }
+
+    /// A short name for logs and errors (`mxfp4`, `int4/g128`, `q4_1`, …).
+    pub fn name(&self) -> String {
+        match (self.codes, self.has_min) {
+            (Codes::Fp4E2M1, _) => "mxfp4".into(),
+            (Codes::I8, _) => "q8_0".into(),
+            (Codes::U4, true) => "q4_1".into(),
+            (Codes::U4Offset8, false) if *self == Self::Q4_0 => "q4_0".into(),
+            _ => format!("int4/g{}", self.group),
+        }
+    }
+
+    /// The value before scaling of `code` (its low `code_bits` bits).
+    pub fn code_value(&self, code: u8) -> f32 {
+        match self.codes {
+            Codes::Fp4E2M1 => {
+                let m = FP4_E2M1[(code & 7) as usize];
+                if code & 8 != 0 {
+                    -m
+                } else {
+                    m
+                }
+            }
+            Codes::U4Offset8 => (code & 15) as f32 - 8.0,
+            Codes::U4 => (code & 15) as f32,
+            Codes::I8 => code as i8 as f32,
+        }
+    }
+
+    /// The four `u32` parameters the device kernels take: `[codes, scale, has_min, group]`
+    /// with codes `0` FP4, `1` U4Offset8, `2` U4, `3` I8 and scale `0` E8M0, `1` F16, `2` BF16.
+    pub fn kernel_params(&self) -> [u32; 4] {
+        let c = match self.codes {
+            Codes::Fp4E2M1 => 0,
+            Codes::U4Offset8 => 1,
+            Codes::U4 => 2,
+            Codes::I8 => 3,
+        };
+        let s = match self.scale {
+            ScaleType::E8M0 => 0,
+            ScaleType::F16 => 1,
+            ScaleType::BF16 => 2,
+        };
+        [c, s, self.has_min as u32, self.group as u32]
+    }
+}
+
+/// A quantized weight on the host: `items` stacked `[rows, cols]` matrices (experts of one layer,
+/// or one matrix with `items = 1`), in the device layout of the module docs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantHost {
+    /// Format of codes and scales.
+    pub format: QuantFormat,
+    /// `[items, rows, cols]`.
+    pub shape: [usize; 3],
+    /// `items · rows · cols · bits / 8` bytes.
+    pub codes: Vec<u8>,
+    /// `items · rows · cols / group` scales of `format.scale.size()` bytes.
+    pub scales: Vec<u8>,
+    /// Mins like `scales` when `format.has_min`, else empty.
+    pub mins: Vec<u8>,
+}
+
+impl QuantHost {
+    /// Checks the byte counts against `shape` and `format` and refuses NaN scales
+    /// (E8M0 byte 255). `what` names the tensor in errors.
+    pub fn new(
+        what: &str,
+        format: QuantFormat,
+        shape: [usize; 3],
+        codes: Vec<u8>,
+        scales: Vec<u8>,
+        mins: Vec<u8>,
+    ) -> Result<Self> {
+        let [items, rows, cols] = shape;
+        let g = format.group;
+        ensure!(
+            g > 0 && g % 8 == 0 && cols % g == 0,
+            "{what}: {} weight of {cols} columns: the column count must be a multiple of the group length {g} (itself a multiple of 8)",
+            format.name()
+        );
+        let n = items * rows * cols;
+        let want_codes = n * format.code_bits() / 8;
+        let groups = n / g;
+        ensure!(
+            codes.len() == want_codes,
+            "{what}: {} codes of shape {shape:?} take {want_codes} bytes, found {}",
+            format.name(),
+            codes.len()
+        );
+        let want_scales = groups * format.scale.size();
+        ensure!(
+            scales.len() == want_scales,
+            "{what}: {} scales of shape {shape:?} take {want_scales} bytes, found {}",
+            format.name(),
+            scales.len()
+        );
+        let want_mins = if format.has_min { want_scales } else { 0 };
+        ensure!(
+            mins.len() == want_mins,
+            "{what}: {} mins take {want_mins} bytes, found {}",
+            format.name(),
+            mins.len()
+        );
+        if format.scale == ScaleType::E8M0 {
+            if let Some(i) = scales.iter().position(|&s| s == 255) {
+                let per_item = rows * cols / g;
+                bail!(
+                    "{what}: E8M0 scale byte 255 (NaN) at item {}, row {}, group {}: the checkpoint is corrupt",
+                    i / per_item,
+                    (i % per_item) / (cols / g),
+                    i % (cols / g)
+                );
+            }
+        }
+        Ok(Self {
+            format,
+            shape,
+            codes,
+            scales,
+            mins,
+        })
+    }
+
+    /// Resident bytes (codes + scales + mins).
+    pub fn bytes(&self) -> u64 {
+        (self.codes.len() + self.scales.len() + self.mins.len()) as u64
+    }
+
+    /// Bytes of one row's codes.
+    fn row_code_bytes(&self) -> usize {
+        self.shape[2] * self.format.code_bits() / 8
+    }
+
+    /// Groups in one row.
+    fn row_groups(&self) -> usize {
+        self.shape[2] / self.format.group
+    }
+
+    /// Row `r` (counted over all items, `0..items·rows`) decoded to f32, `cols` values:
+    /// `value(code) · scale (+ min)`, the product and sum each rounded once (no fused
+    /// multiply-add), as the device kernels compute it.
+    pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
+        let f = self.format;
+        let cols = self.shape[2];
+        let cb = self.row_code_bytes();
+        let codes = &self.codes[r * cb..(r + 1) * cb];
+        let g0 = r * self.row_groups();
+        (0..cols)
+            .map(|c| {
+                let code = match f.code_bits() {
+                    8 => codes[c],
+                    _ => (codes[c / 2] >> (4 * (c % 2))) & 15,
+                };
+                let s = f.scale.read(&self.scales, g0 + c / f.group);
+                let v = f.code_value(code) * s;
+                if f.has_min {
+                    v + f.scale.read(&self.mins, g0 + c / f.group)
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    /// All items decoded: `[items, rows, cols]` f32 values.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let [items, rows, _] = self.shape;
+        (0..items * rows)
+            .flat_map(|r| self.dequantize_row(r))
+            .collect()
+    }
+
+    /// Items `items` decoded in that order, `[items.len(), rows, cols]` f32 (an item `≥ E`
+    /// gives zeros): the reference of [`crate::Backend::dequantize_into`].
+    pub fn dequantize_items(&self, items: &[u32]) -> Vec<f32> {
+        let [e, rows, cols] = self.shape;
+        let mut out = Vec::with_capacity(items.len() * rows * cols);
+        for &i in items {
+            let i = i as usize;
+            if i >= e {
+                out.resize(out.len() + rows * cols, 0.0);
+                continue;
+            }
+            for r in 0..rows {
+                out.extend(self.dequantize_row(i * rows + r));
+            }
+        }
+        out
+    }
+
+    /// The decoded weight as a host tensor of `dtype` (f32, bf16 or f16), shape
+    /// `[items, rows, cols]`, or `[rows, cols]` when `items == 1`.
+    pub fn to_host(&self, dtype: DType) -> Result<HostTensor> {
+        let [items, rows, cols] = self.shape;
+        let shape = if items == 1 {
+            vec![rows, cols]
+        } else {
+            vec![items, rows, cols]
+        };
+        HostTensor::from_f32_as(shape, &self.dequantize(), dtype)
+    }
+
+    /// A new weight of the rows `rows` (over all items, `0..items·rows`) in that order, as one
+    /// item (`[1, rows.len(), cols]`): row permutations, tensor-parallel slices.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<QuantHost> {
+        let total = self.shape[0] * self.shape[1];
+        if let Some(&r) = rows.iter().find(|&&r| r >= total) {
+            bail!("row {r} is out of range for a weight of {total} rows");
+        }
+        let (cb, sb) = (
+            self.row_code_bytes(),
+            self.row_groups() * self.format.scale.size(),
+        );
+        let take = |bytes: &[u8], w: usize| -> Vec<u8> {
+            rows.iter()
+                .flat_map(|&r| bytes[r * w..(r + 1) * w].iter().copied())
+                .collect()
+        };
+        let mins = if self.format.has_min {
+            take(&self.mins, sb)
+        } else {
+            Vec::new()
+        };
+        QuantHost::new(
+            "selected rows",
+            self.format,
+            [1, rows.len(), self.shape[2]],
+            take(&self.codes, cb),
+            take(&self.scales, sb),
+            mins,
+        )
+    }
+
+    /// Stacks weights of one format and equal `[rows, cols]` along dimension 0 (items), or,
+    /// with `as_rows`, concatenates their rows into one item (`[gate; up]`).
+    pub fn concat(parts: &[QuantHost], as_rows: bool) -> Result<QuantHost> {
+        let Some(first) = parts.first() else {
+            bail!("no quantized weights to concatenate");
+        };
+        let mut rows = 0;
+        let mut items = 0;
+        for p in parts {
+            ensure!(
+                p.format == first.format && p.shape[2] == first.shape[2],
+                "cannot join a {} weight {:?} with a {} weight {:?}",
+                p.format.name(),
+                p.shape,
+                first.format.name(),
+                first.shape
+            );
+            ensure!(
+                as_rows || p.shape[1] == first.shape[1],
+                "cannot stack quantized weights of {} and {} rows",
+                p.shape[1],
+                first.shape[1]
+            );
+            rows += p.shape[0] * p.shape[1];
+            items += p.shape[0];
+        }
+        let shape = if as_rows {
+            [1, rows, first.shape[2]]
+        } else {
+            [items, first.shape[1], first.shape[2]]
+        };
+        let cat = |f: fn(&QuantHost) -> &Vec<u8>| parts.iter().flat_map(|p| f(p).clone()).collect();
+        QuantHost::new(
+            "concatenated weight",
+            first.format,
+            shape,
+            cat(|p| &p.codes),
+            cat(|p| &p.scales),
+            cat(|p| &p.mins),
+        )
+    }
+
+    /// The same bytes seen as `shape` (equal `items · rows` and `cols`): a `[V, D]` table as
+    /// `[V, 1, D]` for row lookups.
+    pub fn reshaped(mut self, shape: [usize; 3]) -> Result<QuantHost> {
+        ensure!(
+            shape[0] * shape[1] == self.shape[0] * self.shape[1] && shape[2] == self.shape[2],
+            "a quantized weight of shape {:?} cannot be seen as {shape:?}",
+            self.shape
+        );
+        self.shape = shape;
+        Ok(self)
+    }
+}
+
+/// A quantized weight on a device: the byte arrays of [`QuantHost`] as `u32` tensors.
+#[derive(Clone, Debug)]
+pub struct QuantTensor<T> {
+    /// Format of codes and scales.
+    pub format: QuantFormat,
+    /// `[items, rows, cols]`.
+    pub shape: [usize; 3],
+    /// Codes, `[ceil(bytes / 4)]` u32.
+    pub codes: T,
+    /// Scales, `[ceil(bytes / 4)]` u32.
+    pub scales: T,
+    /// Mins (Q4_1), `[ceil(bytes / 4)]` u32.
+    pub mins: Option<T>,
+    /// Resident bytes (codes + scales + mins, before padding).
+    pub bytes: u64,
+}
+
+/// Bytes as a zero-padded `[ceil(len / 4)]` u32 tensor (little-endian words).
+pub fn bytes_as_words(bytes: &[u8]) -> Result<HostTensor> {
+    let words = bytes.len().div_ceil(4).max(1);
+    let mut data = bytes.to_vec();
+    data.resize(words * 4, 0);
+    HostTensor::new(vec![words], DType::U32, data)
+}
+
+impl<T: Clone> QuantTensor<T> {
+    /// Uploads a host weight.
+    pub fn upload<B: Backend<Tensor = T>>(b: &B, h: &QuantHost) -> Result<Self> {
+        let mins = if h.format.has_min {
+            Some(b.upload(&bytes_as_words(&h.mins)?)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            format: h.format,
+            shape: h.shape,
+            codes: b.upload(&bytes_as_words(&h.codes)?)?,
+            scales: b.upload(&bytes_as_words(&h.scales)?)?,
+            mins,
+            bytes: h.bytes(),
+        })
+    }
+
+    /// The same device bytes seen as `shape` (see [`QuantHost::reshaped`]).
+    pub fn reshaped(&self, shape: [usize; 3]) -> Result<Self> {
+        ensure!(
+            shape[0] * shape[1] == self.shape[0] * self.shape[1] && shape[2] == self.shape[2],
+            "a quantized weight of shape {:?} cannot be seen as {shape:?}",
+            self.shape
+        );
+        let mut q = self.clone();
+        q.shape = shape;
+        Ok(q)
+    }
+
+    /// The words of a tensor's bytes back on the host (for the reference path).
+    pub fn download<B: Backend<Tensor = T>>(&self, b: &B) -> Result<QuantHost> {
+        let bytes = |t: &T, n: usize| -> Result<Vec<u8>> {
+            let mut d = b.download(t)?.data;
+            d.truncate(n);
+            Ok(d)
+        };
+        let [items, rows, cols] = self.shape;
+        let n = items * rows * cols;
+        let sb = n / self.format.group * self.format.scale.size();
+        let mins = match &self.mins {
+            Some(m) => bytes(m, sb)?,
+            None => Vec::new(),
+        };
+        QuantHost::new(
+            "device weight",
+            self.format,
+            self.shape,
+            bytes(&self.codes, n * self.format.code_bits() / 8)?,
+            bytes(&self.scales, sb)?,
+            mins,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e8m0_edges() {
+        assert_eq!(e8m0(127), 1.0);
+        assert_eq!(e8m0(128), 2.0);
+        assert_eq!(e8m0(126), 0.5);
+        assert_eq!(e8m0(254), 2f32.powi(127));
+        assert_eq!(e8m0(1), 2f32.powi(-126));
+        assert_eq!(e8m0(0), 2f32.powi(-127));
+        assert!(e8m0(0) > 0.0);
+        assert!(e8m0(255).is_nan());
+    }
+
+    #[test]
+    fn fp4_codes_and_nibble_order() {
+        let f = QuantFormat::MXFP4;
+        let table: Vec<f32> = (0..16).map(|c| f.code_value(c)).collect();
+        assert_eq!(&table[..8], &FP4_E2M1);
+        for c in 8..16 {
+            assert_eq!(table[c], -FP4_E2M1[c - 8]);
+        }
+        assert!(table[8] == 0.0 && table[8].is_sign_negative());
+        // One row of 32 columns: byte j holds column 2j (low nibble) and 2j + 1 (high).
+        let mut codes = vec![0u8; 16];
+        codes[0] = 0x71; // col 0 = code 1 (0.5), col 1 = code 7 (6)
+        codes[15] = 0xA0; // col 30 = 0, col 31 = code 10 (−1)
+        let q = QuantHost::new("t", f, [1, 1, 32], codes, vec![128], vec![]).unwrap();
+        let v = q.dequantize_row(0);
+        assert_eq!((v[0], v[1], v[30], v[31]), (1.0, 12.0, 0.0, -2.0));
+    }
+
+    #[test]
+    fn int_formats() {
+        let codes: Vec<u8> = (0..16)
+            .map(|j| (j as u8) | (((15 - j) as u8) << 4))
+            .collect();
+        let d = half::f16::from_f32(0.25).to_le_bytes().to_vec();
+        let m = half::f16::from_f32(-1.0).to_le_bytes().to_vec();
+        let q40 = QuantHost::new(
+            "t",
+            QuantFormat::Q4_0,
+            [1, 1, 32],
+            codes.clone(),
+            d.clone(),
+            vec![],
+        )
+        .unwrap()
+        .dequantize_row(0);
+        assert_eq!((q40[0], q40[1], q40[2]), (-2.0, 1.75, -1.75));
+        let q41 = QuantHost::new("t", QuantFormat::Q4_1, [1, 1, 32], codes, d.clone(), m)
+            .unwrap()
+            .dequantize_row(0);
+        assert_eq!((q41[0], q41[1]), (-1.0, 2.75));
+        let q8: Vec<u8> = (0..32).map(|i| (i as i8 - 16) as u8).collect();
+        let v = QuantHost::new("t", QuantFormat::Q8_0, [1, 1, 32], q8, d, vec![])
+            .unwrap()
+            .dequantize_row(0);
+        assert_eq!((v[0], v[31]), (-4.0, 3.75));
+        let bf = half::bf16::from_f32(2.0).to_le_bytes().to_vec();
+        let i4 = QuantHost::new(
+            "t",
+            QuantFormat::int4(32, ScaleType::BF16),
+            [1, 1, 32],
+            vec![0x8F; 16],
+            bf,
+            vec![],
+        )
+        .unwrap()
+        .dequantize_row(0);
+        assert_eq!((i4[0], i4[1]), (14.0, 0.0));
+    }
+
+    #[test]
+    fn bad_bytes_are_named() {
+        let e = QuantHost::new(
+            "w.scales",
+            QuantFormat::MXFP4,
+            [1, 2, 64],
+            vec![0; 64],
+            vec![1, 2, 255, 4],
+            vec![],
+        )
+        .unwrap_err();
+        let s = format!("{e:#}");
+        assert!(
+            s.contains("w.scales") && s.contains("255") && s.contains("row 1"),
+            "{s}"
+        );
+        let e = QuantHost::new(
+            "w",
+            QuantFormat::MXFP4,
+            [1, 2, 64],
+            vec![0; 63],
+            vec![0; 4],
+            vec![],
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("64 bytes"));
+        let e = QuantHost::new(
+            "w",
+            QuantFormat::MXFP4,
+            [1, 2, 48],
+            vec![0; 48],
+            vec![0; 3],
+            vec![],
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("multiple of the group length 32"));
+    }
+
+    #[test]
+    fn rows_select_and_concat() {
+        let codes: Vec<u8> = (0..48).map(|i| i as u8).collect();
+        let q = QuantHost::new(
+            "t",
+            QuantFormat::MXFP4,
+            [3, 1, 32],
+            codes,
+            vec![120, 127, 130],
+            vec![],
+        )
+        .unwrap();
+        let all = q.dequantize();
+        let s = q.select_rows(&[2, 0]).unwrap();
+        let v = s.dequantize();
+        assert_eq!(&v[..32], &all[64..96]);
+        assert_eq!(&v[32..], &all[..32]);
+        let c = QuantHost::concat(&[q.clone(), q.clone()], false).unwrap();
+        assert_eq!(c.shape, [6, 1, 32]);
+        assert_eq!(&c.dequantize()[96..], &all[..]);
+        assert!(q.select_rows(&[3]).is_err());
+    }
+}
