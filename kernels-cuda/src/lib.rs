@@ -44,7 +44,7 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, RopeStyle, StepMeta, TensorInfo,
+    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
@@ -69,6 +69,7 @@ mod dsa;
 mod kda;
 mod linear;
 mod mla_moe;
+mod quant;
 mod rows;
 
 pub use comm::NcclComm;
@@ -736,6 +737,24 @@ impl Backend for CudaBackend {
         routing: &MoeRouting,
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.moe_route_impl(x, gate_w, bias, routing)
+    }
+
+    fn dequantize_into(
+        &self,
+        q: &QuantTensor<CudaTensor>,
+        items: &CudaTensor,
+        out: &CudaTensor,
+    ) -> Result<()> {
+        self.dequantize_into_impl(q, items, out)
+    }
+
+    fn linear_quant(
+        &self,
+        x: &CudaTensor,
+        q: &QuantTensor<CudaTensor>,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.linear_quant_impl(x, q, bias)
     }
 
     fn moe_experts(

@@ -31,6 +31,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("moe", include_str!("../kernels/moe.cu")),
     ("kda", include_str!("../kernels/kda.cu")),
     ("dsa", include_str!("../kernels/dsa.cu")),
+    ("quant", include_str!("../kernels/quant.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

@@ -1,0 +1,155 @@
+// Block-quantized weights (dayone_backend::quant): codes of 4 bits (two per byte, low nibble the
+// even column) or 8 bits, one scale (E8M0 byte, f16 or bf16) and optionally one f16 min per
+// `group` columns (a multiple of 8): w = value(code) * scale (+ min), the product and the sum
+// each rounded once (__fmul_rn / __fadd_rn: no contraction into an FMA), as the host decode.
+// fmt: codes 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8; scale 0 E8M0, 1 f16, 2 bf16.
+
+__device__ __forceinline__ float q_value(u32 codes, u32 c) {
+    switch (codes) {
+        case 0: {
+            const float t[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+            const float m = t[c & 7u];
+            return (c & 8u) ? -m : m;
+        }
+        case 1: return (float)(int)(c & 15u) - 8.f;
+        case 2: return (float)(c & 15u);
+        default: return (float)(signed char)(c & 255u);
+    }
+}
+
+__device__ __forceinline__ float q_half(const unsigned char* p, u32 scale, u64 g) {
+    const u16 h = reinterpret_cast<const u16*>(p)[g];
+    if (scale == 2) return __uint_as_float(((u32)h) << 16);
+    f16 v;
+    v.x = h;
+    return to_f(v);
+}
+
+__device__ __forceinline__ float q_scale(const unsigned char* s, u32 scale, u64 g) {
+    if (scale == 0) {
+        const u32 b = s[g];
+        return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
+    }
+    return q_half(s, scale, g);
+}
+
+// Eight codes starting at flat element e (a multiple of 8): one word of nibbles or two of bytes.
+__device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u64 e, u32* c) {
+    if (kind == 3) {
+        const uint2 w = *reinterpret_cast<const uint2*>(codes + e);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            c[j] = (w.x >> (8 * j)) & 255u;
+            c[j + 4] = (w.y >> (8 * j)) & 255u;
+        }
+    } else {
+        const u32 w = *reinterpret_cast<const u32*>(codes + e / 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) c[j] = (w >> (4 * j)) & 15u;
+    }
+}
+
+// out[i, r, c] = w[items[i], r, c] for i < m; one thread per 8 consecutive columns.
+template <typename T>
+__device__ void dequant_impl(const unsigned char* codes, const unsigned char* scales,
+                             const unsigned char* mins, const u32* items, T* out, u32 m, u32 rows,
+                             u32 cols, u32 n_items, u32 kind, u32 scale, u32 has_min, u32 group) {
+    grid_dep_wait();
+    const u64 per = (u64)rows * cols;
+    const u64 total = (u64)m * per / 8;
+    for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (u64)gridDim.x * blockDim.x) {
+        const u64 o = t * 8;
+        const u64 i = o / per;
+        const u64 rc = o - i * per;
+        const u32 item = items[i];
+        T* y = out + o;
+        if (item >= n_items) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) y[j] = from_f<T>(0.f);
+            continue;
+        }
+        const u64 e = (u64)item * per + rc;
+        const u64 g = e / group;
+        const float s = q_scale(scales, scale, g);
+        const float mn = has_min ? q_half(mins, 1, g) : 0.f;
+        u32 c[8];
+        q_codes8(codes, kind, e, c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = __fmul_rn(q_value(kind, c[j]), s);
+            if (has_min) v = __fadd_rn(v, mn);
+            y[j] = from_f<T>(v);
+        }
+    }
+}
+
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) for m <= MT: one warp per output row, lanes
+// striding over runs of 8 columns (coalesced code loads), f32 accumulation.
+template <typename T, int MT>
+__device__ void gemv_q_impl(const T* x, const unsigned char* codes, const unsigned char* scales,
+                            const unsigned char* mins, const T* bias, T* y, u32 m, u32 n, u32 k,
+                            u32 kind, u32 scale, u32 has_min, u32 group) {
+    grid_dep_wait();
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (row >= n) return;
+    float acc[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i] = 0.f;
+    const u32 groups = k / group;
+    for (u32 c0 = lane * 8; c0 < k; c0 += 256) {
+        const u64 e = (u64)row * k + c0;
+        const u64 g = (u64)row * groups + c0 / group;
+        u32 c[8];
+        q_codes8(codes, kind, e, c);
+        float wv[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) wv[j] = q_value(kind, c[j]);
+        const float s = q_scale(scales, scale, g);
+        const float mn = has_min ? q_half(mins, 1, g) : 0.f;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            if (i < (int)m) {
+                const T* xr = x + (u64)i * k + c0;
+                float d = 0.f, sx = 0.f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float xv = to_f(xr[j]);
+                    d = fmaf(wv[j], xv, d);
+                    sx += xv;
+                }
+                acc[i] = fmaf(d, s, acc[i]);
+                if (has_min) acc[i] = fmaf(sx, mn, acc[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && i < (int)m) {
+            const float b = bias ? to_f(bias[row]) : 0.f;
+            y[(u64)i * n + row] = from_f<T>(v + b);
+        }
+    }
+}
+
+#define QUANT(S, T)                                                                           \
+    extern "C" __global__ void dequant_##S(const unsigned char* codes,                        \
+                                           const unsigned char* scales,                       \
+                                           const unsigned char* mins, const u32* items, T* out, \
+                                           u32 m, u32 rows, u32 cols, u32 n_items, u32 kind,  \
+                                           u32 scale, u32 has_min, u32 group) {               \
+        dequant_impl<T>(codes, scales, mins, items, out, m, rows, cols, n_items, kind, scale, \
+                        has_min, group);                                                      \
+    }                                                                                         \
+    GEMV_Q(S, T, 1) GEMV_Q(S, T, 2) GEMV_Q(S, T, 4) GEMV_Q(S, T, 8)
+#define GEMV_Q(S, T, MT)                                                                      \
+    extern "C" __global__ void gemv_q_##S##_m##MT(                                           \
+        const T* x, const unsigned char* codes, const unsigned char* scales,                  \
+        const unsigned char* mins, const T* bias, T* y, u32 m, u32 n, u32 k, u32 kind,        \
+        u32 scale, u32 has_min, u32 group) {                                                  \
+        gemv_q_impl<T, MT>(x, codes, scales, mins, bias, y, m, n, k, kind, scale, has_min,    \
+                           group);                                                            \
+    }
+DAYONE_FOR_FLOAT_TYPES(QUANT)
