@@ -76,10 +76,7 @@ fn layer<B: Backend>(b: &B, a: &Args, rng: &mut Rng, dt: DType) -> Result<Mla<B>
     let mut up = |shape: &[usize], scale: f32| -> Result<B::Tensor> {
         b.upload(&filled(shape, rng, scale, dt)?)
     };
-    let lin = |w: B::Tensor| Linear {
-        weight: w,
-        bias: None,
-    };
+    let lin = |w: B::Tensor| Linear::dense(w, None);
     let inv_freq: Vec<f32> = (0..ROPE / 2)
         .map(|i| 10000f32.powf(-2.0 * i as f32 / ROPE as f32))
         .collect();

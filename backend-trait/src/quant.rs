@@ -285,21 +285,24 @@ impl QuantHost {
         let cb = self.row_code_bytes();
         let codes = &self.codes[r * cb..(r + 1) * cb];
         let g0 = r * self.row_groups();
-        (0..cols)
-            .map(|c| {
+        let table: Vec<f32> = (0..=255u8).map(|c| f.code_value(c)).collect();
+        let mut out = Vec::with_capacity(cols);
+        for g in 0..self.row_groups() {
+            let s = f.scale.read(&self.scales, g0 + g);
+            let m = f.has_min.then(|| f.scale.read(&self.mins, g0 + g));
+            for c in g * f.group..(g + 1) * f.group {
                 let code = match f.code_bits() {
                     8 => codes[c],
                     _ => (codes[c / 2] >> (4 * (c % 2))) & 15,
                 };
-                let s = f.scale.read(&self.scales, g0 + c / f.group);
-                let v = f.code_value(code) * s;
-                if f.has_min {
-                    v + f.scale.read(&self.mins, g0 + c / f.group)
-                } else {
-                    v
-                }
-            })
-            .collect()
+                let v = table[code as usize] * s;
+                out.push(match m {
+                    Some(m) => v + m,
+                    None => v,
+                });
+            }
+        }
+        out
     }
 
     /// All items decoded: `[items, rows, cols]` f32 values.

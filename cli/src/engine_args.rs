@@ -97,6 +97,10 @@ pub struct EngineArgs {
     /// Pipeline stages (-pp); only 1 (pipeline parallelism is not built; use -tp).
     #[arg(long, alias = "pp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub pipeline_parallel_size: Option<usize>,
+    /// Decode low-bit weights (GGUF Q4_0/Q4_1/Q8_0, MXFP4, INT4) to the float dtype at load
+    /// instead of keeping them quantized on the device (more memory; for comparisons).
+    #[arg(long)]
+    pub dequantize_at_load: bool,
 }
 
 /// A command's own defaults, below the config file and the flags.
@@ -246,6 +250,9 @@ impl EngineArgs {
         merged
             .apply(&mut engine)
             .map_err(|e| usage(format!("{e:#}")))?;
+        if self.dequantize_at_load {
+            engine.dequantize_at_load = true;
+        }
         crate::distributed::set_flags(crate::distributed::LaunchFlags {
             nnodes: self.nnodes,
             node_rank: self.node_rank,

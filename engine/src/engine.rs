@@ -61,6 +61,10 @@ pub struct EngineConfig {
     /// ([`crate::layers::MlaExpanded`]); `None`: always the absorbed form. Default from
     /// `DAYONE_MLA_PREFILL=expanded` (and `DAYONE_MLA_EXPANDED_MIN_TOKENS`, default 256).
     pub mla_expanded_min_tokens: Option<usize>,
+    /// Decode block-quantized weights to `dtype` at load instead of keeping their low-bit
+    /// codes on the device (`--dequantize-at-load`).
+    #[serde(default)]
+    pub dequantize_at_load: bool,
 }
 
 /// `DAYONE_MLA_PREFILL=expanded` (from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens, default
@@ -107,6 +111,7 @@ impl Default for EngineConfig {
             tensor_parallel_size: 1,
             expert_parallel_size: 1,
             mla_expanded_min_tokens: mla_expanded_from_env(),
+            dequantize_at_load: false,
         }
     }
 }
@@ -227,6 +232,7 @@ impl<B: Backend> Engine<B> {
             crate::models::LoadOptions {
                 parallel,
                 mla_expanded_min_tokens: cfg.mla_expanded_min_tokens,
+                keep_quantized: !cfg.dequantize_at_load,
             },
         )?;
         let act = backend.activation_dtype(cfg.dtype);

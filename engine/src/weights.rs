@@ -1,9 +1,10 @@
 //! Moving checkpoint tensors onto a device: name lookup, shape checks, dtype conversion.
 
-use crate::loader::{Split, TensorSource};
+use crate::layers::Weight;
+use crate::loader::{packed_weight, Split, TensorSource};
 use crate::parallel::Parallel;
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DType, HostTensor};
+use dayone_backend::{Backend, DType, HostTensor, QuantHost, QuantTensor};
 use std::cell::Cell;
 
 /// Loads named tensors from a [`TensorSource`] onto a backend in one float dtype.
@@ -16,6 +17,8 @@ pub struct WeightLoader<'a, B: Backend> {
     parallel: Parallel<B>,
     mla_expanded: Option<usize>,
     bytes: Cell<u64>,
+    keep_quantized: bool,
+    quant_bytes: Cell<u64>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -30,7 +33,80 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             parallel: Parallel::single(),
             mla_expanded: None,
             bytes: Cell::new(0),
+            keep_quantized: true,
+            quant_bytes: Cell::new(0),
         }
+    }
+
+    /// Whether block-quantized weights stay in their low-bit form on the device (the default)
+    /// or are decoded to the storage dtype at load (`--dequantize-at-load`; also what ranks of
+    /// a tensor-parallel group do, whose slices are cut from floats).
+    pub fn with_keep_quantized(mut self, keep: bool) -> Self {
+        self.keep_quantized = keep;
+        self
+    }
+
+    /// Whether [`WeightLoader::get_weight`] keeps block-quantized weights quantized.
+    pub fn keeps_quantized(&self) -> bool {
+        self.keep_quantized && self.parallel.world() == 1
+    }
+
+    /// Of [`WeightLoader::loaded_bytes`], the bytes uploaded as low-bit codes and scales.
+    pub fn quantized_bytes(&self) -> u64 {
+        self.quant_bytes.get()
+    }
+
+    /// `{prefix}.weight` `[out, in]` as the checkpoint stores it when that is a block format
+    /// ([`dayone_backend::quant`]): a GGUF Q4_0 / Q4_1 / Q8_0 tensor, or a compressed-tensors
+    /// `{prefix}.weight_packed` + `weight_scale` pair (MXFP4 or INT4). `None` for float weights.
+    /// Errors name the tensor and the shape expected.
+    pub fn quant_host(&self, prefix: &str, out: usize, inp: usize) -> Result<Option<QuantHost>> {
+        let name = format!("{prefix}.weight");
+        let q = match self.src.quant(&name)? {
+            Some(q) => Some(q),
+            None => packed_weight(self.src, prefix, out, inp)?,
+        };
+        if let Some(q) = &q {
+            if q.shape[0] * q.shape[1] != out || q.shape[2] != inp {
+                bail!(
+                    "{}: tensor `{name}` has shape [{}, {}], expected [{out}, {inp}]",
+                    self.src.origin(),
+                    q.shape[0] * q.shape[1],
+                    q.shape[2]
+                );
+            }
+        }
+        Ok(q)
+    }
+
+    /// Whether `{prefix}` has a weight in any stored form (`.weight` or `.weight_packed`).
+    pub fn has_weight(&self, prefix: &str) -> bool {
+        self.has(&format!("{prefix}.weight")) || self.has(&format!("{prefix}.weight_packed"))
+    }
+
+    /// `{prefix}.weight` `[out, in]`: kept in its low-bit form when the checkpoint stores it in
+    /// a block format and [`WeightLoader::keeps_quantized`], else floats in the storage dtype
+    /// (a quantized weight decoded on the host).
+    pub fn get_weight(&self, prefix: &str, out: usize, inp: usize) -> Result<Weight<B>> {
+        match self.quant_host(prefix, out, inp)? {
+            Some(q) if self.keeps_quantized() => Ok(Weight::Quant(self.upload_quant(&q)?)),
+            Some(q) => Ok(Weight::Dense(self.upload(q.to_host(self.dtype)?)?)),
+            None => Ok(Weight::Dense(
+                self.get(&format!("{prefix}.weight"), &[out, inp])?,
+            )),
+        }
+    }
+
+    /// Uploads a quantized weight as it is (codes and scales) and counts its bytes.
+    pub fn upload_quant(&self, q: &QuantHost) -> Result<QuantTensor<B::Tensor>> {
+        let t = QuantTensor::upload(self.backend, q)?;
+        self.loaded.set(self.loaded.get() + 1);
+        self.bytes.set(self.bytes.get() + q.bytes());
+        self.quant_bytes.set(self.quant_bytes.get() + q.bytes());
+        if let Some(p) = self.progress {
+            p(self.loaded.get(), self.src.names().len());
+        }
+        Ok(t)
     }
 
     /// MLA layers also load their expanded-form weights, used from this many new tokens a step.

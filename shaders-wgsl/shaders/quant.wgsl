@@ -31,6 +31,14 @@ fn code_at(e: u32) -> u32 {
     return (codes[e >> 3u] >> ((e & 7u) * 4u)) & 15u;
 }
 
+// Code j of a code word (8 nibbles, or 4 bytes for i8 codes).
+fn word_code(w: u32, j: u32) -> u32 {
+    if (P.codes == 3u) {
+        return (w >> (j * 8u)) & 255u;
+    }
+    return (w >> (j * 4u)) & 15u;
+}
+
 fn code_value(c: u32) -> f32 {
     switch (P.codes) {
         case 0u: {
@@ -116,9 +124,10 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let e0 = n * P.cols + c0;
         var dot_c = 0.0;
         var sum_x = 0.0;
+        let cw = codes[e0 / per_word];
         for (var j = 0u; j < per_word; j++) {
             let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
-            dot_c += code_value(code_at(e0 + j)) * xv;
+            dot_c += code_value(word_code(cw, j)) * xv;
             sum_x += xv;
         }
         acc += dot_c * scale_at(g);
@@ -137,4 +146,42 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (lid == 0u) {
         y[m * P.rows + n] = red[0];
     }
+}
+
+// The same product for CPU adapters (lavapipe), where workgroup barriers are costly: one
+// invocation per output, walking the whole row; grid linear id * 64 + lid = m * rows + n.
+@compute @workgroup_size(64)
+fn matvec_seq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let id = (wid.x + wid.y * nwg.x) * 64u + lid;
+    let m = id / P.rows;
+    let n = id - m * P.rows;
+    if (m >= P.m) {
+        return;
+    }
+    let per_word = select(8u, 4u, P.codes == 3u);
+    let groups = P.cols / P.group;
+    let words_per_group = P.group / per_word;
+    var acc = 0.0;
+    for (var g = 0u; g < groups; g++) {
+        var dot_c = 0.0;
+        var sum_x = 0.0;
+        let c_g = g * P.group;
+        for (var w = 0u; w < words_per_group; w++) {
+            let c0 = c_g + w * per_word;
+            let e0 = n * P.cols + c0;
+            let cw = codes[e0 / per_word];
+            for (var j = 0u; j < per_word; j++) {
+                let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
+                dot_c += code_value(word_code(cw, j)) * xv;
+                sum_x += xv;
+            }
+        }
+        let gi = n * groups + g;
+        acc += dot_c * scale_at(gi);
+        if (P.has_min == 1u) {
+            acc += sum_x * min_at(gi);
+        }
+    }
+    y[m * P.rows + n] = acc;
 }

@@ -70,6 +70,13 @@ spec!(
 );
 spec!(DEQUANT, QUANT, "quant.wgsl", "dequant", [R, R, R, R, W]);
 spec!(MATVEC_Q, QUANT, "quant.wgsl", "matvec", [R, R, R, R, W]);
+spec!(
+    MATVEC_Q_SEQ,
+    QUANT,
+    "quant.wgsl",
+    "matvec_seq",
+    [R, R, R, R, W]
+);
 spec!(EMBED, EMBEDDING, "embedding.wgsl", "embedding", [R, R, W]);
 spec!(RMS_NORM, NORM, "norm.wgsl", "rms_norm", [R, R, W]);
 spec!(ROPE_K, ROPE, "rope.wgsl", "rope", [R, R, R, W]);

@@ -1,19 +1,60 @@
-//! A dense projection `y = x·Wᵀ + b`.
+//! A dense projection `y = x·Wᵀ + b`, its weight either floats or kept block-quantized.
 
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::Backend;
+use dayone_backend::{Backend, QuantTensor};
+
+/// A projection weight `[out, in]`: floats in the storage dtype, or low-bit codes and scales
+/// ([`dayone_backend::quant`]) decoded by the backend as it multiplies.
+pub enum Weight<B: Backend> {
+    /// `[out, in]` in the storage dtype.
+    Dense(B::Tensor),
+    /// `[1, out, in]` codes and scales.
+    Quant(QuantTensor<B::Tensor>),
+}
+
+impl<B: Backend> Clone for Weight<B> {
+    fn clone(&self) -> Self {
+        match self {
+            Weight::Dense(t) => Weight::Dense(t.clone()),
+            Weight::Quant(q) => Weight::Quant(q.clone()),
+        }
+    }
+}
+
+impl<B: Backend> Weight<B> {
+    /// The float tensor of a dense weight; an error for a quantized one (`what` names the
+    /// layer that needs floats, e.g. to fold weights together at load).
+    pub fn dense(&self, what: &str) -> Result<&B::Tensor> {
+        match self {
+            Weight::Dense(t) => Ok(t),
+            Weight::Quant(q) => anyhow::bail!(
+                "{what}: needs a float weight, found {} codes (load it with quantized weights decoded)",
+                q.format.name()
+            ),
+        }
+    }
+
+    /// `x` `[M, in]` → `[M, out]` (+ bias).
+    pub fn forward(&self, b: &B, x: &B::Tensor, bias: Option<&B::Tensor>) -> Result<B::Tensor> {
+        match self {
+            Weight::Dense(w) => b.linear(x, w, bias),
+            Weight::Quant(q) => b.linear_quant(x, q, bias),
+        }
+    }
+}
 
 /// Weight `[out, in]` (safetensors layout) and optional bias `[out]`.
 pub struct Linear<B: Backend> {
     /// `[out, in]`.
-    pub weight: B::Tensor,
+    pub weight: Weight<B>,
     /// `[out]`.
     pub bias: Option<B::Tensor>,
 }
 
 impl<B: Backend> Linear<B> {
-    /// Loads `{prefix}.weight` (and `{prefix}.bias` when `bias`).
+    /// Loads `{prefix}.weight` (kept quantized when the checkpoint stores it in a kept block
+    /// format, see [`WeightLoader::get_weight`]) and `{prefix}.bias` when `bias`.
     pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
@@ -21,7 +62,7 @@ impl<B: Backend> Linear<B> {
         in_dim: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = w.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+        let weight = w.get_weight(prefix, out_dim, in_dim)?;
         let bias = if bias {
             Some(w.get(&format!("{prefix}.bias"), &[out_dim])?)
         } else {
@@ -30,8 +71,16 @@ impl<B: Backend> Linear<B> {
         Ok(Self { weight, bias })
     }
 
+    /// A dense projection from a float weight `[out, in]`.
+    pub fn dense(weight: B::Tensor, bias: Option<B::Tensor>) -> Self {
+        Self {
+            weight: Weight::Dense(weight),
+            bias,
+        }
+    }
+
     /// `x` `[M, in]` → `[M, out]`.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        b.linear(x, &self.weight, self.bias.as_ref())
+        self.weight.forward(b, x, self.bias.as_ref())
     }
 }

@@ -13,7 +13,7 @@
 //! equals the reference's expanded form `k_nope = W_UK c_kv`, `v = W_UV c_kv` exactly in real
 //! arithmetic.
 
-use super::{Linear, RmsNorm, Rope, RowLinear};
+use super::{Linear, RmsNorm, Rope, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -167,7 +167,7 @@ impl<B: Backend> Mla<B> {
                     super::mla_expanded::expanded_weights(&q, &kvb, (h, dn, s.rope_dim, dv, l))?;
                 let up = |t: HostTensor| -> Result<Linear<B>> {
                     Ok(Linear {
-                        weight: w.upload(t)?,
+                        weight: Weight::Dense(w.upload(t)?),
                         bias: None,
                     })
                 };
@@ -182,7 +182,7 @@ impl<B: Backend> Mla<B> {
         };
         let lin = |t: HostTensor| -> Result<Linear<B>> {
             Ok(Linear {
-                weight: w.upload(t)?,
+                weight: Weight::Dense(w.upload(t)?),
                 bias: None,
             })
         };

@@ -21,7 +21,7 @@ pub use block::{Block, BlockFfn, BlockMixer, BlockResidual};
 pub use dsa_indexer::DsaIndexer;
 pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnection};
 pub use kda::{Kda, KdaShape};
-pub use linear::Linear;
+pub use linear::{Linear, Weight};
 pub use mla::{Mla, MlaShape, MlaSparse, Selection};
 pub use mla_expanded::MlaExpanded;
 pub use mlp::{clamped_swiglu, Mlp};

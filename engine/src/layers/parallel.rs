@@ -4,7 +4,7 @@
 //! matching slice of the input and sums the ranks' partial outputs with one all-reduce. On one
 //! rank both are the plain [`Linear`].
 
-use super::Linear;
+use super::{Linear, Weight};
 use crate::loader::Split;
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
@@ -21,7 +21,14 @@ impl<B: Backend> Linear<B> {
         bias: bool,
         split: Split,
     ) -> Result<Self> {
-        let weight = w.get_split(&format!("{prefix}.weight"), &[out_dim, in_dim], split)?;
+        let weight = if split.is_whole() {
+            w.get_weight(prefix, out_dim, in_dim)?
+        } else if let Some(q) = w.quant_host(prefix, out_dim, in_dim)? {
+            // A rank's slice of a block-quantized weight is cut from its decoded floats.
+            Weight::Dense(w.upload(split.apply(&q.to_host(w.dtype())?)?)?)
+        } else {
+            Weight::Dense(w.get_split(&format!("{prefix}.weight"), &[out_dim, in_dim], split)?)
+        };
         let bias = if bias {
             let s = if split.dim == 0 {
                 split

@@ -14,7 +14,7 @@
 //! prefix-shared block stays consistent). Pooling, scoring and top-k run on the host (composed
 //! from `read_rows` / `write_rows`; the backends have no pooled-indexer op).
 
-use super::Linear;
+use super::{Linear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -72,7 +72,7 @@ impl<B: Backend> PooledDsaIndexer<B> {
             ),
             weights_proj: Linear::load(w, &p("weights_proj"), heads, hidden, false)?,
             gate: Linear {
-                weight: w.get(&p("index_kpool_compress_gate"), &[head_dim, hidden])?,
+                weight: Weight::Dense(w.get(&p("index_kpool_compress_gate"), &[head_dim, hidden])?),
                 bias: None,
             },
             ape: w

@@ -14,7 +14,7 @@ use super::gguf_quant::dequantize;
 use super::{Checkpoint, TensorSource, TokenizerAssets};
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
-use dayone_backend::{DType, HostTensor};
+use dayone_backend::{DType, HostTensor, QuantHost};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -505,6 +505,30 @@ impl TensorSource for GgufSource {
 
     fn origin(&self) -> String {
         self.file.path.display().to_string()
+    }
+
+    fn quant(&self, name: &str) -> Result<Option<QuantHost>> {
+        let Some(&(i, un)) = self.names.get(name) else {
+            return Ok(None);
+        };
+        let t = &self.file.tensors[i];
+        let shape = t.shape();
+        if super::gguf_blocks::kept_format(t.ggml_type).is_none() || shape.len() != 2 {
+            return Ok(None);
+        }
+        let path = self.file.path.display();
+        let what = format!("{path}: tensor {} ({name})", t.name);
+        let (rows, cols) = (shape[0], shape[1]);
+        let bytes = self.file.tensor_bytes(t);
+        let bytes = match un {
+            Unpermute::Heads(h) => {
+                let row_bytes = bytes.len() / rows.max(1);
+                unpermute_rows(bytes, rows, h, row_bytes)
+                    .with_context(|| format!("{what}: undoing the q/k row permutation"))?
+            }
+            Unpermute::None => bytes.to_vec(),
+        };
+        super::gguf_blocks::repack(&what, t.ggml_type, &bytes, rows, cols).map(Some)
     }
 }
 

@@ -1,7 +1,9 @@
 //! Checkpoint loading: safetensors directories (single file or sharded) and GGUF files,
 //! both presented as HF-named tensors plus an HF-style `config.json` value.
 
+mod compressed_tensors;
 mod gguf;
+mod gguf_blocks;
 mod gguf_file;
 mod gguf_quant;
 pub(crate) mod gguf_tokenizer;
@@ -11,13 +13,15 @@ mod split;
 
 use crate::tokenizer::Tokenizer;
 use anyhow::Result;
-use dayone_backend::HostTensor;
+use dayone_backend::{HostTensor, QuantHost};
 use std::path::{Path, PathBuf};
 
+pub use self::compressed_tensors::packed_weight;
 pub use self::gguf::{
     checkpoint_from_gguf, hf_tensor_name, open_gguf, permute_rows, unpermute_rows, GgufSource,
     SUPPORTED_ARCHITECTURES,
 };
+pub use self::gguf_blocks::{kept_format, repack};
 pub use self::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
 pub use self::gguf_quant::dequantize;
 pub use self::hf_dir::{open_hf_dir, read_assets};
@@ -42,6 +46,28 @@ pub trait TensorSource: Send + Sync {
     }
     /// The file or directory the tensors come from, for error messages.
     fn origin(&self) -> String;
+    /// `name` in a block-quantized format kept on the device ([`QuantHost`], one item), or
+    /// `None` when the source stores it otherwise (then [`TensorSource::load`] gives floats).
+    /// GGUF answers for its Q4_0, Q4_1 and Q8_0 tensors (q/k rows already unpermuted).
+    fn quant(&self, _name: &str) -> Result<Option<QuantHost>> {
+        Ok(None)
+    }
+    /// The stored bytes of a tensor whatever its dtype (integer tensors holding packed codes,
+    /// byte scales). Sources without integer tensors answer an error.
+    fn load_raw(&self, name: &str) -> Result<RawTensor> {
+        anyhow::bail!("{}: tensor {name} has no raw form", self.origin())
+    }
+}
+
+/// A tensor's stored bytes, for dtypes that [`HostTensor`] does not model.
+#[derive(Clone, Debug)]
+pub struct RawTensor {
+    /// The stored dtype's name as the file spells it (`U8`, `I32`, `BF16`, …).
+    pub dtype: String,
+    /// Row-major dimensions.
+    pub shape: Vec<usize>,
+    /// Little-endian bytes.
+    pub data: Vec<u8>,
 }
 
 /// Special-token and template facts a checkpoint carries beside its weights.

@@ -385,6 +385,18 @@ impl TensorSource for SafetensorsSource {
     fn origin(&self) -> String {
         self.origin.clone()
     }
+
+    fn load_raw(&self, name: &str) -> Result<super::RawTensor> {
+        let e = self
+            .entries
+            .get(name)
+            .with_context(|| format!("{}: no tensor named {name}", self.origin))?;
+        Ok(super::RawTensor {
+            dtype: format!("{:?}", e.dtype),
+            shape: e.shape.clone(),
+            data: self.files[e.file].map[e.start..e.end].to_vec(),
+        })
+    }
 }
 
 #[cfg(test)]

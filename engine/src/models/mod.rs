@@ -52,6 +52,8 @@ pub struct LoadOptions<B: Backend> {
     pub parallel: crate::parallel::Parallel<B>,
     /// MLA's expanded prefill from this many new tokens ([`crate::EngineConfig`]).
     pub mla_expanded_min_tokens: Option<usize>,
+    /// Keep block-quantized weights in their low-bit form ([`WeightLoader::with_keep_quantized`]).
+    pub keep_quantized: bool,
 }
 
 /// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
@@ -70,7 +72,8 @@ pub fn load_model<B: Backend>(
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
     let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype)
         .with_parallel(options.parallel)
-        .with_mla_expanded(options.mla_expanded_min_tokens);
+        .with_mla_expanded(options.mla_expanded_min_tokens)
+        .with_keep_quantized(options.keep_quantized);
     if let Some(p) = progress {
         w = w.with_progress(p);
     }

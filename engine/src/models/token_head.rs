@@ -6,17 +6,20 @@
 //! others read a zero row) and the ranks' lookups are summed; each rank's logits for its rows
 //! are gathered and put back in vocabulary order. Otherwise both are replicated.
 
-use crate::layers::{Linear, RmsNorm};
+use crate::layers::{Linear, RmsNorm, Weight};
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, DeviceStepMeta, HostTensor, TensorInfo};
+use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, TensorInfo};
 
 /// Embedding `[V, D]`, final norm and LM head.
 pub struct TokenHead<B: Backend> {
-    /// `{model}.embed_tokens.weight` `[V, D]` (`model` is the architecture's prefix); split by
-    /// vocabulary: this rank's `[V / world, D]` rows then one zero row.
-    pub embed_tokens: B::Tensor,
+    /// `{model}.embed_tokens.weight` `[V, D]` (`model` is the architecture's prefix), kept
+    /// quantized when the checkpoint stores it so (GGUF Q8_0 tables: looked-up rows decoded);
+    /// split by vocabulary: this rank's `[V / world, D]` rows then one zero row.
+    pub embed_tokens: Weight<B>,
+    /// The dtype looked-up rows of a quantized table are decoded to (the storage dtype).
+    pub embed_dtype: DType,
     /// `model.norm`.
     pub norm: RmsNorm<B>,
     /// `lm_head` `[V, D]` (split: this rank's `[V / world, D]`); `None` when tied to the
@@ -54,7 +57,8 @@ impl<B: Backend> TokenHead<B> {
                 lm_head: head_name
                     .map(|_| Linear::load(w, "lm_head", vocab, hidden, false))
                     .transpose()?,
-                embed_tokens: w.get(&embed, &[vocab, hidden])?,
+                embed_tokens: w.get_weight(&format!("{model}.embed_tokens"), vocab, hidden)?,
+                embed_dtype: w.backend().activation_dtype(w.dtype()),
                 norm: RmsNorm::load(w, &format!("{model}.norm"), hidden, eps)?,
                 vocab_rows: None,
                 parallel: par.clone(),
@@ -73,10 +77,11 @@ impl<B: Backend> TokenHead<B> {
             .data
             .resize(table.data.len() + hidden * table.dtype.size(), 0);
         Ok(Self {
-            embed_tokens: w.upload(table)?,
+            embed_tokens: Weight::Dense(w.upload(table)?),
+            embed_dtype: w.backend().activation_dtype(w.dtype()),
             norm: RmsNorm::load(w, &format!("{model}.norm"), hidden, eps)?,
             lm_head: Some(Linear {
-                weight: w.upload(head)?,
+                weight: Weight::Dense(w.upload(head)?),
                 bias: None,
             }),
             vocab_rows: Some((par.rank() * per, per)),
@@ -87,8 +92,19 @@ impl<B: Backend> TokenHead<B> {
     /// `ids` `[N]` u32 → `[N, D]`. Split by vocabulary: ids outside this rank's rows read its
     /// zero row, and the ranks' lookups are summed (each token found on exactly one rank).
     pub fn embed(&self, b: &B, ids: &B::Tensor) -> Result<B::Tensor> {
+        let table = match &self.embed_tokens {
+            Weight::Dense(t) => t,
+            Weight::Quant(q) => {
+                // Decode only the looked-up rows: the table seen as `[V, 1, D]` items.
+                let [_, v, d] = q.shape;
+                let n = ids.shape()[0];
+                let out = b.zeros(&[n, 1, d], self.embed_dtype)?;
+                b.dequantize_into(&q.reshaped([v, 1, d])?, ids, &out)?;
+                return b.reshape(&out, &[n, d]);
+            }
+        };
         let Some((first, rows)) = self.vocab_rows else {
-            return b.embedding(&self.embed_tokens, ids);
+            return b.embedding(table, ids);
         };
         let local: Vec<u32> = b
             .download(ids)?
@@ -100,8 +116,7 @@ impl<B: Backend> TokenHead<B> {
             })
             .collect();
         let local = b.upload(&HostTensor::from_u32(vec![local.len()], &local)?)?;
-        self.parallel
-            .all_reduce(b, &b.embedding(&self.embed_tokens, &local)?)
+        self.parallel.all_reduce(b, &b.embedding(table, &local)?)
     }
 
     /// Each rank's logits `[M, V / world]` gathered into `[M, V]` in vocabulary order: the
@@ -132,7 +147,7 @@ impl<B: Backend> TokenHead<B> {
         let last = self.norm.forward(b, &b.embedding(h, &meta.logit_rows)?)?;
         let logits = match &self.lm_head {
             Some(head) => head.forward(b, &last)?,
-            None => b.linear(&last, &self.embed_tokens, None)?,
+            None => self.embed_tokens.forward(b, &last, None)?,
         };
         match self.vocab_rows {
             Some(_) => self.gather_vocab(b, &logits),

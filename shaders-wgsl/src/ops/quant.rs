@@ -102,10 +102,16 @@ impl WgslBackend {
         let x = self.f32_of(OP, "x", x)?;
         let out = self.alloc(&[m, n], DType::F32)?;
         let bufs = self.quant_bufs(OP, q)?;
-        let groups = (m * n) as u64;
-        ensure!(groups <= MAX_GROUPS * MAX_GROUPS, "{OP}: M·N too large");
+        let outputs = (m * n) as u64;
+        ensure!(outputs <= MAX_GROUPS * MAX_GROUPS, "{OP}: M·N too large");
+        // CPU adapters: one invocation per output; GPUs: a workgroup per output.
+        let (spec, groups) = if self.cpu_kernels {
+            (&pipelines::MATVEC_Q_SEQ, outputs.div_ceil(64))
+        } else {
+            (&pipelines::MATVEC_Q, outputs)
+        };
         self.dispatch(
-            &pipelines::MATVEC_Q,
+            spec,
             &Self::quant_params(q, m, n),
             &[
                 bufs[0],
