@@ -19,6 +19,7 @@ pub struct WeightLoader<'a, B: Backend> {
     bytes: Cell<u64>,
     keep_quantized: bool,
     quant_bytes: Cell<u64>,
+    workspaces: std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -35,6 +36,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             bytes: Cell::new(0),
             keep_quantized: true,
             quant_bytes: Cell::new(0),
+            workspaces: Default::default(),
         }
     }
 
@@ -94,6 +96,26 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             None => Ok(Weight::Dense(
                 self.get(&format!("{prefix}.weight"), &[out, inp])?,
             )),
+        }
+    }
+
+    /// The expert workspaces made so far ([`WeightLoader::expert_workspace`]).
+    pub(crate) fn workspaces(&self) -> &std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>> {
+        &self.workspaces
+    }
+
+    /// `{prefix}.weight` `[out, in]` to the host in the storage dtype, slice `split` of it, a
+    /// block-quantized weight decoded (for layers that rearrange weights before upload).
+    pub fn host_weight_split(
+        &self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        split: Split,
+    ) -> Result<HostTensor> {
+        match self.quant_host(prefix, out, inp)? {
+            Some(q) => split.apply(&q.to_host(self.dtype)?),
+            None => self.host_split(&format!("{prefix}.weight"), &[out, inp], split),
         }
     }
 
@@ -190,6 +212,11 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     pub fn with_progress(mut self, f: &'a dyn Fn(usize, usize)) -> Self {
         self.progress = Some(f);
         self
+    }
+
+    /// The checkpoint's file or directory, for error messages.
+    pub fn origin(&self) -> String {
+        self.src.origin()
     }
 
     /// The backend tensors go to.

@@ -3,12 +3,12 @@
 //! `y = Σ_{e ∈ topk} w_e · Expert_e(x) + SharedExpert(x)`, experts being SwiGLU MLPs.
 
 use super::mlp::clamped_swiglu;
-use super::Mlp;
+use super::{Mlp, QuantExperts};
 use crate::loader::Split;
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor, MoeRouting, TensorInfo};
+use dayone_backend::{Backend, HostTensor, MoeRouting, QuantHost, TensorInfo};
 
 /// Widths of an MoE block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,10 +47,13 @@ pub struct Moe<B: Backend> {
     pub gate: B::Tensor,
     /// `e_score_correction_bias` `[E]` f32 (choice only), when the checkpoint has one.
     pub bias: Option<B::Tensor>,
-    /// Stacked `[gate; up]` projections `[E, 2F, D]`.
+    /// Stacked `[gate; up]` projections `[E, 2F, D]` (`[1, 1, 1]` when the experts are kept
+    /// quantized in `quant`).
     pub gate_up: B::Tensor,
-    /// Stacked down projections `[E, D, F]`.
+    /// Stacked down projections `[E, D, F]` (likewise).
     pub down: B::Tensor,
+    /// The routed experts in their low-bit form, decoded per step ([`QuantExperts`]).
+    pub quant: Option<QuantExperts<B>>,
     /// Shared experts as one MLP.
     pub shared: Option<Mlp<B>>,
     /// Router settings.
@@ -66,6 +69,19 @@ pub struct Moe<B: Backend> {
     pub experts: usize,
     /// The ranks holding the other experts and slices.
     pub parallel: Parallel<B>,
+}
+
+/// The prefix `{p}.{spelling}` of the first spelling whose weight the checkpoint has, in any
+/// stored form (`.weight`, or compressed-tensors' `.weight_packed`).
+fn expert_prefix<B: Backend>(w: &WeightLoader<B>, p: &str, spellings: &[&str]) -> Result<String> {
+    let c: Vec<String> = spellings.iter().map(|a| format!("{p}.{a}")).collect();
+    match c.iter().find(|c| w.has_weight(c)) {
+        Some(c) => Ok(c.clone()),
+        None => {
+            let names: Vec<String> = c.iter().map(|c| format!("{c}.weight")).collect();
+            w.first_of(&names)
+        }
+    }
 }
 
 /// Stacks equal-shaped host tensors along a new leading dimension.
@@ -105,6 +121,7 @@ impl<B: Backend> Moe<B> {
         let mine = Split::along(0, e_all / e, e0 / e);
         let fused = format!("{prefix}.experts.gate_up_proj");
         let mut split = Vec::new();
+        let mut quant = None;
         let (gate_up, down) = if w.has(&fused) {
             let full = s.expert_dim;
             let gu = w.host_split(&fused, &[e_all, 2 * full, d], mine)?;
@@ -135,27 +152,30 @@ impl<B: Backend> Moe<B> {
                 }
             }
             (w.upload(gu)?, w.upload(dn)?)
+        } else if let Some(q) = Self::quant_experts(w, prefix, s, names, limit)? {
+            quant = Some(q);
+            let one = w.backend().zeros(&[1, 1, 1], w.dtype())?;
+            (one.clone(), one)
         } else {
             let full = s.expert_dim;
             let mut gu = Vec::with_capacity(e);
             let mut dn = Vec::with_capacity(e);
             for i in 0..e {
                 let p = format!("{prefix}.experts.{}", e0 + i);
-                let name = |spellings: &[&str]| {
-                    let c: Vec<String> = spellings
-                        .iter()
-                        .map(|a| format!("{p}.{a}.weight"))
-                        .collect();
-                    w.first_of(&c)
-                };
-                let g = w.host_split(&name(names.gate)?, &[full, d], width)?;
-                let u = w.host_split(&name(names.up)?, &[full, d], width)?;
+                let name = |spellings: &[&str]| expert_prefix(w, &p, spellings);
+                let g = w.host_weight_split(&name(names.gate)?, full, d, width)?;
+                let u = w.host_weight_split(&name(names.up)?, full, d, width)?;
                 gu.push(HostTensor::new(
                     vec![2 * f, d],
                     g.dtype,
                     [g.data, u.data].concat(),
                 )?);
-                dn.push(w.host_split(&name(names.down)?, &[d, full], Split { dim: 1, ..width })?);
+                dn.push(w.host_weight_split(
+                    &name(names.down)?,
+                    d,
+                    full,
+                    Split { dim: 1, ..width },
+                )?);
                 if limit.is_some() {
                     split.push((w.upload(gu[i].clone())?, w.upload(dn[i].clone())?));
                 }
@@ -178,11 +198,51 @@ impl<B: Backend> Moe<B> {
             shared,
             routing,
             clamped: limit.map(|l| (l, split)),
+            quant,
             first_expert: e0,
             local_experts: e,
             experts: e_all,
             parallel: par.clone(),
         })
+    }
+
+    /// The routed experts `{prefix}.experts.{e}.*` in their low-bit form when the checkpoint
+    /// stores them so (compressed-tensors MXFP4 / INT4), the loader keeps quantized weights and
+    /// the layer runs the plain SwiGLU (no clamp) on one rank; `None` otherwise.
+    fn quant_experts(
+        w: &WeightLoader<B>,
+        prefix: &str,
+        s: MoeShape,
+        names: &ExpertNames,
+        limit: Option<f32>,
+    ) -> Result<Option<QuantExperts<B>>> {
+        let (e, f, d) = (s.experts, s.expert_dim, s.hidden);
+        let p0 = format!("{prefix}.experts.0");
+        let gate0 = expert_prefix(w, &p0, names.gate)?;
+        if !w.keeps_quantized() || limit.is_some() || w.quant_host(&gate0, f, d)?.is_none() {
+            return Ok(None);
+        }
+        let (mut gu, mut dn) = (Vec::with_capacity(e), Vec::with_capacity(e));
+        for i in 0..e {
+            let p = format!("{prefix}.experts.{i}");
+            let get = |spellings: &[&str], out: usize, inp: usize| -> Result<QuantHost> {
+                let name = expert_prefix(w, &p, spellings)?;
+                w.quant_host(&name, out, inp)?.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}: {name} is stored in floats but expert 0 of {prefix} is quantized; mixed experts are not supported",
+                        w.origin()
+                    )
+                })
+            };
+            gu.push(QuantHost::concat(
+                &[get(names.gate, f, d)?, get(names.up, f, d)?],
+                true,
+            )?);
+            dn.push(get(names.down, d, f)?);
+        }
+        let gate_up = QuantHost::concat(&gu, false)?;
+        let down = QuantHost::concat(&dn, false)?;
+        QuantExperts::load(w, &gate_up, &down).map(Some)
     }
 
     /// `x` `[N, D]` → `[N, D]`, summed over the ranks. With every expert on every rank (each
@@ -198,9 +258,10 @@ impl<B: Backend> Moe<B> {
                 None => Ok(y),
             };
         }
-        let y = match &self.clamped {
-            Some((l, experts)) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
-            None => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
+        let y = match (&self.clamped, &self.quant) {
+            (Some((l, experts)), _) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
+            (None, Some(q)) => q.forward(b, x, &ids, &weights)?,
+            (None, None) => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
         };
         let y = match &self.shared {
             Some(mlp) => b.add(&y, &mlp.forward_partial(b, x)?)?,

@@ -1,0 +1,126 @@
+//! Low-bit weights stay low-bit: compressed-tensors MXFP4 / INT4 experts and the real
+//! SmolLM2 Q4_1 GGUF load with their codes resident (weight bytes counted at load), and the
+//! online decode gives what decoding at load gives (bit for bit on the CPU reference in f32,
+//! where both multiply the same f32 weights).
+
+use anyhow::{ensure, Result};
+use dayone_backend::cpu::CpuBackend;
+use dayone_backend::{Backend, DType};
+use dayone_engine::default_model::default_model_path;
+use dayone_engine::{loader, Engine, EngineConfig};
+use dayone_tests::{fixture, greedy, reference};
+
+fn config(dequantize_at_load: bool) -> EngineConfig {
+    EngineConfig {
+        dtype: DType::F32,
+        kv_cache_tokens: Some(1024),
+        dequantize_at_load,
+        ..Default::default()
+    }
+}
+
+/// Greedy tokens and every sampled step's logits for each reference prompt.
+fn run<B: Backend>(
+    e: &mut Engine<B>,
+    prompts: &[Vec<u32>],
+    n: usize,
+) -> Result<Vec<(u32, Vec<f32>)>> {
+    e.capture_logits = true;
+    let mut out = Vec::new();
+    for p in prompts {
+        e.add_request(p.clone(), greedy(n))?;
+        while e.has_unfinished() {
+            for ev in e.step()? {
+                out.push((ev.token, e.last_logits[0].1.clone()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn weight_bytes<B: Backend>(e: &Engine<B>) -> u64 {
+    e.rank_memory()[0].0
+}
+
+/// `layers` MoE layers of `experts` routed experts `[F, D]` gate/up + `[D, F]` down: f32 bytes
+/// minus the low-bit bytes (`code_bits` per value, `scale_bytes` per 32 values).
+fn saved(layers: u64, experts: u64, f: u64, d: u64, scale_bytes: u64) -> u64 {
+    let values = layers * experts * 3 * f * d;
+    values * 4 - (values / 2 + values / 32 * scale_bytes)
+}
+
+#[test]
+fn low_bit_experts_are_resident_and_decode_like_at_load() -> Result<()> {
+    for (name, scale_bytes) in [("deepseek_v3_mxfp4", 1), ("deepseek_v3_int4", 2)] {
+        let ckpt = loader::open(&fixture(name))?;
+        let mut kept = Engine::new(CpuBackend, &ckpt, &config(false), None)?;
+        let mut decoded = Engine::new(CpuBackend, &ckpt, &config(true), None)?;
+        // deepseek_v3 tiny: layers 1-2 MoE, 16 experts of F 32 over D 64.
+        let want = saved(2, 16, 32, 64, scale_bytes);
+        let got = weight_bytes(&decoded) - weight_bytes(&kept);
+        ensure!(
+            got == want,
+            "{name}: keeping the experts low-bit saved {got} bytes, expected {want}"
+        );
+        let prompts: Vec<Vec<u32>> = reference(name)?
+            .cases
+            .iter()
+            .map(|c| c.prompt_ids.clone())
+            .collect();
+        let a = run(&mut kept, &prompts, 4)?;
+        let b = run(&mut decoded, &prompts, 4)?;
+        ensure!(
+            a == b,
+            "{name}: online decode differs from decoding at load"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn smollm2_q4_1_gguf_stays_quantized() -> Result<()> {
+    let path = default_model_path()?;
+    let file = loader::GgufFile::open(&path)?;
+    // What the file holds in kept block formats (Q4_1 projections, the Q8_0 table).
+    let kept_bytes: u64 = file
+        .tensors
+        .iter()
+        .filter(|t| loader::kept_format(t.ggml_type).is_some())
+        .map(|t| file.tensor_bytes(t).len() as u64)
+        .sum();
+    let floats: u64 = file
+        .tensors
+        .iter()
+        .filter(|t| loader::kept_format(t.ggml_type).is_none())
+        .map(|t| t.numel() as u64 * 4)
+        .sum();
+    let ckpt = loader::open(&path)?;
+    let wgsl = dayone_tests::wgsl();
+    let mut kept = Engine::new(wgsl, &ckpt, &config(false), None)?;
+    ensure!(
+        weight_bytes(&kept) == kept_bytes + floats,
+        "resident weights {} bytes, expected the file's {kept_bytes} low-bit bytes + {floats} f32 bytes",
+        weight_bytes(&kept)
+    );
+    let mut decoded = Engine::new(dayone_tests::wgsl(), &ckpt, &config(true), None)?;
+    ensure!(weight_bytes(&decoded) > 5 * weight_bytes(&kept));
+    let prompt = ckpt
+        .assets
+        .tokenizer
+        .as_ref()
+        .expect("tokenizer")
+        .encode("The capital of France is", false)?;
+    let a: Vec<u32> = run(&mut kept, &[prompt.clone()], 8)?
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
+    let b: Vec<u32> = run(&mut decoded, &[prompt], 8)?
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
+    ensure!(
+        a == b,
+        "greedy tokens differ: low-bit {a:?} vs decoded at load {b:?}"
+    );
+    Ok(())
+}
