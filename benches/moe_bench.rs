@@ -5,12 +5,18 @@
 //!
 //! Usage: `moe-bench [--backend cuda|wgsl|cpu] [--tokens 1,64,512,8192] [--hidden 7168]
 //!         [--experts 256] [--expert-dim 2048] [--top-k 8] [--groups 8] [--topk-group 4]
-//!         [--shared 1] [--json]`
+//!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--json]`
+//!
+//! With `--experts-format mxfp4|int4` the routed experts stay low-bit on the device and each
+//! step decodes the experts it routed to into a workspace before the expert GEMMs (the engine's
+//! `QuantExperts`); the time includes that conversion and the read-back of the routing.
 
 use anyhow::{bail, Result};
 use clap::Parser;
 use dayone_backend::conformance::Rng;
-use dayone_backend::{Backend, DType, HostTensor, MoeRouting};
+use dayone_backend::quant::ScaleType;
+use dayone_backend::{Backend, DType, HostTensor, MoeRouting, QuantFormat, QuantHost, QuantTensor};
+use dayone_engine::layers::{ExpertWorkspace, QuantExperts};
 use std::time::Instant;
 
 /// Command-line flags.
@@ -44,6 +50,10 @@ struct Args {
     /// Shared experts.
     #[arg(long, default_value_t = 1)]
     shared: usize,
+    /// Routed experts stored as bf16, or low-bit (mxfp4: E8M0 per 32; int4: bf16 scale per 32)
+    /// and decoded per step.
+    #[arg(long, default_value = "bf16")]
+    experts_format: String,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -62,14 +72,53 @@ fn filled(shape: &[usize], rng: &mut Rng, scale: f32) -> Result<HostTensor> {
     HostTensor::new(shape.to_vec(), DType::BF16, data)
 }
 
+/// A low-bit weight of `shape` with one random 1 MiB block of codes repeated and scales near
+/// 2^-6 (E8M0 byte 121, or bf16 0.015625): the timing does not depend on the values.
+fn low_bit(format: QuantFormat, shape: [usize; 3], rng: &mut Rng) -> Result<QuantHost> {
+    let n: usize = shape.iter().product();
+    let block: Vec<u8> = (0..1 << 20).map(|_| rng.next_u64() as u8).collect();
+    let codes: Vec<u8> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take(n * format.code_bits() / 8)
+        .collect();
+    let groups = n / format.group;
+    let scales = match format.scale {
+        ScaleType::E8M0 => vec![121u8; groups],
+        _ => [0x80u8, 0x3c].repeat(groups), // bf16 0.015625 = 0x3c80, little-endian
+    };
+    QuantHost::new("bench experts", format, shape, codes, scales, vec![])
+}
+
 fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let (d, e, f) = (a.hidden, a.experts, a.expert_dim);
     let act = b.activation_dtype(DType::BF16);
     let mut rng = Rng::new(7);
     let gate = b.upload(&HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 0.05))?)?;
     let bias = b.upload(&HostTensor::from_f32(vec![e], &rng.vec(e, 0.01))?)?;
-    let gate_up = b.upload(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?;
-    let down = b.upload(&filled(&[e, d, f], &mut rng, 0.02)?)?;
+    let format = match a.experts_format.as_str() {
+        "bf16" => None,
+        "mxfp4" => Some(QuantFormat::MXFP4),
+        "int4" => Some(QuantFormat::int4(32, ScaleType::BF16)),
+        other => bail!("--experts-format must be bf16, mxfp4 or int4, got {other}"),
+    };
+    let (gate_up, down, quant) = match format {
+        None => (
+            b.upload(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?,
+            b.upload(&filled(&[e, d, f], &mut rng, 0.02)?)?,
+            None,
+        ),
+        Some(fmt) => {
+            let one = b.zeros(&[1, 1, 1], act)?;
+            let q = QuantExperts {
+                gate_up: QuantTensor::upload(&b, &low_bit(fmt, [e, 2 * f, d], &mut rng)?)?,
+                down: QuantTensor::upload(&b, &low_bit(fmt, [e, d, f], &mut rng)?)?,
+                workspace: ExpertWorkspace::new(&b, e, f, d, act)?,
+            };
+            (one.clone(), one, Some(q))
+        }
+    };
     let sf = f * a.shared;
     let sh_gate = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
     let sh_up = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
@@ -83,7 +132,10 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     };
     let block = |x: &B::Tensor| -> Result<(B::Tensor, B::Tensor)> {
         let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
-        let y = b.moe_experts(x, &ids, &w, &gate_up, &down)?;
+        let y = match &quant {
+            Some(q) => q.forward(&b, x, &ids, &w)?,
+            None => b.moe_experts(x, &ids, &w, &gate_up, &down)?,
+        };
         let s = b.linear(
             &b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?,
             &sh_down,
@@ -93,8 +145,9 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     };
     if !a.json {
         println!(
-            "MoE block on {}: D {d}, {e} experts × F {f}, top-{}, groups {}/{}, {} shared; {act}",
+            "MoE block on {}: D {d}, {e} experts × F {f} ({}), top-{}, groups {}/{}, {} shared; {act}",
             b.name(),
+            a.experts_format,
             a.top_k,
             a.topk_group,
             a.groups,
@@ -125,10 +178,16 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         b.synchronize()?;
         let s = t0.elapsed().as_secs_f64() / iters as f64;
         let flops = 2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64;
-        let bytes = 3.0 * (d * f) as f64 * 2.0 * (used.len() + a.shared) as f64;
+        let expert_bytes = match format {
+            None => 2.0,
+            Some(f) => f.code_bits() as f64 / 8.0 + f.scale.size() as f64 / f.group as f64,
+        };
+        let bytes =
+            3.0 * (d * f) as f64 * (expert_bytes * used.len() as f64 + 2.0 * a.shared as f64);
         if a.json {
             println!(
-                "{{\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
+                "{{\"format\":\"{}\",\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
+                a.experts_format,
                 s * 1e3,
                 flops / s / 1e12,
                 bytes / s / 1e9,
