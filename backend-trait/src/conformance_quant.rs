@@ -81,7 +81,7 @@ pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
         let dw = QuantTensor::upload(b, &w)?;
         for &dt in &dts {
             let wf = w.to_host(dt)?;
-            for (m, bias) in [(1, false), (3, true), (8, false), (37, true)] {
+            for (m, bias) in [(1, false), (3, true), (8, false), (20, true), (37, true)] {
                 let x = rand_tensor(&mut rng, &[m, 192], dt, 1.0)?;
                 let bt = if bias {
                     Some(rand_tensor(&mut rng, &[40], dt, 1.0)?)

@@ -7,9 +7,11 @@
 __device__ __forceinline__ float q_value(u32 codes, u32 c) {
     switch (codes) {
         case 0: {
-            const float t[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-            const float m = t[c & 7u];
-            return (c & 8u) ? -m : m;
+            // FP4 E2M1 by bits (no table in local memory): exponent e, mantissa m; e = 0 is the
+            // subnormal 0.5 m, else (1 + m/2) 2^(e-1); bit 3 the sign.
+            const u32 e = (c >> 1) & 3u, m = c & 1u;
+            const u32 mag = e == 0 ? (m ? 0x3f000000u : 0u) : (((e + 126u) << 23) | (m << 22));
+            return __uint_as_float(mag | ((c & 8u) << 28));
         }
         case 1: return (float)(int)(c & 15u) - 8.f;
         case 2: return (float)(c & 15u);
@@ -75,12 +77,16 @@ __device__ void dequant_impl(const unsigned char* codes, const unsigned char* sc
         const float mn = has_min ? q_half(mins, 1, g) : 0.f;
         u32 c[8];
         q_codes8(codes, kind, e, c);
+        float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float v = __fmul_rn(q_value(kind, c[j]), s);
-            if (has_min) v = __fadd_rn(v, mn);
-            y[j] = from_f<T>(v);
+            v[j] = __fmul_rn(q_value(kind, c[j]), s);
+            if (has_min) v[j] = __fadd_rn(v[j], mn);
         }
+        // One 16-byte store for 16-bit outputs (two for f32): rows of 8 are 16-byte aligned.
+        Vec8<T> out8;
+        out8.from_float(v);
+        out8.store(y);
     }
 }
 
@@ -143,7 +149,8 @@ __device__ void gemv_q_impl(const T* x, const unsigned char* codes, const unsign
         dequant_impl<T>(codes, scales, mins, items, out, m, rows, cols, n_items, kind, scale, \
                         has_min, group);                                                      \
     }                                                                                         \
-    GEMV_Q(S, T, 1) GEMV_Q(S, T, 2) GEMV_Q(S, T, 4) GEMV_Q(S, T, 8)
+    GEMV_Q(S, T, 1) GEMV_Q(S, T, 2) GEMV_Q(S, T, 4) GEMV_Q(S, T, 8) GEMV_Q(S, T, 16)        \
+    GEMV_Q(S, T, 32)
 #define GEMV_Q(S, T, MT)                                                                      \
     extern "C" __global__ void gemv_q_##S##_m##MT(                                           \
         const T* x, const unsigned char* codes, const unsigned char* scales,                  \

@@ -44,7 +44,8 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo,
+    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta,
+    TensorInfo,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;

@@ -1,10 +1,24 @@
 //! Block-quantized weights: decoding items into a workspace (`dequant_*`) and the low-bit GEMV
-//! for decode-sized M (`gemv_q_*`); larger M decodes once into a pooled temporary and runs
+//! for small M (`gemv_q_*`, M ≤ 8 by default); larger M decodes once into a pooled temporary and runs
 //! cuBLAS.
 
 use crate::{dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor, QuantTensor, TensorInfo};
+
+/// The largest M the low-bit GEMV serves (`DAYONE_QUANT_GEMV_MAX_M`, default 8 — measured
+/// faster than decoding at M = 1 on the H200; 16 and 32 are built but not yet measured —
+/// at most 32; 0: always decode then cuBLAS), for measuring both paths on a shape.
+fn gemv_max_m() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("DAYONE_QUANT_GEMV_MAX_M")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+            .min(32)
+    })
+}
 
 /// Threads per block of the GEMV (one warp per output row).
 const GEMV_Q_THREADS: u32 = 256;
@@ -33,10 +47,17 @@ impl CudaBackend {
         let [e, rows, cols] = q.shape;
         let m = items.numel();
         if items.dtype != DType::U32 || items.shape.len() != 1 {
-            bail!("{OP}: items must be a u32 [M] tensor, got {:?} {}", items.shape, items.dtype);
+            bail!(
+                "{OP}: items must be a u32 [M] tensor, got {:?} {}",
+                items.shape,
+                items.dtype
+            );
         }
         if out.shape.len() != 3 || out.shape[1..] != [rows, cols] || out.shape[0] < m {
-            bail!("{OP}: out must be [>= {m}, {rows}, {cols}], got {:?}", out.shape);
+            bail!(
+                "{OP}: out must be [>= {m}, {rows}, {cols}], got {:?}",
+                out.shape
+            );
         }
         let sfx = dtype_suffix(OP, out.dtype)?;
         let p = Self::quant_ptrs(OP, q)?;
@@ -89,11 +110,19 @@ impl CudaBackend {
         }
         if let Some(b) = bias {
             if b.shape != [n] || b.dtype != x.dtype {
-                bail!("{OP}: bias must be {} [{n}], got {} {:?}", x.dtype, b.dtype, b.shape);
+                bail!(
+                    "{OP}: bias must be {} [{n}], got {} {:?}",
+                    x.dtype,
+                    b.dtype,
+                    b.shape
+                );
             }
         }
         let m = x.shape[0];
-        let Some(mt) = [1usize, 2, 4, 8].into_iter().find(|&t| t >= m) else {
+        let Some(mt) = [1usize, 2, 4, 8, 16, 32]
+            .into_iter()
+            .find(|&t| t >= m && m <= gemv_max_m())
+        else {
             // Prefill: decode once into a pooled temporary, then cuBLAS.
             let w = self.alloc(vec![1, n, k], x.dtype)?;
             let zero = self.upload(&HostTensor::from_u32(vec![1], &[0])?)?;
