@@ -214,7 +214,7 @@ impl QuantHost {
         let [items, rows, cols] = shape;
         let g = format.group;
         ensure!(
-            g > 0 && g % 8 == 0 && cols % g == 0,
+            g > 0 && g.is_multiple_of(8) && cols.is_multiple_of(g),
             "{what}: {} weight of {cols} columns: the column count must be a multiple of the group length {g} (itself a multiple of 8)",
             format.name()
         );

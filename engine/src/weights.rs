@@ -91,7 +91,9 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     /// (a quantized weight decoded on the host).
     pub fn get_weight(&self, prefix: &str, out: usize, inp: usize) -> Result<Weight<B>> {
         match self.quant_host(prefix, out, inp)? {
-            Some(q) if self.keeps_quantized() => Ok(Weight::Quant(self.upload_quant(&q)?)),
+            Some(q) if self.keeps_quantized() => {
+                Ok(Weight::Quant(Box::new(self.upload_quant(&q)?)))
+            }
             Some(q) => Ok(Weight::Dense(self.upload(q.to_host(self.dtype)?)?)),
             None => Ok(Weight::Dense(
                 self.get(&format!("{prefix}.weight"), &[out, inp])?,

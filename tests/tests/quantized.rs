@@ -110,7 +110,7 @@ fn smollm2_q4_1_gguf_stays_quantized() -> Result<()> {
         .as_ref()
         .expect("tokenizer")
         .encode("The capital of France is", false)?;
-    let a: Vec<u32> = run(&mut kept, &[prompt.clone()], 8)?
+    let a: Vec<u32> = run(&mut kept, std::slice::from_ref(&prompt), 8)?
         .into_iter()
         .map(|t| t.0)
         .collect();

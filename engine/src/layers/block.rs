@@ -24,7 +24,7 @@ pub enum BlockMixer<B: Backend> {
     Attention(Attention<B>, Rope<B>),
     /// Multi-head latent attention over the latent cache; `None`: NoPE (Kimi-Linear); how it
     /// picks its keys when sparse.
-    Mla(Mla<B>, Option<Rope<B>>, MlaSparse<B>),
+    Mla(Box<Mla<B>>, Option<Rope<B>>, MlaSparse<B>),
     /// Kimi Delta Attention over per-sequence recurrent state.
     Kda(Kda<B>),
 }

@@ -9,8 +9,9 @@ use dayone_backend::{Backend, QuantTensor};
 pub enum Weight<B: Backend> {
     /// `[out, in]` in the storage dtype.
     Dense(B::Tensor),
-    /// `[1, out, in]` codes and scales.
-    Quant(QuantTensor<B::Tensor>),
+    /// `[1, out, in]` codes and scales (boxed: most projections are dense, and the enum sits
+    /// in every layer).
+    Quant(Box<QuantTensor<B::Tensor>>),
 }
 
 impl<B: Backend> Clone for Weight<B> {

@@ -53,7 +53,7 @@ pub struct Moe<B: Backend> {
     /// Stacked down projections `[E, D, F]` (likewise).
     pub down: B::Tensor,
     /// The routed experts in their low-bit form, decoded per step ([`QuantExperts`]).
-    pub quant: Option<QuantExperts<B>>,
+    pub quant: Option<Box<QuantExperts<B>>>,
     /// Shared experts as one MLP.
     pub shared: Option<Mlp<B>>,
     /// Router settings.
@@ -153,7 +153,7 @@ impl<B: Backend> Moe<B> {
             }
             (w.upload(gu)?, w.upload(dn)?)
         } else if let Some(q) = Self::quant_experts(w, prefix, s, names, limit)? {
-            quant = Some(q);
+            quant = Some(Box::new(q));
             let one = w.backend().zeros(&[1, 1, 1], w.dtype())?;
             (one.clone(), one)
         } else {

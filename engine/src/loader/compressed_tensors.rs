@@ -81,7 +81,7 @@ pub fn packed_weight(
             expect(&codes, &packed, &["I32"], [out, inp / 8])?;
             let groups = scales.shape.get(1).copied().unwrap_or(0);
             ensure!(
-                groups > 0 && inp % groups == 0,
+                groups > 0 && inp.is_multiple_of(groups),
                 "{origin}: {scale_name} has shape {:?}, expected [{out}, {inp} / group]",
                 scales.shape
             );

@@ -33,7 +33,7 @@ pub fn repack(
         bail!("{what}: ggml type {} is not kept quantized", ty.name());
     };
     let (per, bsize) = ty.block().expect("block types have a block size");
-    if cols % per != 0 || bytes.len() != rows * cols / per * bsize {
+    if !cols.is_multiple_of(per) || bytes.len() != rows * cols / per * bsize {
         bail!(
             "{what}: {} bytes do not hold {rows} rows of {cols} {} values",
             bytes.len(),

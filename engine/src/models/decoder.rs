@@ -439,7 +439,11 @@ fn load_block<B: Backend>(
                 Some(SparsePlan::Shared) => sparse = MlaSparse::Shared,
                 None => {}
             }
-            BlockMixer::Mla(mla, rp.as_ref().map(|r| rope(b, r)).transpose()?, sparse)
+            BlockMixer::Mla(
+                Box::new(mla),
+                rp.as_ref().map(|r| rope(b, r)).transpose()?,
+                sparse,
+            )
         }
         Mixer::Kda {
             shape,
