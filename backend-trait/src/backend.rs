@@ -40,6 +40,43 @@ pub struct MoeRouting {
     pub routed_scaling_factor: f32,
 }
 
+/// The activation between a routed expert's two projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    /// `silu(g) ⊙ u` with `gate_up` rows `[gate; up]` (DeepSeek, Kimi, Qwen MoE).
+    Swiglu,
+    /// gpt-oss (HF `GptOssExperts`): gate and up rows interleaved (row `2i` gate, `2i + 1`
+    /// up); `g ← min(g, limit)`, `u ← clamp(u, −limit, limit)`, `(u + 1) ⊙ g ⊙ σ(alpha · g)`.
+    GptOss {
+        /// Sigmoid slope (1.702).
+        alpha: f32,
+        /// Clamp (`swiglu_limit`, 7.0).
+        limit: f32,
+    },
+}
+
+/// Extras of [`Backend::moe_experts_ext`] beyond the plain SwiGLU experts.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertOptions<'a, T> {
+    /// The activation.
+    pub act: ExpertAct,
+    /// Bias of the gate/up projection `[E, 2F]` (row order of `gate_up`).
+    pub gate_up_bias: Option<&'a T>,
+    /// Bias of the down projection `[E, D]`.
+    pub down_bias: Option<&'a T>,
+}
+
+/// Extras of [`Backend::paged_attention_ext`] beyond causal attention.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionOptions<'a, T> {
+    /// Sliding window: a query at position `p` sees keys `p + 1 − window ..= p` (HF's mask
+    /// `kv_idx > q_idx − sliding_window`).
+    pub window: Option<usize>,
+    /// Per-head sink logits `[H]` f32 (gpt-oss): one extra logit per softmax row that takes
+    /// probability mass but adds no value, `p_s = exp(a_s) / (exp(z_h) + Σ_s' exp(a_s'))`.
+    pub sinks: Option<&'a T>,
+}
+
 /// A compute device that runs dayone's tensor ops.
 ///
 /// Conventions for every op:
@@ -169,6 +206,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
         meta: &DeviceStepMeta<Self::Tensor>,
         scale: f32,
     ) -> Result<Self::Tensor>;
+
+    /// [`Backend::paged_attention`] with a sliding window and per-head sinks
+    /// ([`AttentionOptions`]; reference [`crate::reference::paged_attention_ext`]). The default
+    /// answers plain causal attention and refuses the extras (naming the backend).
+    fn paged_attention_ext(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        meta: &DeviceStepMeta<Self::Tensor>,
+        scale: f32,
+        opts: &AttentionOptions<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        if opts.window.is_some() || opts.sinks.is_some() {
+            anyhow::bail!(
+                "sliding-window / sink attention is not implemented on the {} backend",
+                self.name()
+            );
+        }
+        self.paged_attention(q, k_cache, v_cache, meta, scale)
+    }
 
     /// Index of the largest value in each row (first on ties): `x` `[R, V]` → `[R]` u32.
     fn argmax(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
@@ -425,6 +483,30 @@ pub trait Backend: Send + Sync + Sized + 'static {
         let zero = self.upload(&HostTensor::from_u32(vec![1], &[0])?)?;
         self.dequantize_into(q, &zero, &w)?;
         self.linear(x, &self.reshape(&w, &[n, k])?, bias)
+    }
+
+    /// [`Backend::moe_experts`] with biases and another activation ([`ExpertOptions`];
+    /// reference [`crate::reference::moe_experts_ext`]): `y[n] = Σ_j weights[n, j] ·
+    /// (down[e] · act(gate_up[e] · x[n] + b_gu[e]) + b_d[e])`. The default answers the plain
+    /// SwiGLU experts and refuses the extras (naming the backend).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts_ext(
+        &self,
+        x: &Self::Tensor,
+        ids: &Self::Tensor,
+        weights: &Self::Tensor,
+        gate_up: &Self::Tensor,
+        down: &Self::Tensor,
+        opts: &ExpertOptions<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        if opts.act != ExpertAct::Swiglu || opts.gate_up_bias.is_some() || opts.down_bias.is_some()
+        {
+            anyhow::bail!(
+                "experts with biases or the gpt-oss activation are not implemented on the {} backend",
+                self.name()
+            );
+        }
+        self.moe_experts(x, ids, weights, gate_up, down)
     }
 
     /// Uploads one step's metadata (one host→device copy per field).

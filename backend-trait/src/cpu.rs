@@ -4,8 +4,8 @@
 //! speed. bf16 activations are computed in f32 (`activation_dtype(BF16) = F32`).
 
 use crate::{
-    reference, rows, Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor,
-    RopeStyle, TensorInfo,
+    reference, rows, AttentionOptions, Backend, DType, DeviceStepMeta, ExpertOptions, HostTensor,
+    MoeRouting, QuantTensor, RopeStyle, TensorInfo,
 };
 use anyhow::{ensure, Result};
 use std::sync::{Arc, RwLock};
@@ -209,6 +209,54 @@ impl Backend for CpuBackend {
             v_cache.read(|vc| reference::paged_attention(&q, kc, vc, &meta.host, scale))
         })?;
         Ok(CpuTensor::new(out))
+    }
+
+    fn paged_attention_ext(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        meta: &DeviceStepMeta<CpuTensor>,
+        scale: f32,
+        opts: &AttentionOptions<CpuTensor>,
+    ) -> Result<CpuTensor> {
+        let q = q.host();
+        let sinks = opts.sinks.map(|t| t.host());
+        let out = k_cache.read(|kc| {
+            v_cache.read(|vc| {
+                reference::paged_attention_ext(
+                    &q,
+                    kc,
+                    vc,
+                    &meta.host,
+                    scale,
+                    opts.window,
+                    sinks.as_ref(),
+                )
+            })
+        })?;
+        Ok(CpuTensor::new(out))
+    }
+
+    fn moe_experts_ext(
+        &self,
+        x: &CpuTensor,
+        ids: &CpuTensor,
+        weights: &CpuTensor,
+        gate_up: &CpuTensor,
+        down: &CpuTensor,
+        opts: &ExpertOptions<CpuTensor>,
+    ) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::moe_experts_ext(
+            &x.host(),
+            &ids.host(),
+            &weights.host(),
+            &gate_up.host(),
+            &down.host(),
+            opts.act,
+            opts.gate_up_bias.map(|t| t.host()).as_ref(),
+            opts.down_bias.map(|t| t.host()).as_ref(),
+        )?))
     }
 
     fn argmax(&self, x: &CpuTensor) -> Result<CpuTensor> {
@@ -444,6 +492,11 @@ mod tests {
     #[test]
     fn cpu_conformance() {
         conformance::check_all(&CpuBackend).unwrap();
+    }
+
+    #[test]
+    fn cpu_window_sinks_and_biased_experts() {
+        crate::conformance_ext::check_ext(&CpuBackend).unwrap();
     }
 
     /// The DSA checks (not in `check_all`) on the reference backend: input construction (margin

@@ -9,7 +9,10 @@ mod backend;
 mod batch;
 mod dtype;
 
-pub use backend::{host_available_memory, Backend, MoeRouting, RopeStyle, TensorInfo};
+pub use backend::{
+    host_available_memory, AttentionOptions, Backend, ExpertAct, ExpertOptions, MoeRouting,
+    RopeStyle, TensorInfo,
+};
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
 pub use quant::{QuantFormat, QuantHost, QuantTensor};
@@ -17,6 +20,7 @@ pub use quant::{QuantFormat, QuantHost, QuantTensor};
 pub mod comm;
 pub mod comm_tcp;
 pub mod conformance;
+pub mod conformance_ext;
 pub mod conformance_quant;
 pub mod cpu;
 pub mod quant;

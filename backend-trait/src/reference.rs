@@ -9,7 +9,7 @@
 
 #![allow(clippy::needless_range_loop)] // index loops mirror the formulas
 
-use crate::{DType, HostTensor, RopeStyle, StepMeta};
+use crate::{DType, ExpertAct, HostTensor, RopeStyle, StepMeta};
 use anyhow::{bail, ensure, Result};
 
 fn float_dtype(op: &str, name: &str, t: &HostTensor) -> Result<DType> {
@@ -280,6 +280,21 @@ pub fn paged_attention(
     meta: &StepMeta,
     scale: f32,
 ) -> Result<HostTensor> {
+    paged_attention_ext(q, k_cache, v_cache, meta, scale, None, None)
+}
+
+/// [`paged_attention`] with a sliding window (a query at position `p` sees keys
+/// `p + 1 − window ..= p`) and per-head sinks (`sinks` `[H]`: one extra logit per softmax row
+/// that takes probability mass and adds no value; gpt-oss, HF `GptOssAttention`), in f64.
+pub fn paged_attention_ext(
+    q: &HostTensor,
+    k_cache: &HostTensor,
+    v_cache: &HostTensor,
+    meta: &StepMeta,
+    scale: f32,
+    window: Option<usize>,
+    sinks: Option<&HostTensor>,
+) -> Result<HostTensor> {
     rank("paged_attention", "q", q, 3, "[N, H, hd_k]")?;
     rank(
         "paged_attention",
@@ -319,6 +334,21 @@ pub fn paged_attention(
         "paged_attention: positions and token_seq must have {n} entries"
     );
     let group = h / hkv;
+    let sinks = match sinks {
+        Some(t) => {
+            ensure!(
+                t.shape == [h],
+                "paged_attention: sinks must be [{h}], got {:?}",
+                t.shape
+            );
+            Some(t.to_f32())
+        }
+        None => None,
+    };
+    ensure!(
+        window != Some(0),
+        "paged_attention: a sliding window must be >= 1"
+    );
     // The caches are read where they lie (f32), not copied.
     let (qv, kv, vv) = (q.to_f32(), k_cache.f32_values(), v_cache.f32_values());
     let mut out = vec![0f32; n * h * hdv];
@@ -334,7 +364,8 @@ pub fn paged_attention(
             let qrow = &qv[(t * h + hh) * hdk..(t * h + hh + 1) * hdk];
             let mut logits = Vec::with_capacity(p + 1);
             let mut slots = Vec::with_capacity(p + 1);
-            for j in 0..=p {
+            let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            for j in first..=p {
                 let blk_idx = j / bs;
                 if blk_idx >= meta.max_blocks {
                     bail!(
@@ -357,9 +388,14 @@ pub fn paged_attention(
                 logits.push(dot * scale as f64);
                 slots.push(slot);
             }
-            let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sink = sinks.as_ref().map(|z| z[hh] as f64);
+            let mx = logits
+                .iter()
+                .cloned()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = logits.iter().map(|&l| (l - mx).exp()).collect();
-            let sum: f64 = w.iter().sum();
+            let sum: f64 = w.iter().sum::<f64>() + sink.map_or(0.0, |z| (z - mx).exp());
             let o = &mut out[(t * h + hh) * hdv..(t * h + hh + 1) * hdv];
             for d in 0..hdv {
                 let mut acc = 0f64;
@@ -683,6 +719,32 @@ pub fn moe_experts(
     gate_up: &HostTensor,
     down: &HostTensor,
 ) -> Result<HostTensor> {
+    moe_experts_ext(
+        x,
+        ids,
+        weights,
+        gate_up,
+        down,
+        ExpertAct::Swiglu,
+        None,
+        None,
+    )
+}
+
+/// [`moe_experts`] with another activation ([`ExpertAct`]) and biases on the two projections
+/// (`gate_up_bias` `[E, 2F]` in `gate_up`'s row order, `down_bias` `[E, D]`), in f64:
+/// `y[n] = Σ_j weights[n, j] · (down[e] · act(gate_up[e] · x[n] + b_gu[e]) + b_d[e])`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_ext(
+    x: &HostTensor,
+    ids: &HostTensor,
+    weights: &HostTensor,
+    gate_up: &HostTensor,
+    down: &HostTensor,
+    act: ExpertAct,
+    gate_up_bias: Option<&HostTensor>,
+    down_bias: Option<&HostTensor>,
+) -> Result<HostTensor> {
     rank("moe_experts", "x", x, 2, "[N, D]")?;
     rank("moe_experts", "gate_up", gate_up, 3, "[E, 2F, D]")?;
     rank("moe_experts", "down", down, 3, "[E, D, F]")?;
@@ -712,6 +774,21 @@ pub fn moe_experts(
         gate_up.to_f32(),
         down.to_f32(),
     );
+    let bias = |t: Option<&HostTensor>, shape: [usize; 2], what: &str| -> Result<Vec<f32>> {
+        match t {
+            Some(t) => {
+                ensure!(
+                    t.shape == shape,
+                    "moe_experts: {what} must be {shape:?}, got {:?}",
+                    t.shape
+                );
+                Ok(t.to_f32())
+            }
+            None => Ok(vec![0.0; shape[0] * shape[1]]),
+        }
+    };
+    let gub = bias(gate_up_bias, [e, f2], "gate_up_bias")?;
+    let dnb = bias(down_bias, [e, d], "down_bias")?;
     let mut y = vec![0f32; n * d];
     for t in 0..n {
         let xr = &xv[t * d..(t + 1) * d];
@@ -724,18 +801,27 @@ pub fn moe_experts(
             );
             let dot = |row: usize| -> f64 {
                 let w = &gu[(ex * f2 + row) * d..(ex * f2 + row + 1) * d];
-                xr.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum()
+                let s: f64 = xr.iter().zip(w).map(|(a, b)| *a as f64 * *b as f64).sum();
+                s + gub[ex * f2 + row] as f64
             };
             let hmid: Vec<f64> = (0..f)
-                .map(|i| {
-                    let g = dot(i);
-                    let u = dot(f + i);
-                    g / (1.0 + (-g).exp()) * u
+                .map(|i| match act {
+                    ExpertAct::Swiglu => {
+                        let (g, u) = (dot(i), dot(f + i));
+                        g / (1.0 + (-g).exp()) * u
+                    }
+                    ExpertAct::GptOss { alpha, limit } => {
+                        let (l, a) = (limit as f64, alpha as f64);
+                        let g = dot(2 * i).min(l);
+                        let u = dot(2 * i + 1).clamp(-l, l);
+                        (u + 1.0) * g / (1.0 + (-a * g).exp())
+                    }
                 })
                 .collect();
             for o in 0..d {
                 let w = &dn[(ex * d + o) * f..(ex * d + o + 1) * f];
-                let v: f64 = hmid.iter().zip(w).map(|(a, b)| a * *b as f64).sum();
+                let v: f64 = hmid.iter().zip(w).map(|(a, b)| a * *b as f64).sum::<f64>()
+                    + dnb[ex * d + o] as f64;
                 acc[o] += wv[t * k + j] as f64 * v;
             }
         }

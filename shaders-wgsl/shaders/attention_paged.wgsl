@@ -13,6 +13,10 @@ struct Params {
     max_blocks: u32,
     group: u32, // H / Hkv
     scale: f32,
+    rows: u32,      // N * H (unused here)
+    window: u32,    // sliding window (0: none): keys positions[t] + 1 - window ..= positions[t]
+    has_sinks: u32, // 1: sinks[h] is one more logit of each row, with no value (gpt-oss)
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -23,6 +27,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> token_seq: array<u32>;
 @group(0) @binding(6) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 const WG: u32 = 64u;
 const NEG: f32 = -3.0e38;
@@ -49,12 +54,21 @@ fn paged_attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     }
     var m = NEG;
     var l = 0.0;
+    if (P.has_sinks == 1u) {
+        // The sink as the first logit: max z, weight exp(z - z) = 1, no value.
+        m = sinks[hh];
+        l = 1.0;
+    }
+    var first = 0u;
+    if (P.window > 0u && nkeys > P.window) {
+        first = nkeys - P.window;
+    }
     var acc: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
         acc[i] = 0.0;
     }
     workgroupBarrier();
-    for (var j0 = 0u; j0 < nkeys; j0 += WG) {
+    for (var j0 = first; j0 < nkeys; j0 += WG) {
         let j = j0 + lid;
         var score = NEG;
         if (j < nkeys) {

@@ -16,8 +16,8 @@ struct Params {
     group: u32, // H / Hkv
     scale: f32,
     rows: u32,  // N * H
-    _p0: u32,
-    _p1: u32,
+    window: u32,    // sliding window (0: none): keys positions[t] + 1 - window ..= positions[t]
+    has_sinks: u32, // 1: sinks[h] is one more logit of each row, with no value (gpt-oss)
     _p2: u32,
 }
 
@@ -29,6 +29,7 @@ struct Params {
 @group(0) @binding(5) var<storage, read> token_seq: array<u32>;
 @group(0) @binding(6) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(7) var<storage, read_write> out4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 @compute @workgroup_size(8)
 fn paged_attention_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -54,11 +55,20 @@ fn paged_attention_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     }
     var m = -3.0e38;
     var l = 0.0;
+    if (P.has_sinks == 1u) {
+        // The sink as the first logit: max z, weight exp(z - z) = 1, no value.
+        m = sinks[hh];
+        l = 1.0;
+    }
+    var first = 0u;
+    if (P.window > 0u && nkeys > P.window) {
+        first = nkeys - P.window;
+    }
     // Walk the block table incrementally (no integer division per key).
-    var bt = s * P.max_blocks;
-    var off = 0u;
+    var bt = s * P.max_blocks + first / P.bs;
+    var off = first % P.bs;
     var base = block_tables[bt] * P.bs;
-    for (var j = 0u; j < nkeys; j++) {
+    for (var j = first; j < nkeys; j++) {
         if (off == P.bs) {
             off = 0u;
             bt += 1u;

@@ -10,6 +10,10 @@ struct Params {
     e: u32,
     total: u32, // N * k * F
     bf16: u32,
+    act: u32,      // 0: silu(g) * u, rows [gate; up]; 1: gpt-oss, rows interleaved (2i gate, 2i+1 up)
+    has_bias: u32, // 1: add bias[e, row] to each projection
+    alpha: f32,    // gpt-oss sigmoid slope
+    limit: f32,    // gpt-oss clamp
     _p0: u32,
     _p1: u32,
 }
@@ -19,6 +23,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read_write> h: array<f32>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> rg: array<f32, WG>;
@@ -34,6 +39,31 @@ fn wat(i: u32) -> f32 {
 
 fn silu_mul(g: f32, u: f32) -> f32 {
     return g / (1.0 + exp(-clamp(g, -80.0, 80.0))) * u;
+}
+
+// Row of the gate (and up) weight of output i of expert ex.
+fn gate_row(ex: u32, i: u32) -> u32 {
+    return ex * 2u * P.f + select(i, 2u * i, P.act == 1u);
+}
+
+fn up_row(ex: u32, i: u32) -> u32 {
+    return select(gate_row(ex, i) + P.f, gate_row(ex, i) + 1u, P.act == 1u);
+}
+
+// The activation of one output from its two projections (biases added here).
+fn activate(ex: u32, i: u32, g0: f32, u0: f32) -> f32 {
+    var g = g0;
+    var u = u0;
+    if (P.has_bias == 1u) {
+        g += bias[gate_row(ex, i)];
+        u += bias[up_row(ex, i)];
+    }
+    if (P.act == 1u) {
+        g = min(g, P.limit);
+        u = clamp(u, -P.limit, P.limit);
+        return (u + 1.0) * g / (1.0 + exp(-clamp(P.alpha * g, -80.0, 80.0)));
+    }
+    return silu_mul(g, u);
 }
 
 // One invocation per (t, j, i) (CPU adapters).
@@ -53,8 +83,8 @@ fn moe_act_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     let xb = t * P.d;
-    let gb = (ex * 2u * P.f + i) * P.d;
-    let ub = gb + P.f * P.d;
+    let gb = gate_row(ex, i) * P.d;
+    let ub = up_row(ex, i) * P.d;
     var g = 0.0;
     var u = 0.0;
     for (var c = 0u; c < P.d; c++) {
@@ -62,7 +92,7 @@ fn moe_act_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         g = fma(xv, wat(gb + c), g);
         u = fma(xv, wat(ub + c), u);
     }
-    h[idx] = silu_mul(g, u);
+    h[idx] = activate(ex, i, g, u);
 }
 
 // One workgroup per (t, j, i): coalesced loads along D and tree reductions (GPUs).
@@ -81,8 +111,8 @@ fn moe_act_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     var u = 0.0;
     if (ex < P.e) {
         let xb = t * P.d;
-        let gb = (ex * 2u * P.f + i) * P.d;
-        let ub = gb + P.f * P.d;
+        let gb = gate_row(ex, i) * P.d;
+        let ub = up_row(ex, i) * P.d;
         for (var c = lid; c < P.d; c += WG) {
             let xv = x[xb + c];
             g = fma(xv, wat(gb + c), g);
@@ -100,6 +130,6 @@ fn moe_act_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         workgroupBarrier();
     }
     if (lid == 0u) {
-        h[idx] = select(0.0, silu_mul(rg[0], ru[0]), ex < P.e);
+        h[idx] = select(0.0, activate(min(ex, P.e - 1u), i, rg[0], ru[0]), ex < P.e);
     }
 }

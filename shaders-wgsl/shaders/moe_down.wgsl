@@ -1,4 +1,4 @@
-// Routed SwiGLU experts, step 2: y[t, o] = sum_j weights[t, j] * (down[e, o] . h[t, j]) with
+// Routed experts, step 2: y[t, o] = sum_j weights[t, j] * (down[e, o] . h[t, j] (+ bias[e, o])) with
 // e = ids[t, j]. h [N, k, F] f32 (from moe_act.wgsl), ids [N, k] u32, weights [N, k] f32,
 // down [E, D, F] f32 or packed bf16 (two per u32, element 2i in the low half), y [N, D] f32.
 // Out-of-range ids contribute nothing.
@@ -10,7 +10,7 @@ struct Params {
     e: u32,
     total: u32, // N * D
     bf16: u32,
-    _p0: u32,
+    has_bias: u32, // 1: add bias[e, o] to each expert's output before weighting
     _p1: u32,
 }
 
@@ -20,6 +20,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> weights: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<storage, read> bias: array<f32>;
 
 const WG: u32 = 64u;
 var<workgroup> red: array<f32, WG>;
@@ -54,6 +55,9 @@ fn moe_down_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         for (var i = 0u; i < P.f; i++) {
             dot = fma(h[hb + i], wat(wb + i), dot);
         }
+        if (P.has_bias == 1u) {
+            dot += bias[ex * P.d + o];
+        }
         acc = fma(weights[t * P.k + j], dot, acc);
     }
     y[idx] = acc;
@@ -80,6 +84,9 @@ fn moe_down_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         var dot = 0.0;
         for (var i = lid; i < P.f; i += WG) {
             dot = fma(h[hb + i], wat(wb + i), dot);
+        }
+        if (P.has_bias == 1u && lid == 0u) {
+            dot += bias[ex * P.d + o];
         }
         acc = fma(weights[t * P.k + j], dot, acc);
     }

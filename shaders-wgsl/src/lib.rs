@@ -58,7 +58,8 @@ mod pipelines;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use buffers::{Chunk, Pool, Storage};
 use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, TensorInfo,
+    AttentionOptions, Backend, DType, DeviceStepMeta, ExpertAct, ExpertOptions, HostTensor,
+    MoeRouting, QuantTensor, RopeStyle, TensorInfo,
 };
 use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
 use std::collections::HashMap;
@@ -810,7 +811,31 @@ impl Backend for WgslBackend {
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
     ) -> Result<WTensor> {
-        self.paged_attention_impl(q, k_cache, v_cache, meta, scale)
+        self.paged_attention_impl(q, k_cache, v_cache, meta, scale, None, None)
+    }
+
+    fn paged_attention_ext(
+        &self,
+        q: &WTensor,
+        k_cache: &WTensor,
+        v_cache: &WTensor,
+        meta: &DeviceStepMeta<WTensor>,
+        scale: f32,
+        opts: &AttentionOptions<WTensor>,
+    ) -> Result<WTensor> {
+        self.paged_attention_impl(q, k_cache, v_cache, meta, scale, opts.window, opts.sinks)
+    }
+
+    fn moe_experts_ext(
+        &self,
+        x: &WTensor,
+        ids: &WTensor,
+        weights: &WTensor,
+        gate_up: &WTensor,
+        down: &WTensor,
+        opts: &ExpertOptions<WTensor>,
+    ) -> Result<WTensor> {
+        self.moe_experts_impl(x, ids, weights, gate_up, down, opts)
     }
 
     fn argmax(&self, x: &WTensor) -> Result<WTensor> {
@@ -859,7 +884,18 @@ impl Backend for WgslBackend {
         gate_up: &WTensor,
         down: &WTensor,
     ) -> Result<WTensor> {
-        self.moe_experts_impl(x, ids, weights, gate_up, down)
+        self.moe_experts_impl(
+            x,
+            ids,
+            weights,
+            gate_up,
+            down,
+            &ExpertOptions {
+                act: ExpertAct::Swiglu,
+                gate_up_bias: None,
+                down_bias: None,
+            },
+        )
     }
 
     fn short_conv(

@@ -117,7 +117,7 @@ spec!(
     ATTENTION_LANES,
     "attention_paged_lanes.wgsl",
     "paged_attention_lanes",
-    [R, R, R, R, R, R, W]
+    [R, R, R, R, R, R, W, R]
 );
 spec!(BF16_TO_F32, CONVERT, "convert.wgsl", "bf16_to_f32", [R, W]);
 spec!(
@@ -133,7 +133,7 @@ spec!(
     ATTENTION,
     "attention_paged.wgsl",
     "paged_attention",
-    [R, R, R, R, R, R, W]
+    [R, R, R, R, R, R, W, R]
 );
 
 spec!(
@@ -183,28 +183,28 @@ spec!(
     MOE_ACT,
     "moe_act.wgsl",
     "moe_act_lanes",
-    [R, R, R, W]
+    [R, R, R, W, R]
 );
 spec!(
     MOE_ACT_WG,
     MOE_ACT,
     "moe_act.wgsl",
     "moe_act_wg",
-    [R, R, R, W]
+    [R, R, R, W, R]
 );
 spec!(
     MOE_DOWN_LANES,
     MOE_DOWN,
     "moe_down.wgsl",
     "moe_down_lanes",
-    [R, R, R, R, W]
+    [R, R, R, R, W, R]
 );
 spec!(
     MOE_DOWN_WG,
     MOE_DOWN,
     "moe_down.wgsl",
     "moe_down_wg",
-    [R, R, R, R, W]
+    [R, R, R, R, W, R]
 );
 
 spec!(

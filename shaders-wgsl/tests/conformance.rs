@@ -45,3 +45,13 @@ fn quantized_weights() {
         KernelChoice::Auto,
     )));
 }
+
+#[test]
+fn sliding_window_sinks_and_biased_experts() {
+    ok(dayone_backend::conformance_ext::check_ext(&backend(
+        KernelChoice::Cpu,
+    )));
+    ok(dayone_backend::conformance_ext::check_ext(&backend(
+        KernelChoice::Gpu,
+    )));
+}

@@ -56,6 +56,9 @@ impl WgslBackend {
         Ok(())
     }
 
+    /// Causal attention, optionally over a sliding window and with per-head sinks
+    /// ([`dayone_backend::AttentionOptions`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn paged_attention_impl(
         &self,
         q: &WTensor,
@@ -63,8 +66,11 @@ impl WgslBackend {
         v_cache: &WTensor,
         meta: &DeviceStepMeta<WTensor>,
         scale: f32,
+        window: Option<usize>,
+        sinks: Option<&WTensor>,
     ) -> Result<WTensor> {
         const OP: &str = "paged_attention";
+        ensure!(window != Some(0), "{OP}: a sliding window must be >= 1");
         let hm = &meta.host;
         let n = hm.num_tokens();
         ensure!(
@@ -118,10 +124,25 @@ impl WgslBackend {
             (h / hkv) as u32,
             f32_param(scale),
             (n * h) as u32,
-            0,
-            0,
+            window.unwrap_or(0) as u32,
+            sinks.is_some() as u32,
             0,
         ];
+        let sinks = match sinks {
+            Some(t) => {
+                ensure!(
+                    t.shape == [h],
+                    "{OP}: sinks must be [{h}], got {:?}",
+                    t.shape
+                );
+                Some(self.f32_of(OP, "sinks", t)?)
+            }
+            None => None,
+        };
+        let sinks_buf = match &sinks {
+            Some(t) => t.single(OP, "sinks")?,
+            None => &self.dummy,
+        };
         // CPU adapters: one invocation per (token, head), no barriers; GPUs: a workgroup per
         // (token, head) sharing each key tile.
         let lanes = self.cpu_kernels && hdv.is_multiple_of(4) && hdk <= 256 && hdv <= 256;
@@ -144,6 +165,7 @@ impl WgslBackend {
                 meta.token_seq.single(OP, "token_seq")?,
                 meta.block_tables.single(OP, "block_tables")?,
                 out.single(OP, "output")?,
+                sinks_buf,
             ],
             g,
         )?;

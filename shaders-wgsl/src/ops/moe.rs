@@ -2,7 +2,7 @@
 
 use crate::{f32_param, pipelines, WTensor, WgslBackend};
 use anyhow::{ensure, Context, Result};
-use dayone_backend::{Backend, DType, MoeRouting};
+use dayone_backend::{Backend, DType, ExpertAct, ExpertOptions, MoeRouting};
 
 impl WgslBackend {
     pub(crate) fn moe_route_impl(
@@ -87,6 +87,7 @@ impl WgslBackend {
         weights: &WTensor,
         gate_up: &WTensor,
         down: &WTensor,
+        opts: &ExpertOptions<WTensor>,
     ) -> Result<WTensor> {
         const OP: &str = "moe_experts";
         ensure!(
@@ -143,6 +144,32 @@ impl WgslBackend {
                 Self::grid(OP, (total as u64).div_ceil(64))?,
             )
         };
+        let (act, alpha, limit) = match opts.act {
+            ExpertAct::Swiglu => (0, 0.0, 0.0),
+            ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+        };
+        let bias =
+            |t: Option<&WTensor>, shape: [usize; 2], what: &str| -> Result<Option<WTensor>> {
+                match t {
+                    Some(t) => {
+                        ensure!(
+                            t.shape == shape,
+                            "{OP}: {what} must be {shape:?}, got {:?}",
+                            t.shape
+                        );
+                        Ok(Some(self.f32_of(OP, what, t)?))
+                    }
+                    None => Ok(None),
+                }
+            };
+        let gu_bias = bias(opts.gate_up_bias, [e, f2], "gate_up_bias")?;
+        let dn_bias = bias(opts.down_bias, [e, d], "down_bias")?;
+        fn buf<'a>(dummy: &'a wgpu::Buffer, t: &'a Option<WTensor>) -> Result<&'a wgpu::Buffer> {
+            match t {
+                Some(t) => t.single("moe_experts", "bias"),
+                None => Ok(dummy),
+            }
+        }
         let p = [
             d as u32,
             f as u32,
@@ -150,10 +177,19 @@ impl WgslBackend {
             e as u32,
             total as u32,
             gbf,
+            act,
+            gu_bias.is_some() as u32,
+            f32_param(alpha),
+            f32_param(limit),
             0,
             0,
         ];
-        self.dispatch(spec, &p, &[x.single(OP, "x")?, ib, gub, hb], g)?;
+        self.dispatch(
+            spec,
+            &p,
+            &[x.single(OP, "x")?, ib, gub, hb, buf(&self.dummy, &gu_bias)?],
+            g,
+        )?;
         // The weighted down-projection sum per (token, output).
         let total = n * d;
         let (spec, g) = if wg {
@@ -171,7 +207,7 @@ impl WgslBackend {
             e as u32,
             total as u32,
             dbf,
-            0,
+            dn_bias.is_some() as u32,
             0,
         ];
         self.dispatch(
@@ -183,6 +219,7 @@ impl WgslBackend {
                 weights.single(OP, "weights")?,
                 dnb,
                 out.single(OP, "output")?,
+                buf(&self.dummy, &dn_bias)?,
             ],
             g,
         )?;
