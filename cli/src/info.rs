@@ -76,7 +76,7 @@ pub fn cache_spec(c: &ModelConfig) -> CacheSpec {
                 })
                 .collect(),
         },
-        ModelConfig::Glm5Next(_) => c
+        ModelConfig::Glm5Next(_) | ModelConfig::GptOss(_) => c
             .layer_plan()
             .map(|p| p.cache_spec())
             .unwrap_or(CacheSpec { layers: vec![] }),
@@ -178,6 +178,7 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
         ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
         ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
         ModelConfig::Glm5Next(c) => (c.n_routed_experts, c.num_experts_per_tok),
+        ModelConfig::GptOss(c) => (c.num_local_experts, c.top_k()),
         _ => (0, 0),
     };
     let active = if e > 0 {

@@ -216,6 +216,11 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         self
     }
 
+    /// The tensors' source (for layers that read stored bytes, e.g. packed codes).
+    pub fn source(&self) -> &dyn TensorSource {
+        self.src
+    }
+
     /// The checkpoint's file or directory, for error messages.
     pub fn origin(&self) -> String {
         self.src.origin()
@@ -290,6 +295,11 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     pub fn upload(&self, host: HostTensor) -> Result<B::Tensor> {
         let host = convert(host, self.dtype)?;
         self.upload_exact(host)
+    }
+
+    /// Uploads a host tensor assembled by the caller in f32 (small tensors the ops read in f32).
+    pub fn upload_f32(&self, host: HostTensor) -> Result<B::Tensor> {
+        self.upload_exact(convert(host, DType::F32)?)
     }
 
     /// Uploads a host tensor as it is (its dtype kept) and advances the progress count.

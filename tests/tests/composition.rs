@@ -32,7 +32,7 @@ fn layer_kinds(name: &str) -> Result<Vec<(&'static str, &'static str)>> {
             };
             let ffn = match l.ffn {
                 Ffn::Dense { .. } => "dense",
-                Ffn::Moe { .. } => "moe",
+                Ffn::Moe { .. } | Ffn::GptOssMoe { .. } => "moe",
             };
             (mixer, ffn)
         })

@@ -2,12 +2,14 @@
 
 mod deepseek_v3;
 mod glm5_next;
+mod gpt_oss;
 mod kimi_linear;
 mod llama;
 pub(crate) mod rope;
 
 pub use deepseek_v3::DeepseekV3Config;
 pub use glm5_next::{Glm5LayerKind, Glm5LinearAttnConfig, Glm5NextConfig};
+pub use gpt_oss::{GptOssConfig, GPT_OSS_ALPHA};
 pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
 pub use llama::LlamaConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
@@ -66,6 +68,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v32",
     "kimi_linear",
     "glm5_next",
+    "gpt_oss",
 ];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
@@ -86,6 +89,10 @@ pub enum ModelConfig {
     /// `model_type: "glm5_next"` (GLM-5.3-Flash, text): hyper-connections around KDA and NoPE
     /// MLA with a pooled DSA indexer, clamped-SwiGLU MoE.
     Glm5Next(Glm5NextConfig),
+    /// `model_type: "gpt_oss"` (OpenAI gpt-oss): GQA with attention sinks, alternating
+    /// sliding-window and full layers, YaRN; MoE with a biased softmax-top-k router and
+    /// MXFP4 experts.
+    GptOss(GptOssConfig),
 }
 
 impl ModelConfig {
@@ -114,6 +121,7 @@ impl ModelConfig {
             ModelConfig::DeepseekV3(c) => &c.model_type,
             ModelConfig::KimiLinear(c) => &c.model_type,
             ModelConfig::Glm5Next(c) => &c.model_type,
+            ModelConfig::GptOss(c) => &c.model_type,
         }
     }
 
@@ -130,6 +138,7 @@ impl ModelConfig {
             ModelConfig::DeepseekV3(c) => c.max_position_embeddings,
             ModelConfig::KimiLinear(c) => c.max_position_embeddings,
             ModelConfig::Glm5Next(c) => c.max_position_embeddings,
+            ModelConfig::GptOss(c) => c.max_position_embeddings,
         }
     }
 
@@ -142,6 +151,7 @@ impl ModelConfig {
             ModelConfig::KimiLinear(c) => c.num_hidden_layers,
             // Plus the multi-token-prediction layer stored after them.
             ModelConfig::Glm5Next(c) => c.num_hidden_layers + 1,
+            ModelConfig::GptOss(c) => c.num_hidden_layers,
         }
     }
 
@@ -152,6 +162,7 @@ impl ModelConfig {
             ModelConfig::DeepseekV3(c) => c.vocab_size,
             ModelConfig::KimiLinear(c) => c.vocab_size,
             ModelConfig::Glm5Next(c) => c.vocab_size,
+            ModelConfig::GptOss(c) => c.vocab_size,
         }
     }
 }

@@ -3,12 +3,14 @@
 //! Math (HF `LlamaAttention`, `Qwen3Attention`): `q = W_q x`, `k = W_k x`, `v = W_v x` split into
 //! heads; Qwen3 applies RMSNorm per head to q and k before RoPE; RoPE on q and k; causal
 //! `softmax(q·kᵀ / sqrt(hd)) v` per head, query head `h` reading KV head `h / (H/Hkv)`; `W_o`.
+//! Optionally over a sliding window (Mistral, Qwen2/3 sliding layers, gpt-oss) and with a
+//! learned sink logit per head in every softmax row (gpt-oss, HF `GptOssAttention`).
 
 use super::{Linear, RmsNorm, Rope, RowLinear};
 use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, DeviceStepMeta};
+use dayone_backend::{AttentionOptions, Backend, DeviceStepMeta};
 
 /// Head counts and widths of an attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +41,10 @@ pub struct Attention<B: Backend> {
     pub q_norm: Option<RmsNorm<B>>,
     /// Qwen3's per-head norm of k, weight `[hd]`.
     pub k_norm: Option<RmsNorm<B>>,
+    /// gpt-oss's per-head sink logits `[H]` f32 (this rank's heads).
+    pub sinks: Option<B::Tensor>,
+    /// Sliding window: a query sees the last this-many positions (itself included).
+    pub window: Option<usize>,
 }
 
 impl<B: Backend> Attention<B> {
@@ -81,10 +87,37 @@ impl<B: Backend> Attention<B> {
             q_proj: Linear::column(w, &format!("{prefix}.q_proj"), q_dim, s.hidden, bias)?,
             k_proj: kv("k_proj")?,
             v_proj: kv("v_proj")?,
-            o_proj: RowLinear::load(w, &format!("{prefix}.o_proj"), s.hidden, q_dim, false)?,
+            // Llama and gpt-oss bias o_proj with `attention_bias`; Qwen2 biases q/k/v only.
+            o_proj: RowLinear::load(
+                w,
+                &format!("{prefix}.o_proj"),
+                s.hidden,
+                q_dim,
+                bias && w.has(&format!("{prefix}.o_proj.bias")),
+            )?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
+            sinks: None,
+            window: None,
         })
+    }
+
+    /// Adds gpt-oss's sinks `{prefix}.sinks` `[H]` (this rank's heads) and a sliding window.
+    pub fn with_extras(
+        mut self,
+        w: &WeightLoader<B>,
+        prefix: &str,
+        sinks: bool,
+        window: Option<usize>,
+    ) -> Result<Self> {
+        if sinks {
+            let par = w.parallel();
+            let all = self.shape.heads * par.world();
+            let t = w.host_split_f32(&format!("{prefix}.sinks"), &[all], par.split(0))?;
+            self.sinks = Some(w.upload_f32(t)?);
+        }
+        self.window = window;
+        Ok(self)
     }
 
     /// `x` `[N, D]` → `[N, D]`; writes this step's keys/values into `(k_cache, v_cache)`.
@@ -112,7 +145,13 @@ impl<B: Backend> Attention<B> {
         let k = rope.forward(b, &k, &meta.positions)?;
         b.write_kv(&k, &v, kv.0, kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
-        let o = b.paged_attention(&q, kv.0, kv.1, meta, scale)?;
+        let opts = AttentionOptions {
+            // A window no sequence of the step outgrows changes nothing: plain causal attention
+            // (which every backend has).
+            window: self.window.filter(|&w| meta.host.max_seq_len > w),
+            sinks: self.sinks.as_ref(),
+        };
+        let o = b.paged_attention_ext(&q, kv.0, kv.1, meta, scale, &opts)?;
         self.o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }

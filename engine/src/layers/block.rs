@@ -35,6 +35,8 @@ pub enum BlockFfn<B: Backend> {
     Dense(Mlp<B>),
     /// Routed experts plus shared experts.
     Moe(Moe<B>),
+    /// gpt-oss's biased experts.
+    GptOss(Box<super::GptOssMoe<B>>),
 }
 
 /// How a block adds to the residual.
@@ -111,6 +113,7 @@ impl<B: Backend> BlockFfn<B> {
         match self {
             BlockFfn::Dense(mlp) => mlp.forward(b, x),
             BlockFfn::Moe(moe) => moe.forward(b, x),
+            BlockFfn::GptOss(moe) => moe.forward(b, x),
         }
     }
 }

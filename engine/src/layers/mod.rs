@@ -3,6 +3,7 @@
 mod attention;
 mod block;
 mod dsa_indexer;
+mod gpt_oss_moe;
 mod hyper_connections;
 mod kda;
 mod linear;
@@ -20,6 +21,7 @@ mod rope;
 pub use attention::{Attention, AttentionShape};
 pub use block::{Block, BlockFfn, BlockMixer, BlockResidual};
 pub use dsa_indexer::DsaIndexer;
+pub use gpt_oss_moe::{GptOssExperts, GptOssMoe};
 pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnection};
 pub use kda::{Kda, KdaShape};
 pub use linear::{Linear, Weight};

@@ -6,7 +6,9 @@
 
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DType, HostTensor, QuantHost, QuantTensor, TensorInfo};
+use dayone_backend::{
+    Backend, DType, ExpertAct, ExpertOptions, HostTensor, QuantHost, QuantTensor, TensorInfo,
+};
 use std::sync::Arc;
 
 /// The float workspace `[slots, 2F, D]` and `[slots, D, F]` (activation dtype) the experts of
@@ -74,14 +76,28 @@ impl<B: Backend> QuantExperts<B> {
         })
     }
 
-    /// `y[n] = Σ_j weights[n, j] · Expert_{ids[n, j]}(x[n])` with the chosen experts decoded
-    /// first: `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32 → `[N, D]`.
+    /// `y[n] = Σ_j weights[n, j] · Expert_{ids[n, j]}(x[n])` (SwiGLU) with the chosen experts
+    /// decoded first: `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32 → `[N, D]`.
     pub fn forward(
         &self,
         b: &B,
         x: &B::Tensor,
         ids: &B::Tensor,
         weights: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        self.forward_with(b, x, ids, weights, ExpertAct::Swiglu, None)
+    }
+
+    /// [`QuantExperts::forward`] with another activation and the projections' biases
+    /// (`[E, 2F]`, `[E, D]`, gathered per step into the workspace's slot order).
+    pub fn forward_with(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        ids: &B::Tensor,
+        weights: &B::Tensor,
+        act: ExpertAct,
+        biases: Option<(&B::Tensor, &B::Tensor)>,
     ) -> Result<B::Tensor> {
         let e = self.gate_up.shape[0];
         let host = b.download(ids)?.to_u32()?;
@@ -95,11 +111,11 @@ impl<B: Backend> QuantExperts<B> {
                 items.push(i as u32);
             }
         }
-        if items.len() > self.workspace.slots() {
+        let slots = self.workspace.slots();
+        if items.len() > slots {
             bail!(
-                "moe: {} experts chosen in one step but the workspace holds {}",
-                items.len(),
-                self.workspace.slots()
+                "moe: {} experts chosen in one step but the workspace holds {slots}",
+                items.len()
             );
         }
         let local: Vec<u32> = host
@@ -107,11 +123,27 @@ impl<B: Backend> QuantExperts<B> {
             .map(|&i| slot.get(i as usize).copied().unwrap_or(u32::MAX))
             .collect();
         let (gu, dn) = &*self.workspace.tensors;
-        let items = b.upload(&HostTensor::from_u32(vec![items.len()], &items)?)?;
-        b.dequantize_into(&self.gate_up, &items, gu)?;
-        b.dequantize_into(&self.down, &items, dn)?;
+        let chosen = b.upload(&HostTensor::from_u32(vec![items.len()], &items)?)?;
+        b.dequantize_into(&self.gate_up, &chosen, gu)?;
+        b.dequantize_into(&self.down, &chosen, dn)?;
         let local = b.upload(&HostTensor::from_u32(ids.shape().to_vec(), &local)?)?;
-        b.moe_experts(x, &local, weights, gu, dn)
+        // Biases in slot order, one row per workspace slot (slots past the chosen repeat the
+        // first chosen expert's row; no token reads them).
+        let gathered = match biases {
+            Some((gub, dnb)) => {
+                let mut rows = items.clone();
+                rows.resize(slots, items.first().copied().unwrap_or(0));
+                let rows = b.upload(&HostTensor::from_u32(vec![slots], &rows)?)?;
+                Some((b.embedding(gub, &rows)?, b.embedding(dnb, &rows)?))
+            }
+            None => None,
+        };
+        let opts = ExpertOptions {
+            act,
+            gate_up_bias: gathered.as_ref().map(|g| &g.0),
+            down_bias: gathered.as_ref().map(|g| &g.1),
+        };
+        b.moe_experts_ext(x, &local, weights, gu, dn, &opts)
     }
 }
 

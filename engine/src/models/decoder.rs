@@ -14,8 +14,8 @@
 use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::layers::{
     expand_streams, mean_streams, Attention, AttentionShape, Block, BlockFfn, BlockMixer,
-    BlockResidual, DsaIndexer, ExpertNames, HyperConnection, Kda, KdaShape, Mla, MlaShape,
-    MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, RmsNorm, Rope,
+    BlockResidual, DsaIndexer, ExpertNames, GptOssMoe, HyperConnection, Kda, KdaShape, Mla,
+    MlaShape, MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, RmsNorm, Rope,
 };
 use crate::models::{CausalLm, TokenHead};
 use crate::weights::WeightLoader;
@@ -88,8 +88,11 @@ pub enum Mixer {
         bias: bool,
         /// Qwen3's per-head q/k RMSNorm epsilon.
         qk_norm: Option<f64>,
-        /// Attend only to the last this-many positions (Mistral); not supported yet.
+        /// Attend only to the last this-many positions (Mistral, sliding layers of Qwen2/3
+        /// and gpt-oss).
         sliding_window: Option<usize>,
+        /// gpt-oss's learned per-head sink logit (`{mixer}.sinks` `[H]`).
+        sinks: bool,
         /// Rotary tables.
         rope: RopePlan,
     },
@@ -132,6 +135,20 @@ pub enum Ffn {
         shape: MoeShape,
         /// Router settings.
         routing: MoeRouting,
+    },
+    /// gpt-oss's experts: biased router, softmax over the top-k, clamped GLU with biases
+    /// ([`crate::layers::GptOssMoe`]).
+    GptOssMoe {
+        /// Routed experts `E`.
+        experts: usize,
+        /// Width `F` of each expert.
+        expert_dim: usize,
+        /// Experts per token.
+        top_k: usize,
+        /// Clamp of gate and up (`swiglu_limit`).
+        limit: f64,
+        /// Sigmoid slope of the gate (1.702).
+        alpha: f64,
     },
 }
 
@@ -327,6 +344,10 @@ impl ModelPlan {
                     expert_split(0, world, ep, shape.experts, shape.expert_dim)
                         .and_then(|_| divides(shape.shared_dim, world, "shared-expert channels"))
                 }
+                Ffn::GptOssMoe { .. } if world > 1 => Err(anyhow::anyhow!(
+                    "gpt-oss experts do not split over several ranks yet"
+                )),
+                Ffn::GptOssMoe { .. } => Ok(()),
             }
             .map_err(layer)?;
         }
@@ -393,64 +414,64 @@ fn load_block<B: Backend>(
     let limit = l.swiglu_limit.map(|x| x as f32);
     let mixer_prefix = format!("{p}.{}", names.mixer);
     let input_norm = RmsNorm::load(w, &format!("{p}.{}", names.input_norm), d, l.norm_eps)?;
-    let mixer = match &l.mixer {
-        Mixer::Attention {
-            shape,
-            bias,
-            qk_norm,
-            sliding_window,
-            rope: rp,
-        } => {
-            if let Some(win) = sliding_window {
-                bail!("layer {i}: sliding-window attention (window {win}) is not supported yet");
+    let mixer =
+        match &l.mixer {
+            Mixer::Attention {
+                shape,
+                bias,
+                qk_norm,
+                sliding_window,
+                sinks,
+                rope: rp,
+            } => {
+                let attn = Attention::load(w, &mixer_prefix, *shape, *bias, *qk_norm)?
+                    .with_extras(w, &mixer_prefix, *sinks, *sliding_window)?;
+                BlockMixer::Attention(attn, rope(b, rp)?)
             }
-            let attn = Attention::load(w, &mixer_prefix, *shape, *bias, *qk_norm)?;
-            BlockMixer::Attention(attn, rope(b, rp)?)
-        }
-        Mixer::Mla {
-            shape,
-            latent_eps,
-            scale,
-            rope: rp,
-            indexer,
-        } => {
-            let mut mla = Mla::load(w, &mixer_prefix, *shape, *latent_eps, *scale)?;
-            let ix_prefix = format!("{mixer_prefix}.{}", names.indexer);
-            let mut sparse = MlaSparse::Own;
-            match indexer {
-                Some(SparsePlan::Lightning(ix)) => {
-                    mla.indexer = Some(DsaIndexer::load(
-                        w,
-                        &ix_prefix,
-                        d,
-                        ix.q_lora_rank,
-                        (ix.heads, ix.head_dim, ix.topk),
-                        rope(b, &ix.rope)?,
-                    )?);
+            Mixer::Mla {
+                shape,
+                latent_eps,
+                scale,
+                rope: rp,
+                indexer,
+            } => {
+                let mut mla = Mla::load(w, &mixer_prefix, *shape, *latent_eps, *scale)?;
+                let ix_prefix = format!("{mixer_prefix}.{}", names.indexer);
+                let mut sparse = MlaSparse::Own;
+                match indexer {
+                    Some(SparsePlan::Lightning(ix)) => {
+                        mla.indexer = Some(DsaIndexer::load(
+                            w,
+                            &ix_prefix,
+                            d,
+                            ix.q_lora_rank,
+                            (ix.heads, ix.head_dim, ix.topk),
+                            rope(b, &ix.rope)?,
+                        )?);
+                    }
+                    Some(SparsePlan::Pooled(ix)) => {
+                        sparse = MlaSparse::Pooled(PooledDsaIndexer::load(
+                            w,
+                            &ix_prefix,
+                            (d, ix.q_lora_rank),
+                            (ix.heads, ix.head_dim, ix.topk, ix.kpool, ix.tail),
+                        )?);
+                    }
+                    Some(SparsePlan::Shared) => sparse = MlaSparse::Shared,
+                    None => {}
                 }
-                Some(SparsePlan::Pooled(ix)) => {
-                    sparse = MlaSparse::Pooled(PooledDsaIndexer::load(
-                        w,
-                        &ix_prefix,
-                        (d, ix.q_lora_rank),
-                        (ix.heads, ix.head_dim, ix.topk, ix.kpool, ix.tail),
-                    )?);
-                }
-                Some(SparsePlan::Shared) => sparse = MlaSparse::Shared,
-                None => {}
+                BlockMixer::Mla(
+                    Box::new(mla),
+                    rp.as_ref().map(|r| rope(b, r)).transpose()?,
+                    sparse,
+                )
             }
-            BlockMixer::Mla(
-                Box::new(mla),
-                rp.as_ref().map(|r| rope(b, r)).transpose()?,
-                sparse,
-            )
-        }
-        Mixer::Kda {
-            shape,
-            eps,
-            lower_bound,
-        } => BlockMixer::Kda(Kda::load(w, &mixer_prefix, *shape, *eps, *lower_bound)?),
-    };
+            Mixer::Kda {
+                shape,
+                eps,
+                lower_bound,
+            } => BlockMixer::Kda(Kda::load(w, &mixer_prefix, *shape, *eps, *lower_bound)?),
+        };
     let post_norm = RmsNorm::load(w, &format!("{p}.{}", names.post_norm), d, l.norm_eps)?;
     // The FFN module: the first listed name whose first tensor is present, else the last.
     let ffn_prefix = |probe: &str| -> String {
@@ -462,6 +483,19 @@ fn load_block<B: Backend>(
         Ffn::Dense { intermediate } => BlockFfn::Dense(
             Mlp::load(w, &ffn_prefix("gate_proj.weight"), d, *intermediate)?.with_limit(limit),
         ),
+        Ffn::GptOssMoe {
+            experts,
+            expert_dim,
+            top_k,
+            limit,
+            alpha,
+        } => BlockFfn::GptOss(Box::new(GptOssMoe::load(
+            w,
+            &ffn_prefix("router.weight"),
+            (d, *experts, *expert_dim, *top_k),
+            *limit as f32,
+            *alpha as f32,
+        )?)),
         Ffn::Moe { shape, routing } => BlockFfn::Moe(Moe::load(
             w,
             &ffn_prefix("gate.weight"),

@@ -14,7 +14,7 @@ use crate::layers::AttentionShape;
 use anyhow::{bail, Result};
 use dayone_backend::RopeStyle;
 
-/// `llama` (also `mistral` configs, run as full attention).
+/// `llama` (also `mistral` configs, with their `sliding_window` on every layer when set).
 pub const ARCH: Architecture = Architecture {
     model_types: &["llama", "mistral"],
     parse: |v, origin, model_type| {
@@ -26,7 +26,11 @@ pub const ARCH: Architecture = Architecture {
         )?))
     },
     plan: |c| match c {
-        ModelConfig::Llama(c) => plan_with(c, c.attention_bias, None, |_| None),
+        ModelConfig::Llama(c) => plan_with(c, c.attention_bias, None, |_| {
+            (c.model_type == "mistral")
+                .then_some(c.sliding_window)
+                .flatten()
+        }),
         other => bail!("the llama plan got a `{}` config", other.model_type()),
     },
 };
@@ -61,6 +65,7 @@ pub(super) fn plan_with(
             bias,
             qk_norm,
             sliding_window: window(i),
+            sinks: false,
             rope: rope.clone(),
         },
         ffn: Ffn::Dense {

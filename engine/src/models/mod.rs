@@ -7,6 +7,7 @@ mod decoder;
 mod deepseek_v3;
 mod deepseek_v32;
 mod glm5_next;
+mod gpt_oss;
 mod kimi_linear;
 mod llama;
 mod qwen2;

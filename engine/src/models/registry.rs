@@ -6,7 +6,7 @@
 //! plus that row here.
 
 use super::decoder::ModelPlan;
-use super::{deepseek_v3, deepseek_v32, glm5_next, kimi_linear, llama, qwen2, qwen3};
+use super::{deepseek_v3, deepseek_v32, glm5_next, gpt_oss, kimi_linear, llama, qwen2, qwen3};
 use crate::config::ModelConfig;
 use anyhow::{Context, Result};
 
@@ -30,6 +30,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     deepseek_v32::ARCH,
     kimi_linear::ARCH,
     glm5_next::ARCH,
+    gpt_oss::ARCH,
 ];
 
 /// The row that loads `model_type`, if any.
