@@ -1,4 +1,5 @@
-//! Low-bit weights stay low-bit: compressed-tensors MXFP4 / INT4 experts and the real
+//! Low-bit weights stay low-bit: compressed-tensors MXFP4 / INT4 experts, gpt-oss's MXFP4
+//! experts and the real
 //! SmolLM2 Q4_1 GGUF load with their codes resident (weight bytes counted at load), and the
 //! online decode gives what decoding at load gives (bit for bit on the CPU reference in f32,
 //! where both multiply the same f32 weights).
@@ -51,12 +52,17 @@ fn saved(layers: u64, experts: u64, f: u64, d: u64, scale_bytes: u64) -> u64 {
 
 #[test]
 fn low_bit_experts_are_resident_and_decode_like_at_load() -> Result<()> {
-    for (name, scale_bytes) in [("deepseek_v3_mxfp4", 1), ("deepseek_v3_int4", 2)] {
+    // (fixture, MoE layers, experts, F, D, scale bytes per 32): deepseek_v3 tiny has layers 1-2
+    // MoE; gpt_oss tiny four MoE layers (experts as gpt-oss ships them, `*_blocks`/`*_scales`).
+    for (name, layers, e, f, d, scale_bytes) in [
+        ("deepseek_v3_mxfp4", 2, 16, 32, 64, 1),
+        ("deepseek_v3_int4", 2, 16, 32, 64, 2),
+        ("gpt_oss_tiny", 4, 8, 32, 64, 1),
+    ] {
         let ckpt = loader::open(&fixture(name))?;
         let mut kept = Engine::new(CpuBackend, &ckpt, &config(false), None)?;
         let mut decoded = Engine::new(CpuBackend, &ckpt, &config(true), None)?;
-        // deepseek_v3 tiny: layers 1-2 MoE, 16 experts of F 32 over D 64.
-        let want = saved(2, 16, 32, 64, scale_bytes);
+        let want = saved(layers, e, f, d, scale_bytes);
         let got = weight_bytes(&decoded) - weight_bytes(&kept);
         ensure!(
             got == want,
@@ -121,6 +127,38 @@ fn smollm2_q4_1_gguf_stays_quantized() -> Result<()> {
     ensure!(
         a == b,
         "greedy tokens differ: low-bit {a:?} vs decoded at load {b:?}"
+    );
+    Ok(())
+}
+
+/// A NaN scale (E8M0 byte 255) in a gpt-oss expert is a load error naming the tensor, the
+/// expert and the row, not NaN logits.
+#[test]
+fn a_nan_mxfp4_scale_is_a_load_error() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(fixture("gpt_oss_tiny").join(f), dir.path().join(f))?;
+    }
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path)?;
+    let header_len = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len])?;
+    let name = "model.layers.2.mlp.experts.down_proj_scales";
+    let start = header[name]["data_offsets"][0].as_u64().expect("offsets") as usize;
+    // Expert 3, row 5 of the [8, 64, 1] scales.
+    bytes[8 + header_len + start + 3 * 64 + 5] = 255;
+    std::fs::write(&path, bytes)?;
+    let ckpt = loader::open(dir.path())?;
+    let err = match Engine::new(CpuBackend, &ckpt, &config(false), None) {
+        Ok(_) => anyhow::bail!("a NaN scale loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        err.contains("down_proj")
+            && err.contains("255")
+            && err.contains("item 3")
+            && err.contains("row 5"),
+        "{err}"
     );
     Ok(())
 }
