@@ -13,6 +13,7 @@ use clap::Args;
 use dayone_engine::cache::{human_bytes, CacheSpec, LayerCacheSpec};
 use dayone_engine::config::ModelConfig;
 use dayone_engine::loader::{Checkpoint, GgufFile, SafetensorsSource};
+use dayone_engine::models::Ffn;
 use dayone_engine::scheduler::SchedulerConfig;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -85,6 +86,7 @@ pub fn cache_spec(c: &ModelConfig) -> CacheSpec {
 
 /// One line per kind of layer: `30 × attention (paged K/V, 3 KV heads × 64)`.
 fn layer_types(c: &ModelConfig, spec: &CacheSpec) -> Vec<String> {
+    let plan = c.layer_plan().ok();
     let mut kinds: Vec<(String, usize)> = Vec::new();
     for (i, l) in spec.layers.iter().enumerate() {
         let mixer = match *l {
@@ -101,15 +103,13 @@ fn layer_types(c: &ModelConfig, spec: &CacheSpec) -> Vec<String> {
                 format!("KDA linear attention ({heads} heads × {k_dim}, state per sequence)")
             }
         };
-        let ffn = match c {
-            ModelConfig::DeepseekV3(d) if d.is_moe_layer(i) => format!(
-                "MoE {} of {} experts",
-                d.num_experts_per_tok, d.n_routed_experts
-            ),
-            ModelConfig::KimiLinear(k) if k.is_moe_layer(i) => format!(
-                "MoE {} of {} experts",
-                k.num_experts_per_tok, k.num_local_experts
-            ),
+        let ffn = match plan.as_ref().and_then(|p| p.layers.get(i)).map(|l| &l.ffn) {
+            Some(Ffn::Moe { shape, routing }) => {
+                format!("MoE {} of {} experts", routing.top_k, shape.experts)
+            }
+            Some(Ffn::GptOssMoe { experts, top_k, .. }) => {
+                format!("MoE {top_k} of {experts} experts")
+            }
             _ => "dense MLP".to_string(),
         };
         let kind = format!("{mixer}, {ffn}");
@@ -148,6 +148,50 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
     Ok(out)
 }
 
+/// Tensors the engine keeps low-bit on the device (GGUF Q4_0/Q4_1/Q8_0; compressed-tensors
+/// `weight_packed` + `weight_scale`; gpt-oss `*_blocks` + `*_scales`): `(stored elements of
+/// those tensors, values they hold, bytes)`.
+fn low_bit(ckpt: &Checkpoint) -> Result<(u64, u64, u64)> {
+    let mut out = (0u64, 0u64, 0u64);
+    if ckpt.path.is_file() {
+        let g = GgufFile::open(&ckpt.path)?;
+        for t in g
+            .tensors
+            .iter()
+            .filter(|t| dayone_engine::loader::kept_format(t.ggml_type).is_some())
+        {
+            out.0 += t.numel() as u64;
+            out.1 += t.numel() as u64;
+            out.2 += t.nbytes as u64;
+        }
+        return Ok(out);
+    }
+    let s = SafetensorsSource::open_dir(&ckpt.path)?;
+    for n in ckpt.tensors.names() {
+        let Some(shape) = ckpt.tensors.shape(&n) else {
+            continue;
+        };
+        let numel = shape.iter().product::<usize>() as u64;
+        let bytes = s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
+        let per_element = match (s.raw_dtype(&n).map(|d| format!("{d:?}")), n.as_str()) {
+            (Some(d), n) if n.ends_with(".weight_packed") && d == "I32" => 8,
+            (_, n) if n.ends_with(".weight_packed") || n.ends_with("_blocks") => 2,
+            (_, n)
+                if n.ends_with(".weight_scale")
+                    || n.ends_with("_scales")
+                    || n.ends_with(".weight_shape") =>
+            {
+                0
+            }
+            _ => continue,
+        };
+        out.0 += numel;
+        out.1 += numel * per_element;
+        out.2 += bytes;
+    }
+    Ok(out)
+}
+
 /// `1.23 B`, `134.5 M`, `52.3 K`.
 fn human_count(n: u64) -> String {
     match n {
@@ -172,7 +216,10 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
             .sum()
     };
     let is_expert = |n: &str| n.contains(".experts.");
-    let params = numel(&|_| true);
+    // Packed tensors hold two (or eight) values per stored element; their scales are not
+    // parameters.
+    let (packed_numel, packed_values, packed_bytes) = low_bit(ckpt)?;
+    let params = numel(&|_| true) - packed_numel + packed_values;
     let experts = numel(&is_expert);
     let (e, k) = match &cfg {
         ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
@@ -193,7 +240,8 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
     let stored = stored_types(ckpt)?;
     let mut memory = serde_json::Map::new();
     for (dtype, size) in [("f32", 4u64), ("bf16", 2u64)] {
-        let weights = params * size;
+        // Low-bit tensors stay low-bit on the device; the rest is stored in `dtype`.
+        let weights = (params - packed_values) * size + packed_bytes;
         let cache = spec.elements_per_token() as u64 * size * cache_tokens as u64;
         let state = spec.state_elements_per_seq() as u64 * 4 * slots as u64;
         memory.insert(
