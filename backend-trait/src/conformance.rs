@@ -116,15 +116,22 @@ fn run<B: Backend>(b: &B, t: &B::Tensor) -> Result<HostTensor> {
     b.download(t)
 }
 
-/// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one
-/// (the MLA and MoE ops through [`check_mla_moe`], the KDA-layer ops through [`check_kda_ops`],
-/// the row copies through [`check_row_ops`] and [`check_many_row_ops`]).
-pub fn check_all<B: Backend>(b: &B) -> Result<()> {
+/// The backend's f32 activation dtype and, if different, its bf16 one: the dtypes every check
+/// runs in.
+pub fn activation_dtypes<B: Backend>(b: &B) -> Vec<DType> {
     let mut dts = vec![b.activation_dtype(DType::F32)];
     let low = b.activation_dtype(DType::BF16);
     if low != dts[0] {
         dts.push(low);
     }
+    dts
+}
+
+/// Runs every check for the backend's f32 activation dtype and, if different, its bf16 one
+/// (the MLA and MoE ops through [`check_mla_moe`], the KDA-layer ops through [`check_kda_ops`],
+/// the row copies through [`check_row_ops`] and [`check_many_row_ops`]).
+pub fn check_all<B: Backend>(b: &B) -> Result<()> {
+    let dts = activation_dtypes(b);
     check_upload_download(b)?;
     check_errors(b)?;
     for dt in dts {

@@ -9,10 +9,7 @@ use anyhow::Result;
 
 /// Both checks for the backend's f32 activation dtype and, if different, its bf16 one.
 pub fn check_ext<B: Backend>(b: &B) -> Result<()> {
-    let mut dts = vec![b.activation_dtype(DType::F32)];
-    if b.activation_dtype(DType::BF16) != dts[0] {
-        dts.push(b.activation_dtype(DType::BF16));
-    }
+    let dts = crate::conformance::activation_dtypes(b);
     for dt in dts {
         check_attention_ext(b, dt)?;
         check_experts_ext(b, dt)?;

@@ -3,7 +3,7 @@
 
 use crate::conformance::{compare, rand_tensor, tolerance, Rng};
 use crate::quant::{QuantFormat, QuantHost, QuantTensor, ScaleType};
-use crate::{reference, Backend, DType, HostTensor};
+use crate::{reference, Backend, HostTensor};
 use anyhow::{ensure, Result};
 
 /// The formats checked: MXFP4, INT4 (bf16 scale, group 32; f16 scale, group 64), Q4_0, Q4_1,
@@ -54,10 +54,7 @@ pub fn rand_quant(rng: &mut Rng, format: QuantFormat, shape: [usize; 3]) -> Resu
 /// and 37 rows, with and without bias, against the reference linear of the decoded weight.
 pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
     let mut rng = Rng::new(71);
-    let mut dts = vec![b.activation_dtype(DType::F32)];
-    if b.activation_dtype(DType::BF16) != dts[0] {
-        dts.push(b.activation_dtype(DType::BF16));
-    }
+    let dts = crate::conformance::activation_dtypes(b);
     for f in formats() {
         let q = rand_quant(&mut rng, f, [4, 6, 128])?;
         let dq = QuantTensor::upload(b, &q)?;

@@ -148,33 +148,28 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
     Ok(out)
 }
 
-/// Tensors the engine keeps low-bit on the device (GGUF Q4_0/Q4_1/Q8_0; compressed-tensors
-/// `weight_packed` + `weight_scale`; gpt-oss `*_blocks` + `*_scales`): `(stored elements of
-/// those tensors, values they hold, bytes)`.
-fn low_bit(ckpt: &Checkpoint) -> Result<(u64, u64, u64)> {
-    let mut out = (0u64, 0u64, 0u64);
+/// Values per stored element of each tensor the engine keeps low-bit on the device (GGUF
+/// Q4_0/Q4_1/Q8_0: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
+/// `*_blocks`: 2; their scales and shapes: 0), with the tensor's stored bytes. Other tensors are
+/// absent from the map.
+fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
+    let mut out = BTreeMap::new();
     if ckpt.path.is_file() {
         let g = GgufFile::open(&ckpt.path)?;
-        for t in g
-            .tensors
-            .iter()
-            .filter(|t| dayone_engine::loader::kept_format(t.ggml_type).is_some())
-        {
-            out.0 += t.numel() as u64;
-            out.1 += t.numel() as u64;
-            out.2 += t.nbytes as u64;
+        for t in &g.tensors {
+            if dayone_engine::loader::kept_format(t.ggml_type).is_some() {
+                if let Some(hf) = dayone_engine::loader::hf_tensor_name(&t.name) {
+                    out.insert(hf, (1, t.nbytes as u64));
+                }
+            }
         }
         return Ok(out);
     }
     let s = SafetensorsSource::open_dir(&ckpt.path)?;
     for n in ckpt.tensors.names() {
-        let Some(shape) = ckpt.tensors.shape(&n) else {
-            continue;
-        };
-        let numel = shape.iter().product::<usize>() as u64;
-        let bytes = s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
-        let per_element = match (s.raw_dtype(&n).map(|d| format!("{d:?}")), n.as_str()) {
-            (Some(d), n) if n.ends_with(".weight_packed") && d == "I32" => 8,
+        let dt = s.raw_dtype(&n).map(|d| format!("{d:?}"));
+        let per_element = match (dt.as_deref(), n.as_str()) {
+            (Some("I32"), n) if n.ends_with(".weight_packed") => 8,
             (_, n) if n.ends_with(".weight_packed") || n.ends_with("_blocks") => 2,
             (_, n)
                 if n.ends_with(".weight_scale")
@@ -185,9 +180,8 @@ fn low_bit(ckpt: &Checkpoint) -> Result<(u64, u64, u64)> {
             }
             _ => continue,
         };
-        out.0 += numel;
-        out.1 += numel * per_element;
-        out.2 += bytes;
+        let bytes = s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
+        out.insert(n, (per_element, bytes));
     }
     Ok(out)
 }
@@ -207,20 +201,23 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
     let origin = ckpt.path.join("config.json");
     let cfg = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
     let names = ckpt.tensors.names();
-    let numel = |keep: &dyn Fn(&str) -> bool| -> u64 {
+    // Parameters: stored elements, times the values a packed element holds (scales count 0).
+    let packed = low_bit(ckpt)?;
+    let values = |keep: &dyn Fn(&str) -> bool| -> u64 {
         names
             .iter()
             .filter(|n| !n.ends_with("_scale_inv") && keep(n))
-            .filter_map(|n| ckpt.tensors.shape(n))
-            .map(|s| s.iter().product::<usize>() as u64)
+            .filter_map(|n| {
+                let numel = ckpt.tensors.shape(n)?.iter().product::<usize>() as u64;
+                Some(numel * packed.get(n.as_str()).map_or(1, |p| p.0))
+            })
             .sum()
     };
     let is_expert = |n: &str| n.contains(".experts.");
-    // Packed tensors hold two (or eight) values per stored element; their scales are not
-    // parameters.
-    let (packed_numel, packed_values, packed_bytes) = low_bit(ckpt)?;
-    let params = numel(&|_| true) - packed_numel + packed_values;
-    let experts = numel(&is_expert);
+    let params = values(&|_| true);
+    let experts = values(&is_expert);
+    let packed_values = values(&|n| packed.contains_key(n));
+    let packed_bytes: u64 = packed.values().map(|p| p.1).sum();
     let (e, k) = match &cfg {
         ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
         ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),

@@ -44,8 +44,8 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
-    Backend, DType, DeviceStepMeta, HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta,
-    TensorInfo,
+    AttentionOptions, Backend, DType, DeviceStepMeta, ExpertOptions, HostTensor, MoeRouting,
+    QuantTensor, RopeStyle, StepMeta, TensorInfo,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
@@ -67,6 +67,7 @@ mod attention;
 mod basic;
 pub mod comm;
 mod dsa;
+mod ext;
 mod kda;
 mod linear;
 mod mla_moe;
@@ -738,6 +739,30 @@ impl Backend for CudaBackend {
         routing: &MoeRouting,
     ) -> Result<(CudaTensor, CudaTensor)> {
         self.moe_route_impl(x, gate_w, bias, routing)
+    }
+
+    fn paged_attention_ext(
+        &self,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+        opts: &AttentionOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.attention_ext(q, k_cache, v_cache, meta, scale, opts)
+    }
+
+    fn moe_experts_ext(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &CudaTensor,
+        down: &CudaTensor,
+        opts: &ExpertOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.moe_experts_ext_impl(x, ids, weights, gate_up, down, opts)
     }
 
     fn dequantize_into(

@@ -32,6 +32,8 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("kda", include_str!("../kernels/kda.cu")),
     ("dsa", include_str!("../kernels/dsa.cu")),
     ("quant", include_str!("../kernels/quant.cu")),
+    ("attention_ext", include_str!("../kernels/attention_ext.cu")),
+    ("moe_ext", include_str!("../kernels/moe_ext.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

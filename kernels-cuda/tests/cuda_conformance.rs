@@ -42,6 +42,14 @@ fn conformance_suite() {
     }
 }
 
+#[test]
+fn window_sinks_and_biased_experts() {
+    let Some(b) = backend("window_sinks_and_biased_experts") else {
+        return;
+    };
+    dayone_backend::conformance_ext::check_ext(&b).unwrap();
+}
+
 fn attn_case(
     h: usize,
     hkv: usize,

@@ -147,22 +147,7 @@ impl GptOssConfig {
         if !self.swiglu_limit.is_finite() || self.swiglu_limit <= 0.0 {
             bail!("swiglu_limit ({}) must be positive", self.swiglu_limit);
         }
-        if let Some(t) = &self.layer_types {
-            if t.len() != self.num_hidden_layers {
-                bail!(
-                    "field `layer_types` has {} entries but num_hidden_layers is {}",
-                    t.len(),
-                    self.num_hidden_layers
-                );
-            }
-            if let Some((i, x)) = t
-                .iter()
-                .enumerate()
-                .find(|(_, x)| *x != "full_attention" && *x != "sliding_attention")
-            {
-                bail!("field `layer_types`[{i}] is '{x}' (expected 'full_attention' or 'sliding_attention')");
-            }
-        }
+        super::check_attention_layer_types(self.layer_types.as_deref(), self.num_hidden_layers)?;
         super::rope::validate_rope_sources(
             self.rope_parameters.as_ref(),
             self.rope_scaling.as_ref(),

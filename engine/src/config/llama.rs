@@ -146,22 +146,7 @@ impl LlamaConfig {
                 self.hidden_act
             );
         }
-        if let Some(t) = &self.layer_types {
-            if t.len() != self.num_hidden_layers {
-                bail!(
-                    "field `layer_types` has {} entries but num_hidden_layers is {}",
-                    t.len(),
-                    self.num_hidden_layers
-                );
-            }
-            if let Some((i, x)) = t
-                .iter()
-                .enumerate()
-                .find(|(_, x)| *x != "full_attention" && *x != "sliding_attention")
-            {
-                bail!("field `layer_types`[{i}] is '{x}' (expected 'full_attention' or 'sliding_attention')");
-            }
-        }
+        super::check_attention_layer_types(self.layer_types.as_deref(), self.num_hidden_layers)?;
         if self.mlp_bias {
             bail!("mlp_bias = true is not supported yet");
         }

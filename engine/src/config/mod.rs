@@ -36,6 +36,28 @@ pub(crate) fn check_mlp_layer_types(types: Option<&[String]>, n: usize) -> anyho
     Ok(())
 }
 
+/// transformers' attention `layer_types`, when present: one entry per layer, each
+/// `full_attention` or `sliding_attention`. Errors name the field.
+pub(crate) fn check_attention_layer_types(types: Option<&[String]>, n: usize) -> Result<()> {
+    let Some(t) = types else { return Ok(()) };
+    if t.len() != n {
+        bail!(
+            "field `layer_types` has {} entries but num_hidden_layers is {n}",
+            t.len()
+        );
+    }
+    if let Some((i, x)) = t
+        .iter()
+        .enumerate()
+        .find(|(_, x)| *x != "full_attention" && *x != "sliding_attention")
+    {
+        bail!(
+            "field `layer_types`[{i}] is '{x}' (expected 'full_attention' or 'sliding_attention')"
+        );
+    }
+    Ok(())
+}
+
 /// Deserialises `value` as `T` (errors name the field path) and validates it.
 pub(crate) fn parse_as<T: serde::de::DeserializeOwned>(
     value: &serde_json::Value,

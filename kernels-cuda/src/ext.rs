@@ -1,0 +1,226 @@
+//! The gpt-oss extras: `paged_attention_ext` (sliding window, attention sinks) and
+//! `moe_experts_ext` (projection biases, the interleaved clamped GLU), as plain kernels
+//! (`kernels/attention_ext.cu`, `kernels/moe_ext.cu`); without extras the tuned kernels run.
+
+use crate::{check_dtype, dtype_suffix, to_u32, CudaBackend, CudaTensor};
+use anyhow::{bail, Result};
+use dayone_backend::{AttentionOptions, DType, DeviceStepMeta, ExpertAct, ExpertOptions};
+
+impl CudaBackend {
+    pub(crate) fn attention_ext(
+        &self,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+        opts: &AttentionOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "paged_attention_ext";
+        if opts.window.is_none() && opts.sinks.is_none() {
+            return self.attention(q, k_cache, v_cache, meta, scale);
+        }
+        let sfx = dtype_suffix(OP, q.dtype)?;
+        if q.shape.len() != 3 || k_cache.shape.len() != 4 || v_cache.shape.len() != 4 {
+            bail!(
+                "{OP}: expected q [N, H, hd_k] and caches [blocks, bs, Hkv, hd], got {:?}, {:?}, {:?}",
+                q.shape,
+                k_cache.shape,
+                v_cache.shape
+            );
+        }
+        let (n, h, hdk) = (q.shape[0], q.shape[1], q.shape[2]);
+        let hm = &meta.host;
+        let (bs, hkv, hdv) = (k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]);
+        if k_cache.shape[3] != hdk
+            || v_cache.shape[..3] != k_cache.shape[..3]
+            || bs != hm.block_size
+        {
+            bail!(
+                "{OP}: caches must be [blocks, {}, Hkv, {hdk}] and [blocks, {}, Hkv, hd_v], got {:?} and {:?}",
+                hm.block_size,
+                hm.block_size,
+                k_cache.shape,
+                v_cache.shape
+            );
+        }
+        if hkv == 0 || h % hkv != 0 || hdk > 512 || hdv > 512 {
+            bail!("{OP}: needs H a multiple of Hkv and head dims <= 512, got H {h}, Hkv {hkv}, {hdk}/{hdv}");
+        }
+        if opts.window == Some(0) {
+            bail!("{OP}: a sliding window must be >= 1");
+        }
+        check_dtype(OP, "k_cache", k_cache, q.dtype)?;
+        check_dtype(OP, "v_cache", v_cache, q.dtype)?;
+        if let Some(s) = opts.sinks {
+            if s.shape != [h] || s.dtype != DType::F32 {
+                bail!(
+                    "{OP}: sinks must be f32 [{h}], got {} {:?}",
+                    s.dtype,
+                    s.shape
+                );
+            }
+        }
+        hm.check_tables(OP, n)?;
+        self.bind()?;
+        let out = self.alloc(vec![n, h, hdv], q.dtype)?;
+        if n == 0 || h == 0 {
+            return Ok(out);
+        }
+        let f = self.func("attention_ext", sfx, &format!("attn_ext_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (to_u32(OP, "H", h)?, to_u32(OP, "N", n)?, 1),
+            (128, 1, 1),
+            0,
+            kparams![
+                q.device_ptr(),
+                k_cache.device_ptr(),
+                v_cache.device_ptr(),
+                meta.positions.device_ptr(),
+                meta.token_seq.device_ptr(),
+                meta.block_tables.device_ptr(),
+                opts.sinks.map_or(0u64, |s| s.device_ptr()),
+                out.device_ptr(),
+                h as u32,
+                hkv as u32,
+                hdk as u32,
+                hdv as u32,
+                to_u32(OP, "block_size", bs)?,
+                to_u32(OP, "max_blocks", hm.max_blocks)?,
+                scale,
+                to_u32(OP, "window", opts.window.unwrap_or(0))?
+            ],
+        )?;
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_experts_ext_impl(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &CudaTensor,
+        down: &CudaTensor,
+        opts: &ExpertOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "moe_experts_ext";
+        if opts.act == ExpertAct::Swiglu && opts.gate_up_bias.is_none() && opts.down_bias.is_none()
+        {
+            return self.moe_experts_impl(x, ids, weights, gate_up, down);
+        }
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        if x.shape.len() != 2 || gate_up.shape.len() != 3 || down.shape.len() != 3 {
+            bail!(
+                "{OP}: expected x [N, D], gate_up [E, 2F, D], down [E, D, F], got {:?}, {:?}, {:?}",
+                x.shape,
+                gate_up.shape,
+                down.shape
+            );
+        }
+        let (n, d) = (x.shape[0], x.shape[1]);
+        let (e, f2) = (gate_up.shape[0], gate_up.shape[1]);
+        let f = f2 / 2;
+        if gate_up.shape[2] != d || f2 % 2 != 0 || down.shape != [e, d, f] {
+            bail!(
+                "{OP}: gate_up must be [E, 2F, {d}] and down [E, {d}, F], got {:?} and {:?}",
+                gate_up.shape,
+                down.shape
+            );
+        }
+        if ids.dtype != DType::U32
+            || ids.shape.len() != 2
+            || ids.shape[0] != n
+            || weights.shape != ids.shape
+            || weights.dtype != DType::F32
+        {
+            bail!(
+                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
+                ids.dtype,
+                ids.shape,
+                weights.dtype,
+                weights.shape
+            );
+        }
+        check_dtype(OP, "gate_up", gate_up, x.dtype)?;
+        check_dtype(OP, "down", down, x.dtype)?;
+        for (b, shape, what) in [
+            (opts.gate_up_bias, [e, f2], "gate_up_bias"),
+            (opts.down_bias, [e, d], "down_bias"),
+        ] {
+            if let Some(b) = b {
+                if b.shape != shape {
+                    bail!("{OP}: {what} must be {shape:?}, got {:?}", b.shape);
+                }
+                check_dtype(OP, what, b, x.dtype)?;
+            }
+        }
+        let k = ids.shape[1];
+        self.bind()?;
+        let out = self.alloc(vec![n, d], x.dtype)?;
+        if n == 0 || d == 0 {
+            return Ok(out);
+        }
+        let (act, alpha, limit) = match opts.act {
+            ExpertAct::Swiglu => (0u32, 0f32, 0f32),
+            ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+        };
+        let hmid = self.scratch_f32(n * k.max(1) * f)?;
+        let warps =
+            |units: usize| -> Result<u32> { to_u32(OP, "blocks", (units * 32).div_ceil(256)) };
+        let f_act = self.func("moe_ext", sfx, &format!("moe_ext_act_{sfx}"))?;
+        let dims = (
+            to_u32(OP, "N", n)?,
+            to_u32(OP, "k", k)?,
+            to_u32(OP, "E", e)?,
+            to_u32(OP, "D", d)?,
+            to_u32(OP, "F", f)?,
+        );
+        self.launch(
+            OP,
+            &f_act,
+            (warps(n * k * f)?, 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                ids.device_ptr(),
+                gate_up.device_ptr(),
+                opts.gate_up_bias.map_or(0u64, |b| b.device_ptr()),
+                hmid.device_ptr(),
+                dims.0,
+                dims.1,
+                dims.2,
+                dims.3,
+                dims.4,
+                act,
+                alpha,
+                limit
+            ],
+        )?;
+        let f_down = self.func("moe_ext", sfx, &format!("moe_ext_down_{sfx}"))?;
+        self.launch(
+            OP,
+            &f_down,
+            (warps(n * d)?, 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                hmid.device_ptr(),
+                ids.device_ptr(),
+                weights.device_ptr(),
+                down.device_ptr(),
+                opts.down_bias.map_or(0u64, |b| b.device_ptr()),
+                out.device_ptr(),
+                dims.0,
+                dims.1,
+                dims.2,
+                dims.3,
+                dims.4
+            ],
+        )?;
+        Ok(out)
+    }
+}
