@@ -1095,8 +1095,9 @@ fn sigterm_drains_a_stream() {
     let mut server = Server::start(&[
         "--model",
         model.path().to_str().unwrap(),
+        // A grace long enough for 4000 tokens when the suite's other servers share 2 cores.
         "--shutdown-timeout",
-        "20",
+        "60",
     ]);
     let rt = runtime();
     let c = http();
@@ -1123,7 +1124,7 @@ fn sigterm_drains_a_stream() {
         }
         (all, clean)
     });
-    let status = server.wait_exit(Duration::from_secs(40));
+    let status = server.wait_exit(Duration::from_secs(90));
     let (all, clean) = events;
     assert!(clean, "the stream broke off; got:\n{}", tail(&all, 2000));
     assert!(

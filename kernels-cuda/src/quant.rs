@@ -1,13 +1,13 @@
 //! Block-quantized weights: decoding items into a workspace (`dequant_*`) and the low-bit GEMV
-//! for small M (`gemv_q_*`, M ≤ 8 by default); larger M decodes once into a pooled temporary and runs
+//! for small M (`gemv_q_*`, M ≤ 16 by default); larger M decodes once into a pooled temporary and runs
 //! cuBLAS.
 
 use crate::{dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, HostTensor, QuantTensor, TensorInfo};
 
-/// The largest M the low-bit GEMV serves (`DAYONE_QUANT_GEMV_MAX_M`, default 8 — measured
-/// faster than decoding at M = 1 on the H200; 16 and 32 are built but not yet measured —
+/// The largest M the low-bit GEMV serves (`DAYONE_QUANT_GEMV_MAX_M`, default 16 — measured
+/// faster than decoding then cuBLAS at M = 1 and 16 on the H200, slower at 32 —
 /// at most 32; 0: always decode then cuBLAS), for measuring both paths on a shape.
 fn gemv_max_m() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -15,7 +15,7 @@ fn gemv_max_m() -> usize {
         std::env::var("DAYONE_QUANT_GEMV_MAX_M")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
+            .unwrap_or(16)
             .min(32)
     })
 }
