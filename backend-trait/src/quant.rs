@@ -305,12 +305,29 @@ impl QuantHost {
         out
     }
 
-    /// All items decoded: `[items, rows, cols]` f32 values.
+    /// All items decoded: `[items, rows, cols]` f32 values (rows split over the host's cores:
+    /// decoding a 20 B-parameter checkpoint at load is tens of billions of values).
     pub fn dequantize(&self) -> Vec<f32> {
-        let [items, rows, _] = self.shape;
-        (0..items * rows)
-            .flat_map(|r| self.dequantize_row(r))
-            .collect()
+        let [items, rows, cols] = self.shape;
+        let total = items * rows;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(total.div_ceil(64).max(1));
+        let mut out = vec![0f32; total * cols];
+        if cols == 0 {
+            return out;
+        }
+        let per = total.div_ceil(threads);
+        std::thread::scope(|sc| {
+            for (i, chunk) in out.chunks_mut(per * cols).enumerate() {
+                sc.spawn(move || {
+                    for (j, row) in chunk.chunks_mut(cols).enumerate() {
+                        row.copy_from_slice(&self.dequantize_row(i * per + j));
+                    }
+                });
+            }
+        });
+        out
     }
 
     /// Items `items` decoded in that order, `[items.len(), rows, cols]` f32 (an item `≥ E`
