@@ -201,8 +201,9 @@ pub struct QuantHost {
 }
 
 impl QuantHost {
-    /// Checks the byte counts against `shape` and `format` and refuses NaN scales
-    /// (E8M0 byte 255). `what` names the tensor in errors.
+    /// Checks the byte counts against `shape` and `format` and refuses groups whose values
+    /// would not be finite (E8M0 byte 255, an E8M0 scale that overflows the group's codes, a
+    /// NaN or infinite f16/bf16 scale or min). `what` names the tensor in errors.
     pub fn new(
         what: &str,
         format: QuantFormat,
@@ -241,26 +242,83 @@ impl QuantHost {
             format.name(),
             mins.len()
         );
-        if format.scale == ScaleType::E8M0 {
-            if let Some(i) = scales.iter().position(|&s| s == 255) {
-                let per_item = rows * cols / g;
-                bail!(
-                    "{what}: E8M0 scale byte 255 (NaN) at item {}, row {}, group {}: the checkpoint is corrupt",
-                    i / per_item,
-                    (i % per_item) / (cols / g),
-                    i % (cols / g)
-                );
-            }
-        }
-        Ok(Self {
+        let q = Self {
             format,
             shape,
             codes,
             scales,
             mins,
-        })
+        };
+        if let Some((g, why)) = q.bad_group() {
+            let per_item = rows * cols / format.group;
+            let at = if items > 1 {
+                format!(
+                    "expert {}, row {}",
+                    g / per_item,
+                    (g % per_item) / (cols / format.group)
+                )
+            } else {
+                format!("row {}", g / (cols / format.group))
+            };
+            bail!(
+                "{what}: {why} at {at}, group {} (columns {}..{}): the checkpoint is corrupt",
+                g % (cols / format.group),
+                g % (cols / format.group) * format.group,
+                (g % (cols / format.group) + 1) * format.group
+            );
+        }
+        Ok(q)
     }
 
+    /// The first group whose decoded values would not be finite, and why: an E8M0 scale byte
+    /// 255 (NaN), an E8M0 scale so large that a code of the group overflows f32
+    /// (`|value(code)| · 2^(s − 127) ≥ 2^128`), or a non-finite f16/bf16 scale or min.
+    fn bad_group(&self) -> Option<(usize, String)> {
+        let f = self.format;
+        let groups = self.scales.len() / f.scale.size();
+        for g in 0..groups {
+            match f.scale {
+                ScaleType::E8M0 => {
+                    let s = self.scales[g];
+                    if s == 255 {
+                        return Some((g, "E8M0 scale byte 255 (NaN)".into()));
+                    }
+                    if s >= 253 {
+                        let lim = 2f32.powi(255 - s as i32);
+                        let big = (g * f.group..(g + 1) * f.group).any(|c| {
+                            let code = match f.code_bits() {
+                                8 => self.codes[c],
+                                _ => (self.codes[c / 2] >> (4 * (c % 2))) & 15,
+                            };
+                            f.code_value(code).abs() >= lim
+                        });
+                        if big {
+                            return Some((
+                                g,
+                                format!("E8M0 scale byte {s} overflows f32 for the group's codes"),
+                            ));
+                        }
+                    }
+                }
+                _ => {
+                    let bad = |b: &[u8]| !b.is_empty() && !f.scale.read(b, g).is_finite();
+                    if bad(&self.scales) {
+                        return Some((
+                            g,
+                            format!("scale {} is not finite", f.scale.read(&self.scales, g)),
+                        ));
+                    }
+                    if f.has_min && bad(&self.mins) {
+                        return Some((
+                            g,
+                            format!("min {} is not finite", f.scale.read(&self.mins, g)),
+                        ));
+                    }
+                }
+            }
+        }
+        None
+    }
     /// Resident bytes (codes + scales + mins).
     pub fn bytes(&self) -> u64 {
         (self.codes.len() + self.scales.len() + self.mins.len()) as u64

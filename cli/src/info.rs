@@ -136,12 +136,34 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
         }
     } else {
         let s = SafetensorsSource::open_dir(&ckpt.path)?;
+        let packed = low_bit(ckpt)?;
+        // Packed codes and their scales under the format's name (mxfp4, int4), counted in values.
+        let format_of = |n: &str| -> Option<&'static str> {
+            let base = n
+                .strip_suffix(".weight_scale")
+                .or_else(|| n.strip_suffix(".weight_shape"))
+                .map(|p| format!("{p}.weight_packed"))
+                .unwrap_or_else(|| n.to_string());
+            if base.ends_with("_blocks") || base.ends_with("_scales") {
+                return Some("mxfp4");
+            }
+            match s.raw_dtype(&base).map(|d| format!("{d:?}")).as_deref() {
+                Some("I32") if base.ends_with(".weight_packed") => Some("int4"),
+                Some("U8") if base.ends_with(".weight_packed") => Some("mxfp4"),
+                _ => None,
+            }
+        };
         for n in ckpt.tensors.names() {
             let (Some(dt), Some(shape)) = (s.raw_dtype(&n), ckpt.tensors.shape(&n)) else {
                 continue;
             };
-            let e = out.entry(format!("{dt:?}")).or_default();
-            e.0 += shape.iter().product::<usize>() as u64;
+            let numel = shape.iter().product::<usize>() as u64;
+            let (key, values) = match (packed.get(&n), format_of(&n)) {
+                (Some(&(per, _)), Some(f)) => (f.to_string(), numel * per),
+                _ => (format!("{dt:?}"), numel),
+            };
+            let e = out.entry(key).or_default();
+            e.0 += values;
             e.1 += s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
         }
     }

@@ -156,8 +156,8 @@ fn a_nan_mxfp4_scale_is_a_load_error() -> Result<()> {
     ensure!(
         err.contains("down_proj")
             && err.contains("255")
-            && err.contains("item 3")
-            && err.contains("row 5"),
+            && err.contains("expert 3, row 5")
+            && err.contains("columns 0..32"),
         "{err}"
     );
     Ok(())

@@ -62,7 +62,7 @@ pub fn packed_weight(
             "{origin}: {prefix}.weight_shape is {dims:?}, expected [{out}, {inp}]"
         );
     }
-    let what = format!("{origin}: {packed}");
+    let what = format!("{origin}: {prefix} (weight_packed, weight_scale)");
     match codes.dtype.as_str() {
         "U8" => {
             expect(&codes, &packed, &["U8"], [out, inp / 2])?;
