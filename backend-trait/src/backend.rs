@@ -153,6 +153,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor>;
 
+    /// `y = x · wᵀ` in f32 whatever the activation dtype (no rounding of the output to it):
+    /// `x` `[M, K]`, `w` `[N, K]` of `x`'s dtype → `[M, N]` f32, f32 accumulation. For small
+    /// outputs read back to the host where bf16 rounding would change a decision (router logits
+    /// before a top-k). The default is [`Backend::linear`] for f32 activations and refuses others.
+    fn linear_f32(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor> {
+        if x.dtype() != DType::F32 {
+            anyhow::bail!(
+                "linear_f32 with {} activations is not implemented on the {} backend",
+                x.dtype(),
+                self.name()
+            );
+        }
+        self.linear(x, w, None)
+    }
+
     /// RMSNorm over the last dimension: `y = w ⊙ x / sqrt(mean(x²) + eps)`, computed in f32.
     /// `x` `[R, D]`, `w` `[D]` → `[R, D]`. Per-head norms pass `x` as `[N·H, hd]`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;

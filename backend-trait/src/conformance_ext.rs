@@ -13,6 +13,33 @@ pub fn check_ext<B: Backend>(b: &B) -> Result<()> {
     for dt in dts {
         check_attention_ext(b, dt)?;
         check_experts_ext(b, dt)?;
+        check_linear_f32(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `linear_f32`: the output is f32 and not rounded to the activation dtype (judged at the f32
+/// tolerance even for bf16 inputs, which f32 holds exactly).
+pub fn check_linear_f32<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(33);
+    for &(m, k, n) in &[(1, 64, 8), (5, 2880, 32), (37, 96, 128)] {
+        let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
+        let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+        let f = |t: &HostTensor| HostTensor::from_f32(t.shape.clone(), &t.to_f32());
+        let want = reference::linear(&f(&x)?, &f(&w)?, None)?;
+        let got = b.download(&b.linear_f32(&b.upload(&x)?, &b.upload(&w)?)?)?;
+        anyhow::ensure!(
+            got.dtype == DType::F32,
+            "linear_f32 [{dt} x [{m}, {k}]]: output dtype {}, expected f32",
+            got.dtype
+        );
+        compare(
+            "linear_f32",
+            &format!("{dt} x [{m}, {k}] w [{n}, {k}]"),
+            &got,
+            &want,
+            crate::conformance::F32_TOL,
+        )?;
     }
     Ok(())
 }

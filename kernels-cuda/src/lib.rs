@@ -765,6 +765,10 @@ impl Backend for CudaBackend {
         self.moe_experts_ext_impl(x, ids, weights, gate_up, down, opts)
     }
 
+    fn linear_f32(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.linear_f32_impl(x, w)
+    }
+
     fn dequantize_into(
         &self,
         q: &QuantTensor<CudaTensor>,

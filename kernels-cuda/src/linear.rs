@@ -11,6 +11,64 @@ use dayone_backend::DType;
 use std::ffi::c_void;
 
 impl CudaBackend {
+    /// `x · wᵀ` with an f32 output: cuBLAS GemmEx with 16-bit (or f32) inputs and an f32 C.
+    pub(crate) fn linear_f32_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        const OP: &str = "linear_f32";
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        if w.shape.len() != 2 || w.shape[1] != k {
+            bail!("{OP}: w must be [N, {k}], got {:?}", w.shape);
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        let n = w.shape[0];
+        self.bind()?;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 2") = n;
+        let out = self.alloc(shape, DType::F32)?;
+        if m == 0 || n == 0 || k == 0 {
+            return Ok(out);
+        }
+        let dt = match x.dtype {
+            DType::F32 => cudaDataType::CUDA_R_32F,
+            DType::BF16 => cudaDataType::CUDA_R_16BF,
+            _ => cudaDataType::CUDA_R_16F,
+        };
+        let (mi, ni, ki) = (
+            to_i32(OP, "M", m)?,
+            to_i32(OP, "N", n)?,
+            to_i32(OP, "K", k)?,
+        );
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        // As in `linear_impl`: column-major yᵀ[N, M] = wᵀ · xᵀ.
+        // SAFETY: device pointers of live buffers with the sizes checked above.
+        unsafe {
+            cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                ni,
+                mi,
+                ki,
+                (&alpha) as *const f32 as *const c_void,
+                w.device_ptr() as *const c_void,
+                dt,
+                ki,
+                x.device_ptr() as *const c_void,
+                dt,
+                ki,
+                (&beta) as *const f32 as *const c_void,
+                out.device_ptr() as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                ni,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ → f32 failed: {e:?}"))?;
+        Ok(out)
+    }
+
     pub(crate) fn linear_impl(
         &self,
         x: &CudaTensor,

@@ -2,7 +2,7 @@
 //! `GptOssTopKRouter`, `GptOssExperts`; architectures.md §4.4):
 //!
 //! ```text
-//! ℓ = W_r x + b_r;  chosen = top-k(ℓ);  w = softmax(ℓ[chosen])
+//! ℓ = W_r x + b_r (in f32);  chosen = top-k(ℓ);  w = softmax(ℓ[chosen])
 //! expert e:  [g, u] = W_gu[e] x + b_gu[e]  (rows interleaved: 2i gate, 2i+1 up)
 //!            h = (clamp(u, ±l) + 1) ⊙ min(g, l) ⊙ σ(α · min(g, l));  y_e = W_d[e] h + b_d[e]
 //! y = Σ_j w_j · y_{chosen_j}
@@ -11,7 +11,7 @@
 //! low-bit and decoded per step, [`QuantExperts`]) or as transformers saves them decoded
 //! (`gate_up_proj` `[E, D, 2F]`, `down_proj` `[E, F, D]`, transposed here at load).
 
-use super::{Linear, QuantExperts};
+use super::QuantExperts;
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{
@@ -28,8 +28,10 @@ pub enum GptOssExperts<B: Backend> {
 
 /// One gpt-oss MoE block.
 pub struct GptOssMoe<B: Backend> {
-    /// Router `[E, D]` with bias `[E]`.
-    pub router: Linear<B>,
+    /// Router weight `[E, D]` (storage dtype).
+    pub router: B::Tensor,
+    /// Router bias `[E]`, on the host in f32 (added to the f32 logits there).
+    pub router_bias: Vec<f32>,
     /// The experts.
     pub experts: GptOssExperts<B>,
     /// `[E, 2F]` (row order of the gate/up weight).
@@ -114,7 +116,10 @@ impl<B: Backend> GptOssMoe<B> {
                 "gpt-oss experts do not split over several ranks yet (tensor_parallel_size 1 only)"
             );
         }
-        let router = Linear::load(w, &format!("{prefix}.router"), experts, d, true)?;
+        let router = w.get(&format!("{prefix}.router.weight"), &[experts, d])?;
+        let router_bias = w
+            .host_f32(&format!("{prefix}.router.bias"), &[experts])?
+            .to_f32();
         let ex = format!("{prefix}.experts");
         let gate_up_bias = w.get(&format!("{ex}.gate_up_proj_bias"), &[experts, 2 * f])?;
         let down_bias = w.get(&format!("{ex}.down_proj_bias"), &[experts, d])?;
@@ -139,6 +144,7 @@ impl<B: Backend> GptOssMoe<B> {
         };
         Ok(Self {
             router,
+            router_bias,
             experts,
             gate_up_bias,
             down_bias,
@@ -150,7 +156,15 @@ impl<B: Backend> GptOssMoe<B> {
     /// `x` `[N, D]` → `[N, D]`.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let n = x.shape()[0];
-        let logits = b.download(&self.router.forward(b, x)?)?.to_f32();
+        // The logits in f32 (bf16 rounding before the top-k would flip near-ties), bias added
+        // on the host.
+        let mut logits = b.download(&b.linear_f32(x, &self.router)?)?.to_f32();
+        let e = self.router_bias.len();
+        for row in logits.chunks_exact_mut(e.max(1)) {
+            for (l, bias) in row.iter_mut().zip(&self.router_bias) {
+                *l += bias;
+            }
+        }
         let (ids, weights) = route(&logits, n, self.top_k);
         let k = self.top_k;
         let ids = b.upload(&HostTensor::from_u32(vec![n, k], &ids)?)?;
