@@ -11,37 +11,33 @@ use dayone_backend::DType;
 use std::ffi::c_void;
 
 impl CudaBackend {
-    /// `x · wᵀ` with an f32 output: cuBLAS GemmEx with 16-bit (or f32) inputs and an f32 C.
-    pub(crate) fn linear_f32_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+    /// cuBLAS GemmEx `out[M, N] = x[M, K] · w[N, K]ᵀ` with f32 compute; `x` and `w` of one
+    /// dtype, `out` of that dtype or f32. Row-major `y = x·wᵀ` is column-major `yᵀ[N, M] = wᵀ·xᵀ`
+    /// where the row-major buffers of w and x read column-major are `[K, N]` and `[K, M]`:
+    /// op(A) = Aᵀ.
+    fn gemm_xwt(
+        &self,
+        op: &str,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        out: &CudaTensor,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
         use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-        const OP: &str = "linear_f32";
-        let (m, k) = rows_last(OP, "x [M, K]", x)?;
-        if w.shape.len() != 2 || w.shape[1] != k {
-            bail!("{OP}: w must be [N, {k}], got {:?}", w.shape);
-        }
-        check_dtype(OP, "w", w, x.dtype)?;
-        let n = w.shape[0];
-        self.bind()?;
-        let mut shape = x.shape.clone();
-        *shape.last_mut().expect("rank >= 2") = n;
-        let out = self.alloc(shape, DType::F32)?;
-        if m == 0 || n == 0 || k == 0 {
-            return Ok(out);
-        }
-        let dt = match x.dtype {
+        let ty = |d: DType| match d {
             DType::F32 => cudaDataType::CUDA_R_32F,
             DType::BF16 => cudaDataType::CUDA_R_16BF,
             _ => cudaDataType::CUDA_R_16F,
         };
+        let (dt, ot) = (ty(x.dtype), ty(out.dtype));
         let (mi, ni, ki) = (
-            to_i32(OP, "M", m)?,
-            to_i32(OP, "N", n)?,
-            to_i32(OP, "K", k)?,
+            to_i32(op, "M", m)?,
+            to_i32(op, "N", n)?,
+            to_i32(op, "K", k)?,
         );
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-        // As in `linear_impl`: column-major yᵀ[N, M] = wᵀ · xᵀ.
-        // SAFETY: device pointers of live buffers with the sizes checked above.
+        // SAFETY: device pointers of live buffers with the sizes the callers checked.
         unsafe {
             cublas::result::gemm_ex(
                 *blas.handle(),
@@ -59,13 +55,33 @@ impl CudaBackend {
                 ki,
                 (&beta) as *const f32 as *const c_void,
                 out.device_ptr() as *mut c_void,
-                cudaDataType::CUDA_R_32F,
+                ot,
                 ni,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ → f32 failed: {e:?}"))?;
+        .map_err(|e| anyhow!("{op}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
+        Ok(())
+    }
+
+    /// `x · wᵀ` with an f32 output: cuBLAS GemmEx with 16-bit (or f32) inputs and an f32 C.
+    pub(crate) fn linear_f32_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "linear_f32";
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        if w.shape.len() != 2 || w.shape[1] != k {
+            bail!("{OP}: w must be [N, {k}], got {:?}", w.shape);
+        }
+        check_dtype(OP, "w", w, x.dtype)?;
+        let n = w.shape[0];
+        self.bind()?;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 2") = n;
+        let out = self.alloc(shape, DType::F32)?;
+        if m == 0 || n == 0 || k == 0 {
+            return Ok(out);
+        }
+        self.gemm_xwt(OP, x, w, &out, (m, n, k))?;
         Ok(out)
     }
 
@@ -137,49 +153,7 @@ impl CudaBackend {
             }
             .map_err(drv("memset"))?;
         } else {
-            use cublas::sys::{
-                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
-            };
-            let dt = match x.dtype {
-                DType::F32 => cudaDataType::CUDA_R_32F,
-                DType::BF16 => cudaDataType::CUDA_R_16BF,
-                _ => cudaDataType::CUDA_R_16F,
-            };
-            let (mi, ni, ki) = (
-                to_i32(OP, "M", m)?,
-                to_i32(OP, "N", n)?,
-                to_i32(OP, "K", k)?,
-            );
-            let alpha = 1.0f32;
-            let beta = 0.0f32;
-            let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-            // Row-major y[M,N] = x[M,K]·w[N,K]ᵀ is column-major yᵀ[N,M] = wᵀ·xᵀ where the
-            // row-major buffers of w and x read column-major are [K,N] and [K,M]: op(A) = Aᵀ.
-            // SAFETY: device pointers of live buffers with the sizes checked above.
-            unsafe {
-                cublas::result::gemm_ex(
-                    *blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    ni,
-                    mi,
-                    ki,
-                    (&alpha) as *const f32 as *const c_void,
-                    w.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    x.device_ptr() as *const c_void,
-                    dt,
-                    ki,
-                    (&beta) as *const f32 as *const c_void,
-                    out.device_ptr() as *mut c_void,
-                    dt,
-                    ni,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| anyhow!("{OP}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
+            self.gemm_xwt(OP, x, w, &out, (m, n, k))?;
         }
         if let Some(b) = bias {
             let f = self.func("elementwise", sfx, &format!("bias_add_{sfx}"))?;
