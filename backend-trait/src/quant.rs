@@ -418,37 +418,6 @@ impl QuantHost {
         HostTensor::from_f32_as(shape, &self.dequantize(), dtype)
     }
 
-    /// A new weight of the rows `rows` (over all items, `0..items·rows`) in that order, as one
-    /// item (`[1, rows.len(), cols]`): row permutations, tensor-parallel slices.
-    pub fn select_rows(&self, rows: &[usize]) -> Result<QuantHost> {
-        let total = self.shape[0] * self.shape[1];
-        if let Some(&r) = rows.iter().find(|&&r| r >= total) {
-            bail!("row {r} is out of range for a weight of {total} rows");
-        }
-        let (cb, sb) = (
-            self.row_code_bytes(),
-            self.row_groups() * self.format.scale.size(),
-        );
-        let take = |bytes: &[u8], w: usize| -> Vec<u8> {
-            rows.iter()
-                .flat_map(|&r| bytes[r * w..(r + 1) * w].iter().copied())
-                .collect()
-        };
-        let mins = if self.format.has_min {
-            take(&self.mins, sb)
-        } else {
-            Vec::new()
-        };
-        QuantHost::new(
-            "selected rows",
-            self.format,
-            [1, rows.len(), self.shape[2]],
-            take(&self.codes, cb),
-            take(&self.scales, sb),
-            mins,
-        )
-    }
-
     /// Stacks weights of one format and equal `[rows, cols]` along dimension 0 (items), or,
     /// with `as_rows`, concatenates their rows into one item (`[gate; up]`).
     pub fn concat(parts: &[QuantHost], as_rows: bool) -> Result<QuantHost> {
@@ -489,18 +458,6 @@ impl QuantHost {
             cat(|p| &p.scales),
             cat(|p| &p.mins),
         )
-    }
-
-    /// The same bytes seen as `shape` (equal `items · rows` and `cols`): a `[V, D]` table as
-    /// `[V, 1, D]` for row lookups.
-    pub fn reshaped(mut self, shape: [usize; 3]) -> Result<QuantHost> {
-        ensure!(
-            shape[0] * shape[1] == self.shape[0] * self.shape[1] && shape[2] == self.shape[2],
-            "a quantized weight of shape {:?} cannot be seen as {shape:?}",
-            self.shape
-        );
-        self.shape = shape;
-        Ok(self)
     }
 }
 
@@ -547,7 +504,8 @@ impl<T: Clone> QuantTensor<T> {
         })
     }
 
-    /// The same device bytes seen as `shape` (see [`QuantHost::reshaped`]).
+    /// The same device bytes seen as `shape` (equal `items · rows` and `cols`): a `[V, D]`
+    /// table as `[V, 1, D]` for row lookups.
     pub fn reshaped(&self, shape: [usize; 3]) -> Result<Self> {
         ensure!(
             shape[0] * shape[1] == self.shape[0] * self.shape[1] && shape[2] == self.shape[2],
@@ -698,7 +656,7 @@ mod tests {
     }
 
     #[test]
-    fn rows_select_and_concat() {
+    fn concat_items_and_rows() {
         let codes: Vec<u8> = (0..48).map(|i| i as u8).collect();
         let q = QuantHost::new(
             "t",
@@ -710,13 +668,10 @@ mod tests {
         )
         .unwrap();
         let all = q.dequantize();
-        let s = q.select_rows(&[2, 0]).unwrap();
-        let v = s.dequantize();
-        assert_eq!(&v[..32], &all[64..96]);
-        assert_eq!(&v[32..], &all[..32]);
         let c = QuantHost::concat(&[q.clone(), q.clone()], false).unwrap();
         assert_eq!(c.shape, [6, 1, 32]);
         assert_eq!(&c.dequantize()[96..], &all[..]);
-        assert!(q.select_rows(&[3]).is_err());
+        let rows = QuantHost::concat(&[q.clone(), q.clone()], true).unwrap();
+        assert_eq!(rows.shape, [1, 6, 32]);
     }
 }

@@ -18,7 +18,6 @@ pub struct WeightLoader<'a, B: Backend> {
     mla_expanded: Option<usize>,
     bytes: Cell<u64>,
     keep_quantized: bool,
-    quant_bytes: Cell<u64>,
     workspaces: std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>>,
 }
 
@@ -35,7 +34,6 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             mla_expanded: None,
             bytes: Cell::new(0),
             keep_quantized: true,
-            quant_bytes: Cell::new(0),
             workspaces: Default::default(),
         }
     }
@@ -51,11 +49,6 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     /// Whether [`WeightLoader::get_weight`] keeps block-quantized weights quantized.
     pub fn keeps_quantized(&self) -> bool {
         self.keep_quantized && self.parallel.world() == 1
-    }
-
-    /// Of [`WeightLoader::loaded_bytes`], the bytes uploaded as low-bit codes and scales.
-    pub fn quantized_bytes(&self) -> u64 {
-        self.quant_bytes.get()
     }
 
     /// `{prefix}.weight` `[out, in]` as the checkpoint stores it when that is a block format
@@ -126,7 +119,6 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         let t = QuantTensor::upload(self.backend, q)?;
         self.loaded.set(self.loaded.get() + 1);
         self.bytes.set(self.bytes.get() + q.bytes());
-        self.quant_bytes.set(self.quant_bytes.get() + q.bytes());
         if let Some(p) = self.progress {
             p(self.loaded.get(), self.src.names().len());
         }

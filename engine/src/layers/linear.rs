@@ -24,18 +24,6 @@ impl<B: Backend> Clone for Weight<B> {
 }
 
 impl<B: Backend> Weight<B> {
-    /// The float tensor of a dense weight; an error for a quantized one (`what` names the
-    /// layer that needs floats, e.g. to fold weights together at load).
-    pub fn dense(&self, what: &str) -> Result<&B::Tensor> {
-        match self {
-            Weight::Dense(t) => Ok(t),
-            Weight::Quant(q) => anyhow::bail!(
-                "{what}: needs a float weight, found {} codes (load it with quantized weights decoded)",
-                q.format.name()
-            ),
-        }
-    }
-
     /// `x` `[M, in]` → `[M, out]` (+ bias).
     pub fn forward(&self, b: &B, x: &B::Tensor, bias: Option<&B::Tensor>) -> Result<B::Tensor> {
         match self {
