@@ -167,12 +167,11 @@ impl<B: Backend> GptOssMoe<B> {
         }
         let (ids, weights) = route(&logits, n, self.top_k);
         let k = self.top_k;
-        let ids = b.upload(&HostTensor::from_u32(vec![n, k], &ids)?)?;
         let weights = b.upload(&HostTensor::from_f32(vec![n, k], &weights)?)?;
         match &self.experts {
             GptOssExperts::Dense(gu, dn) => b.moe_experts_ext(
                 x,
-                &ids,
+                &b.upload(&HostTensor::from_u32(vec![n, k], &ids)?)?,
                 &weights,
                 gu,
                 dn,

@@ -85,26 +85,27 @@ impl<B: Backend> QuantExperts<B> {
         ids: &B::Tensor,
         weights: &B::Tensor,
     ) -> Result<B::Tensor> {
-        self.forward_with(b, x, ids, weights, ExpertAct::Swiglu, None)
+        let host = b.download(ids)?.to_u32()?;
+        self.forward_with(b, x, &host, weights, ExpertAct::Swiglu, None)
     }
 
-    /// [`QuantExperts::forward`] with another activation and the projections' biases
-    /// (`[E, 2F]`, `[E, D]`, gathered per step into the workspace's slot order).
+    /// [`QuantExperts::forward`] with the routed ids already on the host (`[N·k]`, the shape
+    /// of `weights`), another activation and the projections' biases (`[E, 2F]`, `[E, D]`,
+    /// gathered per step into the workspace's slot order).
     pub fn forward_with(
         &self,
         b: &B,
         x: &B::Tensor,
-        ids: &B::Tensor,
+        host: &[u32],
         weights: &B::Tensor,
         act: ExpertAct,
         biases: Option<(&B::Tensor, &B::Tensor)>,
     ) -> Result<B::Tensor> {
         let e = self.gate_up.shape[0];
-        let host = b.download(ids)?.to_u32()?;
         // The distinct experts in order of first use; each gets the next workspace slot.
         let mut slot = vec![u32::MAX; e];
         let mut items = Vec::new();
-        for &i in &host {
+        for &i in host {
             let i = i as usize;
             if i < e && slot[i] == u32::MAX {
                 slot[i] = items.len() as u32;
@@ -126,7 +127,7 @@ impl<B: Backend> QuantExperts<B> {
         let chosen = b.upload(&HostTensor::from_u32(vec![items.len()], &items)?)?;
         b.dequantize_into(&self.gate_up, &chosen, gu)?;
         b.dequantize_into(&self.down, &chosen, dn)?;
-        let local = b.upload(&HostTensor::from_u32(ids.shape().to_vec(), &local)?)?;
+        let local = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), &local)?)?;
         // Biases in slot order, one row per workspace slot (slots past the chosen repeat the
         // first chosen expert's row; no token reads them).
         let gathered = match biases {
