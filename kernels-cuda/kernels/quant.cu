@@ -51,7 +51,8 @@ __device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u
     }
 }
 
-// out[i, r, c] = w[items[i], r, c] for i < m; one thread per 8 consecutive columns.
+// out[i, r, c] = w[items[i], r, c] for i < m (items null: w[i]); one thread per 8 consecutive
+// columns.
 template <typename T>
 __device__ void dequant_impl(const unsigned char* codes, const unsigned char* scales,
                              const unsigned char* mins, const u32* items, T* out, u32 m, u32 rows,
@@ -64,7 +65,7 @@ __device__ void dequant_impl(const unsigned char* codes, const unsigned char* sc
         const u64 o = t * 8;
         const u64 i = o / per;
         const u64 rc = o - i * per;
-        const u32 item = items[i];
+        const u32 item = items ? items[i] : (u32)i;  // no list: items 0..m in order
         T* y = out + o;
         if (item >= n_items) {
 #pragma unroll

@@ -4,7 +4,7 @@
 
 use crate::{dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DType, HostTensor, QuantTensor, TensorInfo};
+use dayone_backend::{DType, QuantTensor, TensorInfo};
 
 /// The largest M the low-bit GEMV serves (`DAYONE_QUANT_GEMV_MAX_M`, default 16 — measured
 /// faster than decoding then cuBLAS at M = 1 and 16 on the H200, slower at 32 —
@@ -44,7 +44,7 @@ impl CudaBackend {
         out: &CudaTensor,
     ) -> Result<()> {
         const OP: &str = "dequantize_into";
-        let [e, rows, cols] = q.shape;
+        let [_, rows, cols] = q.shape;
         let m = items.numel();
         if items.dtype != DType::U32 || items.shape.len() != 1 {
             bail!(
@@ -59,6 +59,20 @@ impl CudaBackend {
                 out.shape
             );
         }
+        self.dequant_launch(q, items.device_ptr(), m, out)
+    }
+
+    /// Decodes `m` items into `out`: those listed at `items` (a device `[m]` u32 array), or
+    /// items `0..m` when `items` is 0 (no list to upload).
+    fn dequant_launch(
+        &self,
+        q: &QuantTensor<CudaTensor>,
+        items: u64,
+        m: usize,
+        out: &CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "dequantize_into";
+        let [e, rows, cols] = q.shape;
         let sfx = dtype_suffix(OP, out.dtype)?;
         let p = Self::quant_ptrs(OP, q)?;
         let [kind, scale, has_min, group] = q.format.kernel_params();
@@ -79,7 +93,7 @@ impl CudaBackend {
                 p[0],
                 p[1],
                 p[2],
-                items.device_ptr(),
+                items,
                 out.device_ptr(),
                 to_u32(OP, "M", m)?,
                 to_u32(OP, "rows", rows)?,
@@ -125,8 +139,7 @@ impl CudaBackend {
         else {
             // Prefill: decode once into a pooled temporary, then cuBLAS.
             let w = self.alloc(vec![1, n, k], x.dtype)?;
-            let zero = self.upload(&HostTensor::from_u32(vec![1], &[0])?)?;
-            self.dequantize_into_impl(q, &zero, &w)?;
+            self.dequant_launch(q, 0, 1, &w)?;
             let w = CudaTensor {
                 shape: vec![n, k],
                 ..w
