@@ -112,40 +112,8 @@ impl CudaBackend {
             return self.moe_experts_impl(x, ids, weights, gate_up, down);
         }
         let sfx = dtype_suffix(OP, x.dtype)?;
-        if x.shape.len() != 2 || gate_up.shape.len() != 3 || down.shape.len() != 3 {
-            bail!(
-                "{OP}: expected x [N, D], gate_up [E, 2F, D], down [E, D, F], got {:?}, {:?}, {:?}",
-                x.shape,
-                gate_up.shape,
-                down.shape
-            );
-        }
-        let (n, d) = (x.shape[0], x.shape[1]);
-        let (e, f2) = (gate_up.shape[0], gate_up.shape[1]);
-        let f = f2 / 2;
-        if gate_up.shape[2] != d || f2 % 2 != 0 || down.shape != [e, d, f] {
-            bail!(
-                "{OP}: gate_up must be [E, 2F, {d}] and down [E, {d}, F], got {:?} and {:?}",
-                gate_up.shape,
-                down.shape
-            );
-        }
-        if ids.dtype != DType::U32
-            || ids.shape.len() != 2
-            || ids.shape[0] != n
-            || weights.shape != ids.shape
-            || weights.dtype != DType::F32
-        {
-            bail!(
-                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
-                ids.dtype,
-                ids.shape,
-                weights.dtype,
-                weights.shape
-            );
-        }
-        check_dtype(OP, "gate_up", gate_up, x.dtype)?;
-        check_dtype(OP, "down", down, x.dtype)?;
+        let (n, d, e, f) = crate::mla_moe::check_experts(OP, x, ids, weights, gate_up, down)?;
+        let f2 = 2 * f;
         for (b, shape, what) in [
             (opts.gate_up_bias, [e, f2], "gate_up_bias"),
             (opts.down_bias, [e, d], "down_bias"),

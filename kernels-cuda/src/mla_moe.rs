@@ -27,6 +27,48 @@ fn rank2(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, u
     }
 }
 
+/// The shapes and dtypes of a routed-experts op (`moe_experts`, `moe_experts_ext`): `x`
+/// `[N, D]`, `gate_up` `[E, 2F, D]` and `down` `[E, D, F]` of `x`'s dtype, `ids` `[N, k]` u32,
+/// `weights` `[N, k]` f32 → `(N, D, E, F)`.
+pub(crate) fn check_experts(
+    op: &str,
+    x: &CudaTensor,
+    ids: &CudaTensor,
+    weights: &CudaTensor,
+    gate_up: &CudaTensor,
+    down: &CudaTensor,
+) -> Result<(usize, usize, usize, usize)> {
+    let (n, d) = rank2(op, "x", x, "[N, D]")?;
+    let (e, f2, gd) = rank3(op, "gate_up", gate_up, "[E, 2F, D]")?;
+    if gd != d || !f2.is_multiple_of(2) {
+        bail!(
+            "{op}: gate_up must be [E, 2F, {d}], got {:?}",
+            gate_up.shape
+        );
+    }
+    let f = f2 / 2;
+    if down.shape != [e, d, f] {
+        bail!("{op}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
+    }
+    check_dtype(op, "gate_up", gate_up, x.dtype)?;
+    check_dtype(op, "down", down, x.dtype)?;
+    if ids.dtype != DType::U32
+        || ids.shape.len() != 2
+        || ids.shape[0] != n
+        || weights.shape != ids.shape
+        || weights.dtype != DType::F32
+    {
+        bail!(
+            "{op}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
+            ids.dtype,
+            ids.shape,
+            weights.dtype,
+            weights.shape
+        );
+    }
+    Ok((n, d, e, f))
+}
+
 impl CudaBackend {
     fn memset0(&self, t: &CudaTensor) -> Result<()> {
         if t.num_bytes() > 0 {
@@ -480,34 +522,7 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
         let sfx = dtype_suffix(OP, x.dtype)?;
-        let (n, d) = rank2(OP, "x", x, "[N, D]")?;
-        let (e, f2, gd) = rank3(OP, "gate_up", gate_up, "[E, 2F, D]")?;
-        if gd != d || !f2.is_multiple_of(2) {
-            bail!(
-                "{OP}: gate_up must be [E, 2F, {d}], got {:?}",
-                gate_up.shape
-            );
-        }
-        let f = f2 / 2;
-        if down.shape != [e, d, f] {
-            bail!("{OP}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
-        }
-        check_dtype(OP, "gate_up", gate_up, x.dtype)?;
-        check_dtype(OP, "down", down, x.dtype)?;
-        if ids.dtype != DType::U32
-            || ids.shape.len() != 2
-            || ids.shape[0] != n
-            || weights.shape != ids.shape
-            || weights.dtype != DType::F32
-        {
-            bail!(
-                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
-                ids.dtype,
-                ids.shape,
-                weights.dtype,
-                weights.shape
-            );
-        }
+        let (n, d, e, f) = check_experts(OP, x, ids, weights, gate_up, down)?;
         let k = ids.shape[1];
         self.bind()?;
         let out = self.alloc(vec![n, d], x.dtype)?;
