@@ -596,6 +596,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn recurrent_split_alignment(&self) -> usize {
         1
     }
+
+    /// Batch-invariant kernels on or off. With them on, every op gives a row (a token) the
+    /// same bits however many rows share the call and however a prompt was cut into steps, so
+    /// a prefix-cache hit, any chunk size, a preempted run and a batch of requests all equal
+    /// the request computed alone (serving.md §D4; vLLM's `VLLM_BATCH_INVARIANT`). Backends
+    /// that pick kernels by shape (CUDA: cuBLAS algorithms by M, split-K decode attention)
+    /// trade speed for it; the default does nothing because the CPU and WGSL kernels reduce in
+    /// one fixed order already. Call it before the first step of an engine.
+    fn set_batch_invariant(&self, on: bool) -> Result<()> {
+        let _ = on;
+        Ok(())
+    }
+
+    /// Whether the results are batch-invariant now (the default: always).
+    fn batch_invariant(&self) -> bool {
+        true
+    }
 }
 
 /// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that

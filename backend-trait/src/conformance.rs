@@ -151,6 +151,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     check_row_ops(b)?;
     check_many_row_ops(b)?;
     crate::conformance_quant::check_quant(b)?;
+    crate::conformance_invariance::check_batch_invariance(b)?;
     Ok(())
 }
 

@@ -495,6 +495,15 @@ mod tests {
     }
 
     #[test]
+    fn cpu_batch_invariance() {
+        assert!(
+            CpuBackend.batch_invariant(),
+            "the reference is always invariant"
+        );
+        crate::conformance_invariance::check_batch_invariance(&CpuBackend).unwrap();
+    }
+
+    #[test]
     fn cpu_window_sinks_and_biased_experts() {
         crate::conformance_ext::check_ext(&CpuBackend).unwrap();
     }

@@ -21,6 +21,7 @@ pub mod comm;
 pub mod comm_tcp;
 pub mod conformance;
 pub mod conformance_ext;
+pub mod conformance_invariance;
 pub mod conformance_quant;
 pub mod cpu;
 pub mod quant;

@@ -101,6 +101,12 @@ pub struct EngineArgs {
     /// instead of keeping them quantized on the device (more memory; for comparisons).
     #[arg(long)]
     pub dequantize_at_load: bool,
+    /// Batch-invariant kernels: a request's output is bit-exact whatever it is batched with and
+    /// however its prompt was cut (prefix-cache hits, chunked prefill, preemption). CPU and
+    /// WGSL always are; on CUDA it costs speed (no cuBLAS, no decode GEMV). As vLLM's
+    /// VLLM_BATCH_INVARIANT=1 (also DAYONE_BATCH_INVARIANT=1).
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 /// A command's own defaults, below the config file and the flags.
@@ -215,6 +221,9 @@ impl EngineArgs {
         s.parallel.tensor_parallel_size = self.tensor_parallel_size.map(|v| v as u64);
         s.parallel.expert_parallel_size = self.expert_parallel_size.map(|v| v as u64);
         s.parallel.pipeline_parallel_size = self.pipeline_parallel_size.map(|v| v as u64);
+        if self.batch_invariant {
+            s.runtime.batch_invariant = Some(true);
+        }
         s
     }
 

@@ -68,6 +68,39 @@ fn effective_settings_round_trip_and_flags_win() {
 }
 
 #[test]
+fn batch_invariant_from_the_flag_or_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = stdout(&dayone(&["config", "--backend", "cpu"]));
+    assert!(plain.contains("batch_invariant: false"), "{plain}");
+    let flag = stdout(&dayone(&[
+        "config",
+        "--backend",
+        "cpu",
+        "--batch-invariant",
+    ]));
+    assert!(flag.contains("batch_invariant: true"), "{flag}");
+    let f = write(
+        dir.path(),
+        "inv.yaml",
+        "serving:\n  runtime: {batch-invariant: true, backend: cpu}\n",
+    );
+    let file = stdout(&dayone(&["config", "--config", &f]));
+    assert!(file.contains("batch_invariant: true"), "{file}");
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "serving:\n  runtime: {batch_invariant: 3}\n",
+    );
+    let o = dayone(&["config", "--config", &bad]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bad.yaml") && err.contains("serving.runtime.batch_invariant"),
+        "{err}"
+    );
+}
+
+#[test]
 fn vllm_spellings_are_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let f = write(

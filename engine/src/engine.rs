@@ -65,6 +65,11 @@ pub struct EngineConfig {
     /// codes on the device (`--dequantize-at-load`).
     #[serde(default)]
     pub dequantize_at_load: bool,
+    /// Batch-invariant kernels (`--batch-invariant`; [`Backend::set_batch_invariant`]): a
+    /// request's logits are bit-exact whatever it shares a step with and however its prompt was
+    /// cut (prefix-cache hits, chunk sizes, preemption). CPU and WGSL always are; CUDA gives up
+    /// cuBLAS, the decode GEMV and split-K decode attention for it.
+    pub batch_invariant: bool,
 }
 
 /// `DAYONE_MLA_PREFILL=expanded` (from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens, default
@@ -112,6 +117,7 @@ impl Default for EngineConfig {
             expert_parallel_size: 1,
             mla_expanded_min_tokens: mla_expanded_from_env(),
             dequantize_at_load: false,
+            batch_invariant: false,
         }
     }
 }
@@ -222,6 +228,10 @@ impl<B: Backend> Engine<B> {
         let config = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
         if !matches!(cfg.dtype, DType::F32 | DType::BF16) {
             bail!("--dtype must be f32 or bf16, got {}", cfg.dtype);
+        }
+        if cfg.batch_invariant {
+            // Before anything is computed, and before the recurrent split alignment is read.
+            backend.set_batch_invariant(true)?;
         }
         let (model, weight_bytes) = load_model(
             &backend,

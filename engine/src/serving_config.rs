@@ -248,6 +248,10 @@ pub struct RuntimeSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_queued_requests: Option<usize>,
+    /// Batch-invariant kernels (bit-exact prefix-cache hits, chunking, preemption and
+    /// batching on every backend; slower on CUDA). vLLM: `VLLM_BATCH_INVARIANT=1`.
+    #[serde(alias = "batch-invariant", skip_serializing_if = "Option::is_none")]
+    pub batch_invariant: Option<bool>,
 }
 
 /// Where a layer of settings came from, for error messages.
@@ -531,6 +535,7 @@ impl Serving {
                 max_long_partial_prefills: pick!(runtime.max_long_partial_prefills),
                 long_prefill_token_cap: pick!(runtime.long_prefill_token_cap),
                 max_queued_requests: pick!(runtime.max_queued_requests),
+                batch_invariant: pick!(runtime.batch_invariant),
             },
         }
     }
@@ -602,6 +607,9 @@ impl Serving {
         if let Some(n) = r.max_queued_requests {
             s.max_queued_requests = n;
         }
+        if let Some(b) = r.batch_invariant {
+            cfg.batch_invariant = b;
+        }
         let (interval, bs) = (cfg.state_checkpoint_interval, cfg.scheduler.block_size);
         if !interval.is_multiple_of(bs) {
             bail!(
@@ -650,6 +658,7 @@ impl Serving {
                 max_long_partial_prefills: Some(s.max_long_partial_prefills),
                 long_prefill_token_cap: Some(s.long_prefill_token_cap),
                 max_queued_requests: Some(s.max_queued_requests),
+                batch_invariant: Some(cfg.batch_invariant),
             },
         }
     }

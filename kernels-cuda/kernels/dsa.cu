@@ -195,11 +195,10 @@ __device__ __forceinline__ void dsa_score_mma_impl(
 
 // ---------------------------------------------------------------------------------------------
 // Top-k of each score row: out[tok0 + y, ..] = the positions of the `topk` largest scores among
-// 0 ..= positions[tok0 + y] (ties to the lower position), in no particular order, u32 max
+// 0 ..= positions[tok0 + y] (ties to the lower position), the ones above the threshold first, u32 max
 // padding after them. One block of 1024 threads per row (grid.x = group); rows are read as
 // float4 (stride ∈ 4ℤ). Radix select over order-preserving u32 keys in four 8-bit passes, then
-// the keys above the threshold are appended with an atomic counter and the keys equal to it are
-// taken in position order.
+// the keys above the threshold and the keys equal to it are written in position order.
 #define DSA_SEL_THREADS 1024
 
 // Order-preserving map of an f32 to u32 (larger float → larger key; +0 and −0 are one value).
@@ -283,20 +282,25 @@ extern "C" __global__ void __launch_bounds__(DSA_SEL_THREADS)
         sh[3] = 0u;
     }
     __syncthreads();
-    // Keys above the threshold: any order. Keys equal to it: the `need` lowest positions, in
-    // position order with a block-wide running count (four positions per thread per round).
+    // Both parts in position order with block-wide running counts (four positions per thread
+    // per round): the keys above the threshold fill out[0 ..), the `need` lowest-positioned keys
+    // equal to it fill out[topk − need ..). A fixed order matters: the sparse attention sums
+    // over the selection in the order it is listed, so an atomic append would change the
+    // attention's last bits from run to run.
     for (u32 base = 0; base < len4; base += blockDim.x) {
         const u32 i = base + tid;
         u32 k[4] = {0u, 0u, 0u, 0u};
         if (i < len4) keys4(i, k);
-        u32 eq = 0;
+        u32 gt = 0, eq = 0;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            if (k[e] > prefix) orow[atomicAdd(&sh[2], 1u)] = 4 * i + e;
+            gt += k[e] > prefix ? 1u : 0u;
             eq += k[e] == prefix ? 1u : 0u;
         }
-        // Exclusive prefix of `eq` over the block, in thread order.
-        u32 incl = eq;
+        // Exclusive prefixes of `gt` and `eq` over the block, in thread order (packed in one
+        // word: each count is at most 4 · 1024 < 2^16).
+        const u32 both = (gt << 16) | eq;
+        u32 incl = both;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
@@ -304,10 +308,12 @@ extern "C" __global__ void __launch_bounds__(DSA_SEL_THREADS)
         }
         if (lane == 31) wcount[warp] = incl;
         __syncthreads();
-        u32 before = sh[3] + incl - eq;
-        for (u32 w = 0; w < warp; w++) before += wcount[w];
+        u32 excl = incl - both;
+        for (u32 w = 0; w < warp; w++) excl += wcount[w];
+        u32 before_gt = sh[2] + (excl >> 16), before = sh[3] + (excl & 0xffffu);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
+            if (k[e] > prefix) orow[before_gt++] = 4 * i + e;
             if (k[e] == prefix) {
                 if (before < need) orow[topk - need + before] = 4 * i + e;
                 before++;
@@ -317,7 +323,8 @@ extern "C" __global__ void __launch_bounds__(DSA_SEL_THREADS)
         if (tid == 0) {
             u32 total = 0;
             for (u32 w = 0; w < blockDim.x / 32; w++) total += wcount[w];
-            sh[3] += total;
+            sh[2] += total >> 16;
+            sh[3] += total & 0xffffu;
         }
         __syncthreads();
         // Done when both parts are complete (uniform: every thread reads the same values).

@@ -86,7 +86,9 @@ impl CudaBackend {
             return Ok(out);
         }
         let tpk = launch::decode_tpk(hdk, hdv);
-        if let Some(tpk) = tpk.filter(|_| max_q <= 1 && n <= 65535) {
+        // Batch-invariant mode: decode takes the prefill kernels (per-row, keys in tiles from
+        // position 0), whose result for a query does not depend on the step's other queries.
+        if let Some(tpk) = tpk.filter(|_| max_q <= 1 && n <= 65535 && !self.invariant()) {
             let gb = launch::decode_gb(g);
             let gchunks = g.div_ceil(gb as usize);
             let step = (launch::ATTN_THREADS / tpk) * launch::DECODE_UNROLL;

@@ -443,7 +443,12 @@ impl CudaBackend {
             && kda_tuning().mma;
         let chunk_ok =
             mma || (kd <= 128 && vd <= 128 && kd % 4 == 0 && prep_smem.max(scan_smem) <= optin);
-        let path = KdaPath::from_u8(self.kda_path.load(Ordering::Relaxed));
+        let path = if self.invariant() {
+            // Token-recurrent state in f32: the same whatever the step boundaries.
+            KdaPath::Recurrent
+        } else {
+            KdaPath::from_u8(self.kda_path.load(Ordering::Relaxed))
+        };
         let plan = kda_plan(&meta.host, path, chunk_ok);
         let mut words = plan.recurrent.clone();
         words.extend_from_slice(&plan.chunked);

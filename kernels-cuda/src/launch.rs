@@ -263,7 +263,7 @@ pub fn moe_plan(
     let pick = |kdim: usize| {
         if !kdim.is_multiple_of(8) {
             MoeKernel::Fma
-        } else if n <= gemv_max || (!low && n <= 64) {
+        } else if n <= gemv_max || (!low && n <= 64 && gemv_max > 0) {
             MoeKernel::Gemv(n.next_power_of_two().clamp(1, 8) as u32)
         } else if low {
             MoeKernel::Mma

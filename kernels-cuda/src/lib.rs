@@ -68,6 +68,7 @@ mod basic;
 pub mod comm;
 mod dsa;
 mod ext;
+mod invariant;
 mod kda;
 mod linear;
 mod mla_moe;
@@ -126,6 +127,9 @@ pub struct CudaBackend {
     kda_path: std::sync::atomic::AtomicU8,
     /// Score scratch budget of `dsa_topk` in bytes ([`CudaBackend::set_dsa_score_bytes`]).
     dsa_score_bytes: std::sync::atomic::AtomicUsize,
+    /// Batch-invariant kernels only (`DAYONE_BATCH_INVARIANT=1` or
+    /// [`dayone_backend::Backend::set_batch_invariant`]; see `invariant.rs`).
+    batch_invariant: std::sync::atomic::AtomicBool,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -236,6 +240,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             kda_path,
             dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
+            batch_invariant: std::sync::atomic::AtomicBool::new(invariant::from_env()),
             mma_attention,
             pdl,
             staging,
@@ -433,6 +438,7 @@ impl CudaBackend {
             || name.starts_with("mla_attn_mma")
             || name.starts_with("kda_chunk")
             || name.starts_with("dsa_score_mma")
+            || name.starts_with("gemm_inv_mma")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
@@ -975,6 +981,17 @@ impl Backend for CudaBackend {
 
     fn write_rows(&self, t: &CudaTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
         self.write_rows_impl(t, rows, src)
+    }
+
+    /// `invariant.rs`: fixed-order GEMMs, prefill attention kernels for decode, no key splits,
+    /// tiled MoE experts and token-recurrent KDA.
+    fn set_batch_invariant(&self, on: bool) -> Result<()> {
+        self.set_invariant(on);
+        Ok(())
+    }
+
+    fn batch_invariant(&self) -> bool {
+        self.invariant()
     }
 }
 

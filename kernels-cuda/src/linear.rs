@@ -1,6 +1,7 @@
 //! `linear`: streaming GEMV for decode-sized M, else cuBLAS `GemmEx`, bias fused or added.
 
 use crate::device::drv;
+use crate::invariant::InvGemm;
 use crate::{
     check_dtype, dtype_suffix, launch, rows_last, to_i32, to_u32, CudaBackend, CudaTensor,
 };
@@ -78,10 +79,16 @@ impl CudaBackend {
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("rank >= 2") = n;
         let out = self.alloc(shape, DType::F32)?;
-        if m == 0 || n == 0 || k == 0 {
+        if m == 0 || n == 0 {
             return Ok(out);
         }
-        self.gemm_xwt(OP, x, w, &out, (m, n, k))?;
+        if self.invariant() {
+            self.gemm_inv(OP, x, w, &out, &InvGemm::plain(m, n, k))?;
+        } else if k == 0 {
+            self.memset0(&out)?;
+        } else {
+            self.gemm_xwt(OP, x, w, &out, (m, n, k))?;
+        }
         Ok(out)
     }
 
@@ -117,7 +124,8 @@ impl CudaBackend {
         if m == 0 || n == 0 {
             return Ok(out);
         }
-        if let Some(mt) = launch::gemv_mt(m, k).filter(|_| allow_gemv) {
+        let gemv = launch::gemv_mt(m, k).filter(|_| allow_gemv && !self.invariant());
+        if let Some(mt) = gemv {
             // Decode-sized M: the streaming GEMV kernel (bias fused).
             let rpw = launch::gemv_rpw(n, self.info.sms);
             let f = self.func("gemv", sfx, &format!("gemv_{sfx}_m{mt}_r{rpw}"))?;
@@ -140,7 +148,10 @@ impl CudaBackend {
             )?;
             return Ok(out);
         }
-        if k == 0 {
+        if self.invariant() {
+            // One reduction order per element whatever M (invariant.rs).
+            self.gemm_inv(OP, x, w, &out, &InvGemm::plain(m, n, k))?;
+        } else if k == 0 {
             // Empty reduction: y = bias (or 0).
             // SAFETY: the buffer holds `num_bytes` bytes.
             unsafe {

@@ -70,7 +70,7 @@ pub(crate) fn check_experts(
 }
 
 impl CudaBackend {
-    fn memset0(&self, t: &CudaTensor) -> Result<()> {
+    pub(crate) fn memset0(&self, t: &CudaTensor) -> Result<()> {
         if t.num_bytes() > 0 {
             // SAFETY: the buffer holds `num_bytes` bytes.
             unsafe {
@@ -98,6 +98,21 @@ impl CudaBackend {
         self.bind()?;
         let out = self.alloc(vec![n, h, o], x.dtype)?;
         if n == 0 || h == 0 || o == 0 {
+            return Ok(out);
+        }
+        if self.invariant() {
+            // Head z: rows of x[:, z, :] (stride H·K) times w[z]ᵀ into out[:, z, :].
+            let g = crate::invariant::InvGemm {
+                m: n,
+                n: o,
+                k,
+                lda: h * k,
+                ldw: k,
+                ldy: h * o,
+                batch: h,
+                strides: [k, o * k, o],
+            };
+            self.gemm_inv(OP, x, w, &out, &g)?;
             return Ok(out);
         }
         if k == 0 {
@@ -305,7 +320,8 @@ impl CudaBackend {
             };
             // Decode splits the keys so that enough blocks run; a sparse step is always one
             // token per block group, so it may split too.
-            let plan = if max_q <= 1 || selected.is_some() {
+            // Batch-invariant mode never splits: a split depends on the step's batch.
+            let plan = if (max_q <= 1 || selected.is_some()) && !self.invariant() {
                 launch::plan_decode(
                     groups * row_tiles,
                     max_kv,
@@ -537,10 +553,15 @@ impl CudaBackend {
             bail!("{OP}: {e} experts are above the supported 4096");
         }
         let p = n * k;
-        let gemv_max = std::env::var("DAYONE_MOE_GEMV_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(launch::MOE_GEMV_MAX_TOKENS);
+        let gemv_max = if self.invariant() {
+            // The tiled kernels for every token count: the GEMV reduces in another order.
+            0
+        } else {
+            std::env::var("DAYONE_MOE_GEMV_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
+        };
         let plan = launch::moe_plan(n, k, e, d, f, x.dtype != DType::F32, gemv_max);
         let maxt = to_u32(OP, "tiles", plan.max_tiles)?;
         if maxt > 65535 {

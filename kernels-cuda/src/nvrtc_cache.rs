@@ -34,6 +34,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("quant", include_str!("../kernels/quant.cu")),
     ("attention_ext", include_str!("../kernels/attention_ext.cu")),
     ("moe_ext", include_str!("../kernels/moe_ext.cu")),
+    ("gemm_inv", include_str!("../kernels/gemm_inv.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

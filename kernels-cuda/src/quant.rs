@@ -135,7 +135,7 @@ impl CudaBackend {
         let m = x.shape[0];
         let Some(mt) = [1usize, 2, 4, 8, 16, 32]
             .into_iter()
-            .find(|&t| t >= m && m <= gemv_max_m())
+            .find(|&t| t >= m && m <= gemv_max_m() && !self.invariant())
         else {
             // Prefill: decode once into a pooled temporary, then cuBLAS.
             let w = self.alloc(vec![1, n, k], x.dtype)?;

@@ -42,6 +42,20 @@ fn conformance_suite() {
     }
 }
 
+/// Batch-invariant mode: every op still matches the reference, and rows computed in calls of
+/// any size and composition are bit-identical (`conformance_invariance`).
+#[test]
+fn batch_invariant_mode() {
+    let Some(b) = backend("batch_invariant_mode") else {
+        return;
+    };
+    assert!(!b.batch_invariant(), "off by default");
+    b.set_batch_invariant(true).unwrap();
+    dayone_backend::conformance_invariance::check_batch_invariance(&b).unwrap();
+    conformance::check_all(&b).unwrap();
+    dayone_backend::conformance_ext::check_ext(&b).unwrap();
+}
+
 #[test]
 fn window_sinks_and_biased_experts() {
     let Some(b) = backend("window_sinks_and_biased_experts") else {

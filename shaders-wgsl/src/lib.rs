@@ -195,6 +195,9 @@ pub struct WgslBackend {
     arena: wgpu::Buffer,
     dummy: wgpu::Buffer,
     error: Arc<Mutex<Option<String>>>,
+    /// Batch-invariant mode ([`Backend::set_batch_invariant`]): the prefill GEMM for every M
+    /// (the decode GEMVs reduce K in another order, or fuse differently when compiled).
+    batch_invariant: std::sync::atomic::AtomicBool,
 }
 
 fn type_name(t: wgpu::DeviceType) -> &'static str {
@@ -332,7 +335,14 @@ impl WgslBackend {
             arena,
             dummy,
             error,
+            batch_invariant: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether the batch-invariant kernels are in use.
+    pub(crate) fn invariant(&self) -> bool {
+        self.batch_invariant
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Largest bytes per device buffer; larger tensors are split by rows.
@@ -979,5 +989,16 @@ impl Backend for WgslBackend {
     fn recurrent_split_alignment(&self) -> usize {
         // `kda` aligns its chunks to absolute multiples of KDA_CHUNK (ops/kda.rs).
         KDA_CHUNK
+    }
+
+    /// Decode-sized `linear` and `linear_quant` calls take the prefill GEMM (ops/linear.rs).
+    fn set_batch_invariant(&self, on: bool) -> Result<()> {
+        self.batch_invariant
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn batch_invariant(&self) -> bool {
+        self.invariant()
     }
 }

@@ -55,3 +55,15 @@ fn sliding_window_sinks_and_biased_experts() {
         KernelChoice::Gpu,
     )));
 }
+
+/// Batch-invariant mode with either kernel family: rows computed in calls of any size are
+/// bit-identical (`conformance_invariance`), and the ops still match the reference.
+#[test]
+fn batch_invariant_mode() {
+    for kernels in [KernelChoice::Cpu, KernelChoice::Gpu] {
+        let b = backend(kernels);
+        assert!(!b.batch_invariant(), "off by default");
+        b.set_batch_invariant(true).unwrap();
+        ok(dayone_backend::conformance_invariance::check_batch_invariance(&b));
+    }
+}

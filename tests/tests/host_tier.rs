@@ -24,6 +24,8 @@ fn config(kv_tokens: usize, host_bytes: u64, prefix_caching: bool) -> EngineConf
         },
         prefix_caching,
         host_cache_bytes: host_bytes,
+        // Bit-exact parity needs the batch-invariant kernels on CUDA (CPU and WGSL always are).
+        batch_invariant: true,
         ..Default::default()
     }
 }

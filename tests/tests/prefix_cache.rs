@@ -27,6 +27,8 @@ fn config(prefix_caching: bool, chunk: usize, interval: usize) -> EngineConfig {
         },
         prefix_caching,
         state_checkpoint_interval: interval,
+        // Bit-exact parity needs the batch-invariant kernels on CUDA (CPU and WGSL always are).
+        batch_invariant: true,
         ..Default::default()
     }
 }

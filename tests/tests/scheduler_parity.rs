@@ -23,6 +23,8 @@ fn config(chunk: usize, block_size: usize) -> EngineConfig {
             block_size,
             ..Default::default()
         },
+        // Bit-exact parity needs the batch-invariant kernels on CUDA (CPU and WGSL always are).
+        batch_invariant: true,
         ..Default::default()
     }
 }

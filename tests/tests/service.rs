@@ -25,6 +25,8 @@ fn config(max_num_seqs: usize) -> EngineConfig {
             block_size: 16,
             ..Default::default()
         },
+        // Bit-exact parity needs the batch-invariant kernels on CUDA (CPU and WGSL always are).
+        batch_invariant: true,
         ..Default::default()
     }
 }

@@ -134,14 +134,14 @@ impl WgslBackend {
                     &pipelines::MATMUL_S,
                     Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?,
                 )
-            } else if m < 4 && !self.cpu_kernels {
+            } else if m < 4 && !self.cpu_kernels && !self.invariant() {
                 let spec = if bf16 {
                     &pipelines::MATVEC_WG_B16
                 } else {
                     &pipelines::MATVEC_WG
                 };
                 (spec, Self::grid(OP, tiles * m as u64)?)
-            } else if m < 4 {
+            } else if m < 4 && !self.invariant() {
                 let spec = if bf16 {
                     &pipelines::MATVEC_B16
                 } else {

@@ -94,7 +94,7 @@ impl WgslBackend {
             q.shape
         );
         let m = x.shape[0];
-        if m >= 4 || bias.is_some() {
+        if m >= 4 || bias.is_some() || self.invariant() {
             let w = self.alloc(&[1, n, k], DType::F32)?;
             self.dequantize_into_impl(q, &self.upload_u32(&[0])?, &w)?;
             return self.linear_impl(x, &self.reshape(&w, &[n, k])?, bias);
