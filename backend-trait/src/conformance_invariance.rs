@@ -172,19 +172,20 @@ fn shared_meta(bs: usize, table: &[u32], seqs: &[(usize, usize)]) -> StepMeta {
     m
 }
 
-/// Steps over one 300-token sequence: the whole prompt at once (the reference), a decode step
-/// alone, a chunk, decode batches of 12 (a split-K decode kernel splits these differently) and
-/// a mixed step.
-const STEPS: [&[(usize, usize)]; 5] = [
-    &[(299, 1)],
-    &[(120, 180)],
-    &[(299, 1); 12],
-    &[(250, 1), (10, 40), (0, 1), (299, 1), (37, 3)],
+/// Steps over one 1 100-token sequence (past two of CUDA's 512-key invariant chunks): the whole
+/// prompt at once (the reference), a decode step alone, a chunk, decode batches of 12 (a
+/// split-K decode kernel splits these differently), queries at the chunk edges and mixed steps.
+const STEPS: [&[(usize, usize)]; 6] = [
+    &[(1099, 1)],
+    &[(600, 500)],
+    &[(1099, 1); 12],
+    &[(511, 1), (512, 1), (1023, 1), (1024, 1), (0, 1)],
+    &[(1050, 1), (10, 40), (0, 1), (1099, 1), (537, 3)],
     &[(64, 64), (128, 1)],
 ];
-const ATTN_LEN: usize = 300;
+const ATTN_LEN: usize = 1100;
 
-/// The query rows a step of [`shared_meta`] takes from the whole prompt's `[300, …]` queries.
+/// The query rows a step of [`shared_meta`] takes from the whole prompt's `[1100, …]` queries.
 fn step_queries(q: &HostTensor, seqs: &[(usize, usize)]) -> Result<HostTensor> {
     let rb = q.data.len() / q.shape[0];
     let mut data = Vec::new();

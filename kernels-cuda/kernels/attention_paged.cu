@@ -215,12 +215,56 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
 // grid = (ceil(max query tokens of a sequence / tq), Hkv · ceil(G / hc), S), block = 128 threads,
 // dynamic shared memory = attn_tiled_smem_bytes (host side computes the same).
 // Rows of a block: r = tok · hc + g for tok < tq, g < hc (tq · hc <= 32).
-template <typename T, int VPL>
+// Batch-invariant mode (kernels-cuda/src/invariant.rs): the keys of a query are cut into chunks
+// of ICHUNK positions from 0 (a length fixed per build, never by the step); each chunk's softmax
+// state (m, l, unnormalised o) is computed from fresh, then the chunks are folded in ascending
+// order with the explicit-rounding arithmetic below. A prefill block folds its chunks in
+// registers; a decode step splits the chunks over blocks (attn_*_inv with nsplit > 1 write each
+// chunk's state) and attn_fold_* folds them: the same chunk states, the same fold, the same bits
+// for a query whatever step computes it.
+__device__ __forceinline__ void inv_fold_weights(float& M, float mc, float& a, float& b) {
+    const float mn = fmaxf(M, mc);
+    a = M == NEG_INF_F ? 0.f : exp2f(__fsub_rn(M, mn));
+    b = mc == NEG_INF_F ? 0.f : exp2f(__fsub_rn(mc, mn));
+    M = mn;
+}
+__device__ __forceinline__ float inv_fold(float acc, float a, float v, float b) {
+    return __fadd_rn(__fmul_rn(acc, a), __fmul_rn(v, b));
+}
+__device__ __forceinline__ float inv_normalise(float o, float l) {
+    return __fmul_rn(o, l > 0.f ? __frcp_rn(l) : 0.f);
+}
+
+// grid.x = N·H rows, block 128 threads over hd_v: folds the nsplit chunk states of each row.
+template <typename T>
+__device__ __forceinline__ void attn_fold_impl(const float* __restrict__ part_o,
+                                               const float* __restrict__ part_ml,
+                                               T* __restrict__ out, u32 hdv, u32 nsplit) {
+    grid_dep_wait();
+    const u64 row = blockIdx.x;
+    const float* ml = part_ml + row * nsplit * 2;
+    for (u32 d = threadIdx.x; d < hdv; d += blockDim.x) {
+        float M = NEG_INF_F, L = 0.f, O = 0.f;
+        for (u32 sp = 0; sp < nsplit; sp++) {
+            // A chunk with no key of the row (past its position) is skipped: folding it would
+            // be a no-op except for turning a −0 into +0.
+            if (ml[2 * sp] == NEG_INF_F) continue;
+            float a, b;
+            inv_fold_weights(M, ml[2 * sp], a, b);
+            L = inv_fold(L, a, ml[2 * sp + 1], b);
+            O = inv_fold(O, a, part_o[(row * nsplit + sp) * hdv + d], b);
+        }
+        out[row * hdv + d] = from_f<T>(inv_normalise(O, L));
+    }
+}
+
+template <typename T, int VPL, bool INV>
 __device__ __forceinline__ void attn_tiled_impl(
     const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const u32* __restrict__ query_start, const u32* __restrict__ positions,
     const u32* __restrict__ block_tables, T* __restrict__ out, u32 h, u32 hkv, u32 hdk, u32 hdv,
-    u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {
+    u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, u32 ichunk,
+    u32 nsplit, u32 qtiles, float* __restrict__ part_o, float* __restrict__ part_ml) {
     grid_dep_wait();
     constexpr int NW = 4, RPW = 8, ROWS = NW * RPW, BK = 32;
     extern __shared__ float smem[];
@@ -239,7 +283,8 @@ __device__ __forceinline__ void attn_tiled_impl(
     const u32 hbase = kvh * gq + gc * hc;
     const u32 nh_blk = min(hc, gq - gc * hc);
     const u32 q0 = query_start[s], q1 = query_start[s + 1];
-    const u32 t0 = q0 + blockIdx.x * tq;
+    const u32 qtile = INV ? blockIdx.x % qtiles : blockIdx.x, split = INV ? blockIdx.x / qtiles : 0;
+    const u32 t0 = q0 + qtile * tq;
     if (t0 >= q1) return;
     const u32 ntok = min(tq, q1 - t0);
     const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -269,8 +314,24 @@ __device__ __forceinline__ void attn_tiled_impl(
         for (int i = 0; i < VPL; i++) acc[r][i] = 0.f;
     }
     const u32* bt = block_tables + (u64)s * max_blocks;
-
-    for (u32 kb = 0; kb < kv_end; kb += BK) {
+    // INV: fold state per row (see inv_fold_weights); chunks c_first .. c_last of ICHUNK keys.
+    float fm[RPW], fl[RPW], fo[RPW][VPL];
+    u32 c_first = 0, c_last = 1;
+    if (INV) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            fm[r] = NEG_INF_F;
+            fl[r] = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) fo[r][i] = 0.f;
+        }
+        c_first = nsplit > 1 ? split : 0;
+        c_last = nsplit > 1 ? split + 1 : (kv_end + ichunk - 1) / ichunk;
+    }
+    for (u32 c = c_first; c < c_last; c++) {
+    const u32 kbeg = INV ? c * ichunk : 0;
+    const u32 kfin = INV ? min(kbeg + ichunk, kv_end) : kv_end;
+    for (u32 kb = kbeg; kb < kfin; kb += BK) {
         __syncthreads();  // previous tile fully consumed (and sq written, first time)
         if (tid < BK) {
             const u32 key = kb + tid;
@@ -350,6 +411,55 @@ __device__ __forceinline__ void attn_tiled_impl(
         }
     }
 
+    if (INV) {
+        // End of chunk c: its state is (m, warp-summed l, acc); fold it, or write it out.
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            const float lt = warp_sum(l[r]);
+            const u32 row = w * RPW + r, tok = row / hc, g = row % hc;
+            if (nsplit > 1) {
+                if (rvalid[r]) {
+                    const u64 pi = ((u64)(t0 + tok) * h + hbase + g) * nsplit + split;
+                    if (lane == 0) {
+                        part_ml[2 * pi] = m[r];
+                        part_ml[2 * pi + 1] = lt;
+                    }
+#pragma unroll
+                    for (int i = 0; i < VPL; i++) {
+                        const u32 d = lane + 32 * i;
+                        if (d < hdv) part_o[pi * hdv + d] = acc[r][i];
+                    }
+                }
+            } else if (m[r] != NEG_INF_F) {
+                float a, b;
+                inv_fold_weights(fm[r], m[r], a, b);
+                fl[r] = inv_fold(fl[r], a, lt, b);
+#pragma unroll
+                for (int i = 0; i < VPL; i++) fo[r][i] = inv_fold(fo[r][i], a, acc[r][i], b);
+            }
+            m[r] = NEG_INF_F;
+            l[r] = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) acc[r][i] = 0.f;
+        }
+    }
+    }  // chunks
+    if (INV) {
+        if (nsplit > 1) return;
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            if (!rvalid[r]) continue;
+            const u32 row = w * RPW + r, tok = row / hc, g = row % hc;
+            T* o = out + ((u64)(t0 + tok) * h + hbase + g) * hdv;
+#pragma unroll
+            for (int i = 0; i < VPL; i++) {
+                const u32 d = lane + 32 * i;
+                if (d < hdv) o[d] = from_f<T>(inv_normalise(fo[r][i], fl[r]));
+            }
+        }
+        return;
+    }
+
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         const float lt = warp_sum(l[r]);
@@ -381,14 +491,28 @@ __device__ __forceinline__ void attn_tiled_impl(
         const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
         const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
         u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {                   \
-        attn_tiled_impl<T, VPL>(q, kc, vc, query_start, positions, block_tables, out, h, hkv, \
-                                hdk, hdv, bs, max_blocks, num_blocks, hc, tq, scale_log2);    \
+        attn_tiled_impl<T, VPL, false>(q, kc, vc, query_start, positions, block_tables, out,  \
+                                       h, hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,  \
+                                       scale_log2, 0, 1, 1, nullptr, nullptr);                \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_tiled_inv_##S##_v##VPL(            \
+        const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
+        const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
+        u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, u32 ichunk,         \
+        u32 nsplit, u32 qtiles, float* part_o, float* part_ml) {                              \
+        attn_tiled_impl<T, VPL, true>(q, kc, vc, query_start, positions, block_tables, out,   \
+                                      h, hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,   \
+                                      scale_log2, ichunk, nsplit, qtiles, part_o, part_ml);   \
     }
 #define ATTN_ALL(S, T)                                                                        \
     ATTN_DECODE_G(S, T, 8) ATTN_DECODE_G(S, T, 16) ATTN_DECODE_G(S, T, 32)                    \
     extern "C" __global__ void attn_combine_##S(const float* part_o, const float* part_ml,   \
                                                 T* out, u32 hdv, u32 nsplit) {                \
         attn_combine_impl<T>(part_o, part_ml, out, hdv, nsplit);                              \
+    }                                                                                         \
+    extern "C" __global__ void attn_fold_##S(const float* part_o, const float* part_ml,      \
+                                             T* out, u32 hdv, u32 nsplit) {                   \
+        attn_fold_impl<T>(part_o, part_ml, out, hdv, nsplit);                                 \
     }                                                                                         \
     ATTN_TILED(S, T, 2) ATTN_TILED(S, T, 4) ATTN_TILED(S, T, 8) ATTN_TILED(S, T, 16)
 DAYONE_FOR_FLOAT_TYPES(ATTN_ALL)
@@ -404,12 +528,13 @@ DAYONE_FOR_FLOAT_TYPES(ATTN_ALL)
 
 // smem_addr, ldsm_x4, ldsm_x4_t and Mma<T> live in common.cuh.
 
-template <typename T, int DV>
+template <typename T, int DV, bool INV>
 __device__ __forceinline__ void attn_mma_impl(
     const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const u32* __restrict__ query_start, const u32* __restrict__ positions,
     const u32* __restrict__ block_tables, T* __restrict__ out, u32 h, u32 hkv, u32 hdk, u32 hdv,
-    u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {
+    u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, u32 ichunk,
+    u32 nsplit, u32 qtiles, float* __restrict__ part_o, float* __restrict__ part_ml) {
     constexpr int ROWS = 64, BK = 64, NT = DV / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
@@ -426,7 +551,8 @@ __device__ __forceinline__ void attn_mma_impl(
     const u32 hbase = kvh * gq + gc * hc;
     const u32 nh_blk = min(hc, gq - gc * hc);
     const u32 q0 = query_start[s], q1 = query_start[s + 1];
-    const u32 t0 = q0 + blockIdx.x * tq;
+    const u32 qtile = INV ? blockIdx.x % qtiles : blockIdx.x, split = INV ? blockIdx.x / qtiles : 0;
+    const u32 t0 = q0 + qtile * tq;
     if (t0 >= q1) return;
     const u32 ntok = min(tq, q1 - t0);
     const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -460,8 +586,21 @@ __device__ __forceinline__ void attn_mma_impl(
     for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     const u32* bt = block_tables + (u64)s * max_blocks;
     const u32 kvec = hdk / 8, vvec = hdv / 8;
-
-    for (u32 kb = 0; kb < kv_end; kb += BK) {
+    // INV: fold state of this thread's two rows; chunks c_first .. c_last of ICHUNK keys.
+    float fm[2], fl[2], fo[NT][4];
+    u32 c_first = 0, c_last = 1;
+    if (INV) {
+        fm[0] = fm[1] = NEG_INF_F;
+        fl[0] = fl[1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < NT; j++) fo[j][0] = fo[j][1] = fo[j][2] = fo[j][3] = 0.f;
+        c_first = nsplit > 1 ? split : 0;
+        c_last = nsplit > 1 ? split + 1 : (kv_end + ichunk - 1) / ichunk;
+    }
+    for (u32 c = c_first; c < c_last; c++) {
+    const u32 kbeg = INV ? c * ichunk : 0;
+    const u32 kfin = INV ? min(kbeg + ichunk, kv_end) : kv_end;
+    for (u32 kb = kbeg; kb < kfin; kb += BK) {
         __syncthreads();  // previous tile consumed (and Q written, the first time)
         if (tid < BK) {
             const u32 key = kb + tid;
@@ -557,6 +696,68 @@ __device__ __forceinline__ void attn_mma_impl(
         }
     }
 
+    if (INV) {
+        // End of chunk c: reduce l over the quad, then fold the chunk's state or write it out.
+        float lt[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            lt[i] = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
+            lt[i] += __shfl_xor_sync(0xffffffffu, lt[i], 2);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const u32 r = w * 16 + g + 8 * i, tok = r / hc, gg = r % hc;
+            if (nsplit > 1) {
+                if (rvalid[i]) {
+                    const u64 pi = ((u64)(t0 + tok) * h + hbase + gg) * nsplit + split;
+                    if (t4 == 0) {
+                        part_ml[2 * pi] = m[i];
+                        part_ml[2 * pi + 1] = lt[i];
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const u32 d = j * 8 + t4 * 2;
+                        if (d < hdv) {
+                            part_o[pi * hdv + d] = o[j][2 * i];
+                            part_o[pi * hdv + d + 1] = o[j][2 * i + 1];
+                        }
+                    }
+                }
+            } else if (m[i] != NEG_INF_F) {
+                float a, b;
+                inv_fold_weights(fm[i], m[i], a, b);
+                fl[i] = inv_fold(fl[i], a, lt[i], b);
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    fo[j][2 * i] = inv_fold(fo[j][2 * i], a, o[j][2 * i], b);
+                    fo[j][2 * i + 1] = inv_fold(fo[j][2 * i + 1], a, o[j][2 * i + 1], b);
+                }
+            }
+            m[i] = NEG_INF_F;
+            l[i] = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; j++) o[j][2 * i] = o[j][2 * i + 1] = 0.f;
+        }
+    }
+    }  // chunks
+    if (INV) {
+        if (nsplit > 1) return;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (!rvalid[i]) continue;
+            const u32 r = w * 16 + g + 8 * i, tok = r / hc, gg = r % hc;
+            T* orow = out + ((u64)(t0 + tok) * h + hbase + gg) * hdv;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const u32 d = j * 8 + t4 * 2;
+                if (d < hdv) {
+                    orow[d] = from_f<T>(inv_normalise(fo[j][2 * i], fl[i]));
+                    orow[d + 1] = from_f<T>(inv_normalise(fo[j][2 * i + 1], fl[i]));
+                }
+            }
+        }
+        return;
+    }
     // Normalise and write this thread's rows.
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -586,8 +787,19 @@ __device__ __forceinline__ void attn_mma_impl(
         const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
         u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2) {                   \
         grid_dep_wait();                                                                      \
-        attn_mma_impl<T, DV>(q, kc, vc, query_start, positions, block_tables, out, h, hkv,    \
-                             hdk, hdv, bs, max_blocks, num_blocks, hc, tq, scale_log2);       \
+        attn_mma_impl<T, DV, false>(q, kc, vc, query_start, positions, block_tables, out, h,  \
+                                    hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,        \
+                                    scale_log2, 0, 1, 1, nullptr, nullptr);                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma_inv_##S##_d##DV(               \
+        const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
+        const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
+        u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, u32 ichunk,         \
+        u32 nsplit, u32 qtiles, float* part_o, float* part_ml) {                              \
+        grid_dep_wait();                                                                      \
+        attn_mma_impl<T, DV, true>(q, kc, vc, query_start, positions, block_tables, out, h,   \
+                                   hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,         \
+                                   scale_log2, ichunk, nsplit, qtiles, part_o, part_ml);      \
     }
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 ATTN_MMA(bf16, bf16, 64) ATTN_MMA(bf16, bf16, 128) ATTN_MMA(bf16, bf16, 256)

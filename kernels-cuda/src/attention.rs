@@ -159,6 +159,21 @@ impl CudaBackend {
         if s > 65535 {
             bail!("{OP}: at most 65535 sequences per step, got {s}");
         }
+        let common = TiledLaunch {
+            q,
+            k_cache,
+            v_cache,
+            meta,
+            out: &out,
+            dims: [hu, hkvu, hdku, hdvu, bsu, mbu, nbu],
+            scale_log2,
+            n,
+            h,
+            hdv,
+            s,
+            max_q,
+            max_kv,
+        };
         // Tensor-core kernel: prefill, chunked prefill and mixed steps in bf16/f16.
         let mma_smem = launch::mma_smem_bytes(hdk, hdv);
         if let Some(dv) = launch::mma_dv(hdk, hdv).filter(|_| {
@@ -167,37 +182,13 @@ impl CudaBackend {
                 && mma_smem <= self.info.max_smem_optin as usize
         }) {
             let (hc, tq) = launch::mma_rows(g);
-            let gchunks = g.div_ceil(hc as usize);
-            let f = self.func("attention_paged", sfx, &format!("attn_mma_{sfx}_d{dv}"))?;
-            self.launch(
-                OP,
-                &f,
-                (
-                    to_u32(OP, "grid.x", max_q.div_ceil(tq as usize).max(1))?,
-                    to_u32(OP, "grid.y", hkv * gchunks)?,
-                    s as u32,
-                ),
-                (launch::ATTN_THREADS, 1, 1),
-                mma_smem as u32,
-                kparams![
-                    q.device_ptr(),
-                    k_cache.device_ptr(),
-                    v_cache.device_ptr(),
-                    meta.query_start.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.block_tables.device_ptr(),
-                    out.device_ptr(),
-                    hu,
-                    hkvu,
-                    hdku,
-                    hdvu,
-                    bsu,
-                    mbu,
-                    nbu,
-                    hc,
-                    tq,
-                    scale_log2
-                ],
+            self.launch_tiled(
+                &common,
+                "attn_mma",
+                sfx,
+                &format!("d{dv}"),
+                (hc, tq, g),
+                mma_smem,
             )?;
             return Ok(out);
         }
@@ -213,37 +204,13 @@ impl CudaBackend {
             );
         }
         let (hc, tq) = launch::tiled_rows(g);
-        let gchunks = g.div_ceil(hc as usize);
-        let f = self.func("attention_paged", sfx, &format!("attn_tiled_{sfx}_v{vpl}"))?;
-        self.launch(
-            OP,
-            &f,
-            (
-                to_u32(OP, "grid.x", max_q.div_ceil(tq as usize).max(1))?,
-                to_u32(OP, "grid.y", hkv * gchunks)?,
-                s as u32,
-            ),
-            (launch::ATTN_THREADS, 1, 1),
-            smem as u32,
-            kparams![
-                q.device_ptr(),
-                k_cache.device_ptr(),
-                v_cache.device_ptr(),
-                meta.query_start.device_ptr(),
-                meta.positions.device_ptr(),
-                meta.block_tables.device_ptr(),
-                out.device_ptr(),
-                hu,
-                hkvu,
-                hdku,
-                hdvu,
-                bsu,
-                mbu,
-                nbu,
-                hc,
-                tq,
-                scale_log2
-            ],
+        self.launch_tiled(
+            &common,
+            "attn_tiled",
+            sfx,
+            &format!("v{vpl}"),
+            (hc, tq, g),
+            smem,
         )?;
         Ok(out)
     }
@@ -316,5 +283,141 @@ impl CudaBackend {
                 (hkv * hdv * k.dtype.size()) as u64
             ],
         )
+    }
+}
+
+/// What the tiled attention kernels (`attn_tiled_*`, `attn_mma_*`) take, gathered once.
+struct TiledLaunch<'a> {
+    q: &'a CudaTensor,
+    k_cache: &'a CudaTensor,
+    v_cache: &'a CudaTensor,
+    meta: &'a DeviceStepMeta<CudaTensor>,
+    out: &'a CudaTensor,
+    /// H, Hkv, hd_k, hd_v, block size, max blocks, pool blocks.
+    dims: [u32; 7],
+    scale_log2: f32,
+    n: usize,
+    h: usize,
+    hdv: usize,
+    s: usize,
+    max_q: usize,
+    max_kv: usize,
+}
+
+impl CudaBackend {
+    /// Launches `{family}_{sfx}_{variant}` over (query tiles, KV-head groups, sequences). In
+    /// batch-invariant mode the `_inv` kernel instead: keys in chunks of
+    /// [`launch::INV_ATTN_CHUNK`] folded in order — in registers for prefill steps, over blocks
+    /// (one per chunk, then `attn_fold`) for decode steps.
+    fn launch_tiled(
+        &self,
+        c: &TiledLaunch,
+        family: &str,
+        sfx: &'static str,
+        variant: &str,
+        (hc, tq, g): (u32, u32, usize),
+        smem: usize,
+    ) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let gchunks = g.div_ceil(hc as usize);
+        let qtiles = c.max_q.div_ceil(tq as usize).max(1);
+        let [hu, hkvu, hdku, hdvu, bsu, mbu, nbu] = c.dims;
+        let gy = to_u32(OP, "grid.y", c.dims[1] as usize * gchunks)?;
+        let m = &c.meta;
+        if !self.invariant() {
+            let f = self.func("attention_paged", sfx, &format!("{family}_{sfx}_{variant}"))?;
+            return self.launch(
+                OP,
+                &f,
+                (to_u32(OP, "grid.x", qtiles)?, gy, c.s as u32),
+                (launch::ATTN_THREADS, 1, 1),
+                smem as u32,
+                kparams![
+                    c.q.device_ptr(),
+                    c.k_cache.device_ptr(),
+                    c.v_cache.device_ptr(),
+                    m.query_start.device_ptr(),
+                    m.positions.device_ptr(),
+                    m.block_tables.device_ptr(),
+                    c.out.device_ptr(),
+                    hu,
+                    hkvu,
+                    hdku,
+                    hdvu,
+                    bsu,
+                    mbu,
+                    nbu,
+                    hc,
+                    tq,
+                    c.scale_log2
+                ],
+            );
+        }
+        let chunk = launch::INV_ATTN_CHUNK;
+        // Decode steps spread a query's chunks over blocks; prefill folds them in one block.
+        let nsplit = if c.max_q <= 1 {
+            c.max_kv.div_ceil(chunk).max(1)
+        } else {
+            1
+        };
+        let (part_o, part_ml) = if nsplit > 1 {
+            let rows = c.n * c.h * nsplit;
+            (
+                Some(self.scratch_f32(rows * c.hdv)?),
+                Some(self.scratch_f32(rows * 2)?),
+            )
+        } else {
+            (None, None)
+        };
+        let po = part_o.as_ref().map_or(0, |t| t.device_ptr());
+        let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
+        let f = self.func(
+            "attention_paged",
+            sfx,
+            &format!("{family}_inv_{sfx}_{variant}"),
+        )?;
+        self.launch(
+            OP,
+            &f,
+            (to_u32(OP, "grid.x", qtiles * nsplit)?, gy, c.s as u32),
+            (launch::ATTN_THREADS, 1, 1),
+            smem as u32,
+            kparams![
+                c.q.device_ptr(),
+                c.k_cache.device_ptr(),
+                c.v_cache.device_ptr(),
+                m.query_start.device_ptr(),
+                m.positions.device_ptr(),
+                m.block_tables.device_ptr(),
+                c.out.device_ptr(),
+                hu,
+                hkvu,
+                hdku,
+                hdvu,
+                bsu,
+                mbu,
+                nbu,
+                hc,
+                tq,
+                c.scale_log2,
+                chunk as u32,
+                nsplit as u32,
+                qtiles as u32,
+                po,
+                pml
+            ],
+        )?;
+        if nsplit > 1 {
+            let f = self.func("attention_paged", sfx, &format!("attn_fold_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (to_u32(OP, "N·H", c.n * c.h)?, 1, 1),
+                (hdvu.clamp(32, 256).div_ceil(32) * 32, 1, 1),
+                0,
+                kparams![po, pml, c.out.device_ptr(), hdvu, nsplit as u32],
+            )?;
+        }
+        Ok(())
     }
 }

@@ -21,6 +21,10 @@ pub fn elementwise_grid(n: usize, per_thread: usize, threads: u32, max_blocks: u
     n.div_ceil(per_block).clamp(1, max_blocks as usize) as u32
 }
 
+/// Keys per chunk of the batch-invariant attention kernels (`attn_*_inv_*`): a multiple of
+/// both tiled kernels' key tiles (32 and 64). Decode splits a query's keys at these positions.
+pub const INV_ATTN_CHUNK: usize = 512;
+
 /// Threads per block of the skinny-GEMV kernel (`GEMV_THREADS` in `gemv.cu`).
 pub const GEMV_THREADS: u32 = 256;
 
