@@ -20,6 +20,7 @@ pub fn open_hf_dir(dir: &Path) -> Result<Checkpoint> {
     if !config.is_object() {
         bail!("{}: expected a JSON object", config_path.display());
     }
+    check_quant_method(&config, &config_path)?;
     let fp8_block = config
         .get("quantization_config")
         .and_then(|q| q.get("weight_block_size"))
@@ -32,6 +33,29 @@ pub fn open_hf_dir(dir: &Path) -> Result<Checkpoint> {
         tensors: Box::new(tensors),
         assets,
     })
+}
+
+/// The `quantization_config.quant_method` values whose tensors dayone reads: DeepSeek's
+/// block-scaled FP8, gpt-oss's MXFP4 and compressed-tensors (packed INT4 / MXFP4, FP8).
+pub const QUANT_METHODS: [&str; 3] = ["fp8", "mxfp4", "compressed-tensors"];
+
+/// Refuses a checkpoint quantized by a method dayone cannot read (AWQ, GPTQ, bitsandbytes, …),
+/// naming the file, the field and the methods it reads — instead of failing later on a missing
+/// or oddly typed tensor.
+fn check_quant_method(config: &Value, path: &Path) -> Result<()> {
+    let Some(q) = config.get("quantization_config") else {
+        return Ok(());
+    };
+    match q.get("quant_method") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if QUANT_METHODS.contains(&m.as_str()) => Ok(()),
+        Some(other) => bail!(
+            "{}: quantization_config.quant_method is {other}; dayone reads {} checkpoints \
+             (or the unquantized model)",
+            path.display(),
+            QUANT_METHODS.join(", ")
+        ),
+    }
 }
 
 /// Reads and parses a JSON file; errors name the file.
@@ -247,6 +271,30 @@ fn post_processor_adds(t: &Tokenizer, bos: u32) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn unknown_quant_methods_are_refused_by_name() {
+        let p = Path::new("/m/config.json");
+        for ok in ["fp8", "mxfp4", "compressed-tensors"] {
+            check_quant_method(&json!({"quantization_config": {"quant_method": ok}}), p).unwrap();
+        }
+        check_quant_method(&json!({}), p).unwrap();
+        check_quant_method(
+            &json!({"quantization_config": {"weight_block_size": [128, 128]}}),
+            p,
+        )
+        .unwrap();
+        for bad in [json!("awq"), json!("gptq"), json!(3)] {
+            let c = json!({"quantization_config": {"quant_method": bad}});
+            let e = check_quant_method(&c, p).unwrap_err().to_string();
+            assert!(
+                e.contains("/m/config.json: quantization_config.quant_method is ")
+                    && e.contains(&bad.to_string())
+                    && e.contains("fp8, mxfp4, compressed-tensors"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn special_ids_outside_the_vocabulary_are_errors_naming_file_and_field() {
