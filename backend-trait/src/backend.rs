@@ -602,8 +602,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// a prefix-cache hit, any chunk size, a preempted run and a batch of requests all equal
     /// the request computed alone (serving.md §D4; vLLM's `VLLM_BATCH_INVARIANT`). Backends
     /// that pick kernels by shape (CUDA: cuBLAS algorithms by M, split-K decode attention)
-    /// trade speed for it; the default does nothing because the CPU and WGSL kernels reduce in
-    /// one fixed order already. Call it before the first step of an engine.
+    /// trade speed for it; the default does nothing, for backends whose kernels reduce in one
+    /// fixed order whatever the shape (the CPU reference). Call it before the first step of an
+    /// engine.
     fn set_batch_invariant(&self, on: bool) -> Result<()> {
         let _ = on;
         Ok(())
