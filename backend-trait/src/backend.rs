@@ -614,6 +614,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn batch_invariant(&self) -> bool {
         true
     }
+
+    /// Compiles (or loads from a disk cache) every kernel this backend may launch for
+    /// activations of `dtype`, so that no step pays a compile (a kernel compiled at first use
+    /// stalls the requests of that step for seconds). The engine calls it once at load;
+    /// backends without run-time compilation do nothing.
+    fn prepare_kernels(&self, dtype: DType) -> Result<()> {
+        let _ = dtype;
+        Ok(())
+    }
 }
 
 /// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that

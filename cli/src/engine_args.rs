@@ -102,11 +102,14 @@ pub struct EngineArgs {
     #[arg(long)]
     pub dequantize_at_load: bool,
     /// Batch-invariant kernels: a request's output is bit-exact whatever it is batched with and
-    /// however its prompt was cut (prefix-cache hits, chunked prefill, preemption). CPU and
-    /// WGSL always are; on CUDA it costs speed (no cuBLAS, no decode GEMV). As vLLM's
-    /// VLLM_BATCH_INVARIANT=1 (also DAYONE_BATCH_INVARIANT=1).
-    #[arg(long)]
+    /// however its prompt was cut (prefix-cache hits, chunked prefill, preemption). The CPU
+    /// backend always is; WGSL and CUDA switch to slower kernels (CUDA decode ≈ 2.5×). As
+    /// vLLM's VLLM_BATCH_INVARIANT=1 (the backends also read DAYONE_BATCH_INVARIANT=1).
+    #[arg(long, conflicts_with = "no_batch_invariant")]
     pub batch_invariant: bool,
+    /// The shape-dependent (faster) kernels even if the config file asks for batch invariance.
+    #[arg(long)]
+    pub no_batch_invariant: bool,
 }
 
 /// A command's own defaults, below the config file and the flags.
@@ -223,6 +226,9 @@ impl EngineArgs {
         s.parallel.pipeline_parallel_size = self.pipeline_parallel_size.map(|v| v as u64);
         if self.batch_invariant {
             s.runtime.batch_invariant = Some(true);
+        }
+        if self.no_batch_invariant {
+            s.runtime.batch_invariant = Some(false);
         }
         s
     }

@@ -96,7 +96,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let base = a.kl_base.as_deref().map(Saved::read).transpose()?;
     let resolved = a.engine.resolve(&CommandDefaults::default())?;
     let (kind, cfg) = (resolved.backend, resolved.engine);
-    let dtype = cfg.dtype;
+    let (dtype, capped) = (cfg.dtype, cfg.max_model_len.is_some());
     let default_w = (cfg.scheduler.max_batched_tokens / a.ctx).max(1);
     let path = load::model_path(resolved.model)?;
     let ckpt = load::open(&path)?;
@@ -120,8 +120,13 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let load_time = load_start.elapsed();
     let info = handle.model_info().clone();
     if a.ctx > info.max_context {
+        let window = if capped {
+            "the context window --max-model-len allows"
+        } else {
+            "the model's context window"
+        };
         return Err(usage(format!(
-            "--ctx {} is above the model's context window of {} tokens",
+            "--ctx {} is above {window} of {} tokens",
             a.ctx, info.max_context
         )));
     }
@@ -450,7 +455,11 @@ struct Saver {
 
 impl Saver {
     fn create(path: &Path, h: &Header) -> Result<Self> {
-        let tmp = path.with_extension("partial");
+        // PATH.partial beside PATH (appended, not replacing an extension: `run.a` and `run.b`
+        // must not share one temporary file).
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".partial");
+        let tmp = PathBuf::from(tmp);
         let f = std::fs::File::create(&tmp)
             .with_context(|| format!("--save-logprobs {}", tmp.display()))?;
         let mut out = BufWriter::new(f);
@@ -684,7 +693,8 @@ impl Kl {
                 let q_rest = rest_logmass(&q_top, false).max(-69.0) as f64;
                 kl += p_rest.exp() * (p_rest - q_rest);
             }
-            self.kls.push(kl);
+            // KL ≥ 0; a tiny negative sum is the rounding of log-probabilities saved as f32.
+            self.kls.push(kl.max(0.0));
             let cur_top1 = c.top.first().map(|t| t.0);
             if b.top.first().map(|t| t.0) == cur_top1 {
                 self.top1_same += 1;

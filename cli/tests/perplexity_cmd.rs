@@ -176,7 +176,18 @@ fn kl_against_itself_is_zero_and_bf16_is_small() {
         &t.text(),
         &[&base[..], &["--save-logprobs", s, "--save-top", "8"]].concat(),
     );
-    assert!(saved.exists() && !t.path("f32.partial").exists());
+    assert!(saved.exists() && !t.path("f32.lp.partial").exists());
+    // The temporary file is PATH.partial: an unrelated `f32.partial` is left alone.
+    std::fs::write(t.path("f32.partial"), "keep").unwrap();
+    json(
+        &t.model(),
+        &t.text(),
+        &[&base[..], &["--save-logprobs", s, "--save-top", "8"]].concat(),
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.path("f32.partial")).unwrap(),
+        "keep"
+    );
     let same = json(
         &t.model(),
         &t.text(),

@@ -246,6 +246,15 @@ impl<B: Backend> Engine<B> {
             },
         )?;
         let act = backend.activation_dtype(cfg.dtype);
+        // Every kernel the steps may launch, now: a compile at first use would stall a step.
+        let t_compile = Instant::now();
+        backend.prepare_kernels(act)?;
+        if t_compile.elapsed().as_secs_f64() > 1.0 {
+            tracing::info!(
+                "kernels compiled in {:.1} s (cached for later runs)",
+                t_compile.elapsed().as_secs_f64()
+            );
+        }
         let bs = cfg.scheduler.block_size;
         let spec = model.cache_spec();
         match cfg.max_model_len {
@@ -479,6 +488,11 @@ impl<B: Backend> Engine<B> {
     /// Sequences running.
     pub fn num_running(&self) -> usize {
         self.scheduler.running.len()
+    }
+
+    /// The backend the engine computes on.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// The scheduler's counters (prefix-cache queries and hits, checkpoints, preemptions).

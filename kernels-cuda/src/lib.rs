@@ -285,6 +285,15 @@ impl CudaBackend {
         self.linear_impl(x, w, bias, false)
     }
 
+    /// Kernel modules (one per family and dtype) compiled or loaded so far.
+    pub fn loaded_modules(&self) -> usize {
+        self.kernels
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// Compiles (or loads from the disk cache) every kernel family for activations of `dtype`
     /// now instead of at first use.
     pub fn precompile(&self, dtype: DType) -> Result<()> {
@@ -992,6 +1001,16 @@ impl Backend for CudaBackend {
 
     fn batch_invariant(&self) -> bool {
         self.invariant()
+    }
+
+    /// Every kernel family for `dtype`, and for f32 (routing logits, scores and other f32 paths
+    /// of 16-bit models): NVRTC, or the disk cache when it holds them.
+    fn prepare_kernels(&self, dtype: DType) -> Result<()> {
+        self.precompile(dtype)?;
+        if dtype != DType::F32 {
+            self.precompile(DType::F32)?;
+        }
+        Ok(())
     }
 }
 

@@ -335,7 +335,13 @@ impl WgslBackend {
             arena,
             dummy,
             error,
-            batch_invariant: std::sync::atomic::AtomicBool::new(false),
+            batch_invariant: std::sync::atomic::AtomicBool::new(matches!(
+                std::env::var("DAYONE_BATCH_INVARIANT")
+                    .ok()
+                    .as_deref()
+                    .map(str::trim),
+                Some("1" | "true" | "on" | "yes")
+            )),
         })
     }
 

@@ -43,8 +43,14 @@ pub const QUANT_METHODS: [&str; 3] = ["fp8", "mxfp4", "compressed-tensors"];
 /// naming the file, the field and the methods it reads — instead of failing later on a missing
 /// or oddly typed tensor.
 fn check_quant_method(config: &Value, path: &Path) -> Result<()> {
-    let Some(q) = config.get("quantization_config") else {
-        return Ok(());
+    let q = match config.get("quantization_config") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(q @ Value::Object(_)) => q,
+        Some(other) => bail!(
+            "{}: quantization_config is {other}; expected an object with a quant_method ({})",
+            path.display(),
+            QUANT_METHODS.join(", ")
+        ),
     };
     match q.get("quant_method") {
         None | Some(Value::Null) => Ok(()),
@@ -284,6 +290,13 @@ mod tests {
             p,
         )
         .unwrap();
+        let e = check_quant_method(&json!({"quantization_config": "awq"}), p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("quantization_config is \"awq\"; expected an object"),
+            "{e}"
+        );
         for bad in [json!("awq"), json!("gptq"), json!(3)] {
             let c = json!({"quantization_config": {"quant_method": bad}});
             let e = check_quant_method(&c, p).unwrap_err().to_string();
