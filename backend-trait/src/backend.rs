@@ -588,6 +588,40 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )
     }
 
+    /// Copies rows `rows` of `t` (dimension 0, bytes verbatim) into host memory, one
+    /// [`crate::HostRow`] per index, in the memory this backend moves to and from its device
+    /// fastest (CUDA: page-locked and device-mapped, written by one kernel); returns once the
+    /// bytes are there. The host-memory tier keeps its blocks this way.
+    /// Default: [`Backend::read_rows`], split into rows.
+    ///
+    /// Errors: as `read_rows` (an index out of range).
+    fn rows_to_host(&self, t: &Self::Tensor, rows: &[u32]) -> Result<Vec<crate::HostRow>> {
+        Ok(crate::host_rows::split(self.read_rows(t, rows)?))
+    }
+
+    /// Writes `src[i]` (one row of `t`, as [`Backend::rows_to_host`] made it) into row
+    /// `rows[i]` of `t`. Default: the rows stacked for [`Backend::write_rows`].
+    ///
+    /// Errors: `rows` and `src` of different lengths, a repeated or out-of-range index, a row
+    /// of another size than `t`'s.
+    fn rows_from_host(
+        &self,
+        t: &Self::Tensor,
+        rows: &[u32],
+        src: &[&crate::HostRow],
+    ) -> Result<()> {
+        anyhow::ensure!(
+            rows.len() == src.len(),
+            "rows_from_host: {} rows to write from {} host rows",
+            rows.len(),
+            src.len()
+        );
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.write_rows(t, rows, &crate::host_rows::stack(src)?)
+    }
+
     /// Positions (a multiple of this many tokens) at which the recurrent ops (`short_conv`,
     /// `kda`) are split-invariant: a sequence whose steps start at such positions gets the same
     /// outputs and state, bit for bit, however its prompt was cut between them. 1 for a

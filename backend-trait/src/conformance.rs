@@ -150,6 +150,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     check_kda_ops(b)?;
     check_row_ops(b)?;
     check_many_row_ops(b)?;
+    check_host_rows(b)?;
     crate::conformance_quant::check_quant(b)?;
     crate::conformance_invariance::check_batch_invariance(b)?;
     Ok(())
@@ -1705,6 +1706,73 @@ pub fn check_many_row_ops<B: Backend>(b: &B) -> Result<()> {
     ];
     for (dt, shape) in many {
         check_many_rows(b, &rand_tensor(&mut rng, shape, dt, 2.0)?, &mut rng)?;
+    }
+    Ok(())
+}
+
+/// `rows_to_host` / `rows_from_host` (the host-memory tier's copies): rows out of one tensor
+/// equal `read_rows`' bytes; written into other rows of a second tensor (scattered, in another
+/// order) they read back the same and leave the other rows alone; a 300-row scatter; bad
+/// arguments are errors.
+pub fn check_host_rows<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(37);
+    let cases: [(DType, &[usize]); 4] = [
+        (DType::F32, &[6, 3, 4]),
+        (DType::BF16, &[6, 2, 8]),
+        (DType::BF16, &[7, 16, 2, 8]),
+        (DType::F32, &[512, 5]),
+    ];
+    for (dt, shape) in cases {
+        let case = format!("{dt} {shape:?}");
+        let a = b.upload(&rand_tensor(&mut rng, shape, dt, 2.0)?)?;
+        let z = b.upload(&rand_tensor(&mut rng, shape, dt, 2.0)?)?;
+        let (sa, sz) = (run(b, &a)?, run(b, &z)?);
+        let r = shape[0] as u32;
+        let from: Vec<u32> = if r >= 300 {
+            (0..300).map(|i| (37 * i + 5) % r).collect()
+        } else {
+            vec![3, 0, r - 1]
+        };
+        let to: Vec<u32> = from.iter().map(|&i| (i + 1) % r).rev().collect();
+        let rows = b
+            .rows_to_host(&a, &from)
+            .with_context(|| format!("rows_to_host [{case}]"))?;
+        ensure!(
+            rows.len() == from.len(),
+            "rows_to_host [{case}]: {} rows for {} indices",
+            rows.len(),
+            from.len()
+        );
+        for (k, &i) in from.iter().enumerate() {
+            ensure!(
+                rows[k].bytes() == row_bytes_of(&sa, i as usize),
+                "rows_to_host [{case}]: row {i} differs from the tensor's bytes"
+            );
+        }
+        // Row from[k] goes to to[n - 1 - k]: reversed order, shifted rows.
+        let src: Vec<&crate::HostRow> = rows.iter().rev().collect();
+        b.rows_from_host(&z, &to, &src)
+            .with_context(|| format!("rows_from_host [{case}]"))?;
+        let mut want = sz.clone();
+        let rb = sz.data.len() / shape[0];
+        for (k, &i) in to.iter().enumerate() {
+            let i = i as usize;
+            want.data[i * rb..(i + 1) * rb].copy_from_slice(src[k].bytes());
+        }
+        same_bytes("rows_from_host", &case, &run(b, &z)?, &want)?;
+        ensure!(
+            b.rows_from_host(&z, &[0, 0], &[&rows[0], &rows[1]])
+                .is_err(),
+            "rows_from_host [{case}]: a repeated row must be an error"
+        );
+        ensure!(
+            b.rows_from_host(&z, &[0], &[&rows[0], &rows[1]]).is_err(),
+            "rows_from_host [{case}]: more host rows than indices must be an error"
+        );
+        ensure!(
+            b.rows_to_host(&a, &[r]).is_err(),
+            "rows_to_host [{case}]: row {r} is out of range"
+        );
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ pub use backend::{
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
+pub use host_rows::{HostMem, HostRow};
 pub use quant::{QuantFormat, QuantHost, QuantTensor};
 
 pub mod comm;
@@ -24,6 +25,7 @@ pub mod conformance_ext;
 pub mod conformance_invariance;
 pub mod conformance_quant;
 pub mod cpu;
+pub mod host_rows;
 pub mod quant;
 pub mod reference;
 #[cfg(test)]

@@ -38,3 +38,38 @@ __device__ __forceinline__ void move_rows(const V* __restrict__ src, V* __restri
 ROWS_KERNELS(16, uint4)
 ROWS_KERNELS(4, u32)
 ROWS_KERNELS(1, unsigned char)
+
+// Rows between a tensor and chunks of page-locked, device-mapped host memory (the host-memory
+// tier; kernels-cuda/src/host_rows.rs): to_host: chunk ptrs[r] = row ids[r] of t; from_host:
+// row ids[r] of t = chunk ptrs[r]. The kernel reads or writes host memory directly over the
+// bus, so no staging buffer and no host copy is involved. Same grid as above.
+template <typename V>
+__device__ __forceinline__ void move_ptr_rows(V* __restrict__ t, const u32* __restrict__ ids,
+                                              const u64* __restrict__ ptrs, u32 n, u64 row_units,
+                                              bool to_host) {
+    grid_dep_wait();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u32 r = blockIdx.y; r < n; r += gridDim.y) {
+        V* row = t + (u64)ids[r] * row_units;
+        V* host = reinterpret_cast<V*>(ptrs[r]);
+        const V* s = to_host ? row : host;
+        V* d = to_host ? host : row;
+        for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < row_units; j += stride) {
+            d[j] = s[j];
+        }
+    }
+}
+
+#define PTR_ROWS_KERNELS(SFX, V)                                                               \
+    extern "C" __global__ void rows_to_ptrs_##SFX(V* t, const u32* ids, const u64* ptrs, u32 n, \
+                                                  u64 row_units) {                            \
+        move_ptr_rows<V>(t, ids, ptrs, n, row_units, true);                                   \
+    }                                                                                         \
+    extern "C" __global__ void rows_from_ptrs_##SFX(V* t, const u32* ids, const u64* ptrs,     \
+                                                    u32 n, u64 row_units) {                   \
+        move_ptr_rows<V>(t, ids, ptrs, n, row_units, false);                                  \
+    }
+
+PTR_ROWS_KERNELS(16, uint4)
+PTR_ROWS_KERNELS(4, u32)
+PTR_ROWS_KERNELS(1, unsigned char)

@@ -44,8 +44,8 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
-    AttentionOptions, Backend, DType, DeviceStepMeta, ExpertOptions, HostTensor, MoeRouting,
-    QuantTensor, RopeStyle, StepMeta, TensorInfo,
+    AttentionOptions, Backend, DType, DeviceStepMeta, ExpertOptions, HostRow, HostTensor,
+    MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
@@ -68,6 +68,7 @@ mod basic;
 pub mod comm;
 mod dsa;
 mod ext;
+mod host_rows;
 mod invariant;
 mod kda;
 mod linear;
@@ -130,6 +131,8 @@ pub struct CudaBackend {
     /// Batch-invariant kernels only (`DAYONE_BATCH_INVARIANT=1` or
     /// [`dayone_backend::Backend::set_batch_invariant`]; see `invariant.rs`).
     batch_invariant: std::sync::atomic::AtomicBool,
+    /// Page-locked, device-mapped host memory of the host-memory tier (`host_rows.rs`).
+    pinned: Arc<host_rows::PinnedPool>,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -241,6 +244,7 @@ impl CudaBackend {
             kda_path,
             dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
             batch_invariant: std::sync::atomic::AtomicBool::new(invariant::from_env()),
+            pinned: host_rows::PinnedPool::new(ctx.clone()),
             mma_attention,
             pdl,
             staging,
@@ -990,6 +994,16 @@ impl Backend for CudaBackend {
 
     fn write_rows(&self, t: &CudaTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
         self.write_rows_impl(t, rows, src)
+    }
+
+    /// Into page-locked, device-mapped chunks, written by one kernel (`host_rows.rs`).
+    fn rows_to_host(&self, t: &CudaTensor, rows: &[u32]) -> Result<Vec<HostRow>> {
+        self.rows_to_host_impl(t, rows)
+    }
+
+    /// From such chunks, read by one kernel; rows in ordinary memory go through `write_rows`.
+    fn rows_from_host(&self, t: &CudaTensor, rows: &[u32], src: &[&HostRow]) -> Result<()> {
+        self.rows_from_host_impl(t, rows, src)
     }
 
     /// `invariant.rs`: fixed-order GEMMs, prefill attention kernels for decode, no key splits,

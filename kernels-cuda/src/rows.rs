@@ -29,7 +29,7 @@ use std::sync::Arc;
 /// rows); a call moving more rows is split into batches (a single larger row is one batch).
 pub(crate) const BATCH_BYTES: usize = 64 << 20;
 /// Threads per block of the row kernels.
-const ROW_THREADS: u32 = 256;
+pub(crate) const ROW_THREADS: u32 = 256;
 
 /// One pinned host buffer, grown on demand, with the event of the last copy that reads or
 /// writes it.

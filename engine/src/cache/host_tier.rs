@@ -3,19 +3,21 @@
 //!
 //! Blocks are named by the same [`BlockHash`] as on the device, so a host hit is a prefix hit
 //! one tier down: the block is paged back into a device block before the step that reads it.
-//! The bytes are kept verbatim ([`dayone_backend::Backend::read_rows`] /
-//! [`dayone_backend::Backend::write_rows`]), so a host hit restores exactly what the device
-//! held. Least recently used blocks leave first; swapped sequences reserve their bytes until
+//! The bytes are kept verbatim ([`dayone_backend::Backend::rows_to_host`] /
+//! [`dayone_backend::Backend::rows_from_host`]; on CUDA in page-locked host memory that the
+//! copy kernels reach directly), so a host hit restores exactly what the device held. Least recently used blocks leave first; swapped sequences reserve their bytes until
 //! they are paged back (or aborted).
 
 use super::prefix::BlockHash;
-use dayone_backend::HostTensor;
+use dayone_backend::HostRow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-/// Rows copied off the device: one [`HostTensor`] `[rows, …]` per cache tensor, in
-/// [`crate::cache::KvCache::block_tensors`] (then `state_tensors`) order.
-pub type HostRows = Arc<Vec<HostTensor>>;
+/// Rows copied off the device ([`dayone_backend::Backend::rows_to_host`]: page-locked,
+/// device-mapped memory on CUDA): per cache tensor, in
+/// [`crate::cache::KvCache::block_tensors`] (then `state_tensors`) order, its rows (one per
+/// block, or the state slot's row).
+pub type HostRows = Arc<Vec<Vec<HostRow>>>;
 
 /// Cached blocks and swap reservations in host memory, within a byte budget.
 #[derive(Debug)]
@@ -169,11 +171,11 @@ mod tests {
     use super::*;
 
     fn rows(x: u8) -> HostRows {
-        Arc::new(vec![HostTensor {
-            shape: vec![1],
-            dtype: dayone_backend::DType::U32,
-            data: vec![x; 4],
-        }])
+        Arc::new(vec![vec![HostRow::from_vec(
+            dayone_backend::DType::U32,
+            vec![1],
+            vec![x; 4],
+        )]])
     }
 
     #[test]
@@ -194,6 +196,6 @@ mod tests {
         t.release_swap(15);
         t.clear();
         assert_eq!(t.used(), 0);
-        assert_eq!(t.get(&h(4)).map(|r| r[0].data[0]), None);
+        assert_eq!(t.get(&h(4)).map(|r| r[0][0].bytes()[0]), None);
     }
 }

@@ -5,7 +5,7 @@ use super::Engine;
 use crate::metrics::Preemption;
 use crate::scheduler::{ScheduledChunk, StepPlan};
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor};
+use dayone_backend::{Backend, HostRow};
 use std::time::Instant;
 
 impl<B: Backend> Engine<B> {
@@ -26,29 +26,29 @@ impl<B: Backend> Engine<B> {
         for (id, blocks, slot) in &plan.swap_out {
             let mut rows = Vec::new();
             for t in &blocks_t {
-                rows.push(b.read_rows(t, blocks)?);
+                rows.push(b.rows_to_host(t, blocks)?);
             }
             if let Some(slot) = slot {
                 for t in &state_t {
-                    rows.push(b.read_rows(t, &[*slot])?);
+                    rows.push(b.rows_to_host(t, &[*slot])?);
                 }
             }
-            out_bytes += rows.iter().map(|r| r.data.len() as u64).sum::<u64>();
+            out_bytes += row_bytes(&rows);
             self.scheduler.swapped_out(*id, std::sync::Arc::new(rows));
             self.metrics.on_preemption(Preemption::Swap);
         }
         if !evicted.is_empty() {
             let ids: Vec<u32> = evicted.iter().map(|e| e.0).collect();
-            // One read per cache tensor for all evicted blocks, regrouped by block (moved, not
-            // copied again).
-            let mut per_block: Vec<Vec<HostTensor>> = evicted.iter().map(|_| Vec::new()).collect();
+            // One copy per cache tensor for all evicted blocks, regrouped by block (moved).
+            let mut per_block: Vec<Vec<Vec<HostRow>>> =
+                evicted.iter().map(|_| Vec::new()).collect();
             for t in &blocks_t {
-                for (block, row) in per_block.iter_mut().zip(split_rows(b.read_rows(t, &ids)?)) {
-                    block.push(row);
+                for (block, row) in per_block.iter_mut().zip(b.rows_to_host(t, &ids)?) {
+                    block.push(vec![row]);
                 }
             }
             for ((_, h), rows) in evicted.iter().zip(per_block) {
-                out_bytes += rows.iter().map(|r| r.data.len() as u64).sum::<u64>();
+                out_bytes += row_bytes(&rows);
                 self.scheduler.store_evicted(*h, std::sync::Arc::new(rows));
             }
         }
@@ -59,55 +59,32 @@ impl<B: Backend> Engine<B> {
         let t1 = Instant::now();
         let mut in_bytes = 0u64;
         if !plan.host_loads.is_empty() {
-            // One copy per cache tensor for all of this step's blocks.
+            // One copy per cache tensor for all of this step's blocks, straight from the rows
+            // (on CUDA one kernel reads the page-locked rows; elsewhere they are stacked).
             let ids: Vec<u32> = plan.host_loads.iter().map(|l| l.0).collect();
-            // Stacking the blocks' rows is host memcpy (and fresh pages) over every byte: one
-            // thread per cache tensor, then the device writes in order.
-            let bytes: usize = plan
-                .host_loads
-                .iter()
-                .flat_map(|l| l.1.iter())
-                .map(|r| r.data.len())
-                .sum();
-            let stacked: Vec<HostTensor> = if bytes < 8 << 20 {
-                (0..blocks_t.len())
-                    .map(|j| concat_rows(plan.host_loads.iter().map(|l| &l.1[j])))
-                    .collect()
-            } else {
-                std::thread::scope(|sc| {
-                    let jobs: Vec<_> = (0..blocks_t.len())
-                        .map(|j| {
-                            sc.spawn(move || concat_rows(plan.host_loads.iter().map(|l| &l.1[j])))
-                        })
-                        .collect();
-                    jobs.into_iter()
-                        .map(|h| h.join().expect("row stacking does not panic"))
-                        .collect()
-                })
-            };
-            for (t, rows) in blocks_t.iter().zip(&stacked) {
-                in_bytes += rows.data.len() as u64;
-                b.write_rows(t, &ids, rows)?;
+            for (j, t) in blocks_t.iter().enumerate() {
+                let src: Vec<&HostRow> = plan.host_loads.iter().flat_map(|l| &l.1[j]).collect();
+                in_bytes += src.iter().map(|r| r.len() as u64).sum::<u64>();
+                b.rows_from_host(t, &ids, &src)?;
             }
         }
         for (blocks, slot, rows) in &plan.swap_in {
             let (kv, state) = rows.split_at(blocks_t.len());
             for (t, r) in blocks_t.iter().zip(kv) {
-                b.write_rows(t, blocks, r)?;
-                in_bytes += r.data.len() as u64;
+                b.rows_from_host(t, blocks, &r.iter().collect::<Vec<_>>())?;
             }
             if let Some(slot) = slot {
                 for (t, r) in state_t.iter().zip(state) {
-                    b.write_rows(t, &[*slot], r)?;
-                    in_bytes += r.data.len() as u64;
+                    b.rows_from_host(t, &[*slot], &r.iter().collect::<Vec<_>>())?;
                 }
             }
+            in_bytes += row_bytes(rows);
         }
         for (slot, rows) in &plan.state_loads {
             for (t, r) in state_t.iter().zip(rows.iter()) {
-                b.write_rows(t, &[*slot], r)?;
-                in_bytes += r.data.len() as u64;
+                b.rows_from_host(t, &[*slot], &r.iter().collect::<Vec<_>>())?;
             }
+            in_bytes += row_bytes(rows);
         }
         if in_bytes > 0 {
             // The copies are queued; wait for them so that the time measures the transfer.
@@ -128,7 +105,7 @@ impl<B: Backend> Engine<B> {
                     .cache
                     .state_tensors()
                     .into_iter()
-                    .map(|t| self.backend.read_rows(t, &[to]))
+                    .map(|t| self.backend.rows_to_host(t, &[to]))
                     .collect::<Result<Vec<_>>>()?;
                 self.scheduler.store_state(&old, std::sync::Arc::new(rows));
             }
@@ -149,36 +126,7 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// `[n, …]` rows as `n` tensors `[1, …]` (bytes verbatim).
-fn split_rows(t: HostTensor) -> Vec<HostTensor> {
-    let n = t.shape.first().copied().unwrap_or(0);
-    let row = t.data.len() / n.max(1);
-    let mut shape = t.shape.clone();
-    if let Some(first) = shape.first_mut() {
-        *first = 1;
-    }
-    t.data
-        .chunks(row.max(1))
-        .take(n)
-        .map(|c| HostTensor {
-            shape: shape.clone(),
-            dtype: t.dtype,
-            data: c.to_vec(),
-        })
-        .collect()
-}
-
-/// Tensors `[1, …]` stacked into `[n, …]` (bytes verbatim).
-fn concat_rows<'a>(rows: impl Iterator<Item = &'a HostTensor>) -> HostTensor {
-    let mut out: Option<HostTensor> = None;
-    for r in rows {
-        match &mut out {
-            None => out = Some(r.clone()),
-            Some(o) => {
-                o.shape[0] += r.shape[0];
-                o.data.extend_from_slice(&r.data);
-            }
-        }
-    }
-    out.expect("at least one row")
+/// Bytes held by the rows of every cache tensor of one entry.
+fn row_bytes(rows: &[Vec<HostRow>]) -> u64 {
+    rows.iter().flatten().map(|r| r.len() as u64).sum()
 }
