@@ -1653,7 +1653,7 @@ fn row_bytes_of(t: &HostTensor, i: usize) -> &[u8] {
 
 /// Fails with `op [case]` and the first differing row unless `got` has `want`'s shape, dtype
 /// and bytes.
-fn same_bytes(op: &str, case: &str, got: &HostTensor, want: &HostTensor) -> Result<()> {
+pub(crate) fn same_bytes(op: &str, case: &str, got: &HostTensor, want: &HostTensor) -> Result<()> {
     ensure!(
         got.shape == want.shape && got.dtype == want.dtype,
         "{op} [{case}]: got {:?} {}, expected {:?} {}",

@@ -7,7 +7,7 @@
 
 use crate::conformance::{activation_dtypes, rand_tensor, Rng};
 use crate::{Backend, DType, HostTensor, StepMeta};
-use anyhow::{bail, ensure, Result};
+use anyhow::Result;
 
 /// Every check of this module, for each activation dtype of `b`.
 pub fn check_batch_invariance<B: Backend>(b: &B) -> Result<()> {
@@ -45,26 +45,11 @@ fn same_rows(
     start: usize,
 ) -> Result<()> {
     let want = rows(full, start, got.shape[0])?;
-    ensure!(
-        got.shape == want.shape && got.dtype == want.dtype,
-        "{op} [{case}]: got {:?} {}, expected {:?} {}",
-        got.shape,
-        got.dtype,
-        want.shape,
-        want.dtype
+    let case = format!(
+        "{case}; row 0 here is row {start} of the same call over {} rows",
+        full.shape[0]
     );
-    if got.data != want.data {
-        let rb = got.data.len() / got.shape[0].max(1);
-        let row = (0..got.shape[0])
-            .find(|&i| got.data[i * rb..(i + 1) * rb] != want.data[i * rb..(i + 1) * rb])
-            .unwrap_or(0);
-        bail!(
-            "{op} [{case}]: row {} differs from the same row computed among {} rows",
-            start + row,
-            full.shape[0]
-        );
-    }
-    Ok(())
+    crate::conformance::same_bytes(op, &case, got, &want)
 }
 
 /// Row slices `(start, len)` of a 70-row input: single rows, decode-sized, odd and large calls.
