@@ -377,6 +377,7 @@ impl Run<'_> {
             "gen_len": a.gen_len,
             "tensor_parallel_size": self.split.0,
             "expert_parallel_size": self.split.1,
+            "batch_invariant": info.batch_invariant,
             "ttft_median_s": percentile(&ttft, 0.5),
             "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
             "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),

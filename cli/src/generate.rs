@@ -380,6 +380,7 @@ fn report(
             "seed": o.seed,
             "logprobs": first.logprobs_json(want_lp),
             "backend": info.backend,
+            "batch_invariant": info.batch_invariant,
             "timings": {
                 "load_s": o.load.as_secs_f64(),
                 "ttft_s": o.ttft.as_secs_f64(),

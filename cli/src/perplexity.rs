@@ -232,6 +232,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             "backend": info.backend,
             "dtype": dtype.to_string(),
             "activation_dtype": info.activation_dtype.to_string(),
+            "batch_invariant": info.batch_invariant,
             "tokens_per_s": tps,
             "load_s": load_time.as_secs_f64(),
         });

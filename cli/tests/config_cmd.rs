@@ -100,6 +100,37 @@ fn batch_invariant_from_the_flag_or_the_file() {
     );
 }
 
+/// The JSON of a run says whether the backend ran batch-invariant kernels (WGSL: only when
+/// asked; the flag changes its kernels).
+#[test]
+fn generate_json_records_batch_invariance() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/llama_tiny");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "-m",
+            model,
+            "--backend",
+            "wgsl",
+            "--prompt-ids",
+            "5,6,7,8",
+            "--max-tokens",
+            "2",
+            "--output",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let out = stdout(&dayone(&args));
+        let j: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        (j["batch_invariant"].clone(), j["generated_ids"].clone())
+    };
+    let (plain, ids) = run(&[]);
+    let (inv, inv_ids) = run(&["--batch-invariant"]);
+    assert_eq!(plain, serde_json::json!(false));
+    assert_eq!(inv, serde_json::json!(true));
+    assert_eq!(ids, inv_ids, "greedy tokens agree");
+}
+
 #[test]
 fn vllm_spellings_are_accepted() {
     let dir = tempfile::tempdir().unwrap();

@@ -84,6 +84,9 @@ pub struct ModelInfo {
     /// The dtype activations and weights are computed in on this backend (the configured
     /// dtype as [`Backend::activation_dtype`] grants it).
     pub activation_dtype: DType,
+    /// Whether the backend runs its batch-invariant kernels
+    /// ([`dayone_backend::Backend::batch_invariant`]: bit-exact results whatever the batch).
+    pub batch_invariant: bool,
 }
 
 /// A snapshot of the engine's state ([`EngineHandle::stats`]).
@@ -140,6 +143,7 @@ impl EngineHandle {
                 cache_bytes_per_token: engine.cache_bytes_per_token(),
                 state_bytes_per_seq: engine.state_bytes_per_seq(),
                 activation_dtype: engine.activation_dtype(),
+                batch_invariant: engine.backend().batch_invariant(),
             };
             Ok((engine, model))
         })
