@@ -659,6 +659,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 }
 
+/// Whether `DAYONE_BATCH_INVARIANT` asks for batch-invariant kernels (`1`, `true`, `on`,
+/// `yes`): the backends start in that mode ([`Backend::set_batch_invariant`]), as vLLM reads
+/// `VLLM_BATCH_INVARIANT`.
+pub fn batch_invariant_from_env() -> bool {
+    matches!(
+        std::env::var("DAYONE_BATCH_INVARIANT")
+            .ok()
+            .as_deref()
+            .map(str::trim),
+        Some("1" | "true" | "on" | "yes")
+    )
+}
+
 /// The host's available memory in bytes (`MemAvailable` of `/proc/meminfo`), `None` where that
 /// file does not exist or cannot be parsed (non-Linux hosts).
 pub fn host_available_memory() -> Option<u64> {

@@ -10,8 +10,8 @@ mod batch;
 mod dtype;
 
 pub use backend::{
-    host_available_memory, AttentionOptions, Backend, ExpertAct, ExpertOptions, MoeRouting,
-    RopeStyle, TensorInfo,
+    batch_invariant_from_env, host_available_memory, AttentionOptions, Backend, ExpertAct,
+    ExpertOptions, MoeRouting, RopeStyle, TensorInfo,
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};

@@ -324,38 +324,11 @@ impl CudaBackend {
         let [hu, hkvu, hdku, hdvu, bsu, mbu, nbu] = c.dims;
         let gy = to_u32(OP, "grid.y", c.dims[1] as usize * gchunks)?;
         let m = &c.meta;
-        if !self.invariant() {
-            let f = self.func("attention_paged", sfx, &format!("{family}_{sfx}_{variant}"))?;
-            return self.launch(
-                OP,
-                &f,
-                (to_u32(OP, "grid.x", qtiles)?, gy, c.s as u32),
-                (launch::ATTN_THREADS, 1, 1),
-                smem as u32,
-                kparams![
-                    c.q.device_ptr(),
-                    c.k_cache.device_ptr(),
-                    c.v_cache.device_ptr(),
-                    m.query_start.device_ptr(),
-                    m.positions.device_ptr(),
-                    m.block_tables.device_ptr(),
-                    c.out.device_ptr(),
-                    hu,
-                    hkvu,
-                    hdku,
-                    hdvu,
-                    bsu,
-                    mbu,
-                    nbu,
-                    hc,
-                    tq,
-                    c.scale_log2
-                ],
-            );
-        }
+        let inv = self.invariant();
         let chunk = launch::INV_ATTN_CHUNK;
-        // Decode steps spread a query's chunks over blocks; prefill folds them in one block.
-        let nsplit = if c.max_q <= 1 {
+        // Invariant decode steps spread a query's chunks over blocks; prefill folds them in one
+        // block.
+        let nsplit = if inv && c.max_q <= 1 {
             c.max_kv.div_ceil(chunk).max(1)
         } else {
             1
@@ -371,41 +344,55 @@ impl CudaBackend {
         };
         let po = part_o.as_ref().map_or(0, |t| t.device_ptr());
         let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
-        let f = self.func(
-            "attention_paged",
-            sfx,
-            &format!("{family}_inv_{sfx}_{variant}"),
-        )?;
+        let name = if inv {
+            format!("{family}_inv_{sfx}_{variant}")
+        } else {
+            format!("{family}_{sfx}_{variant}")
+        };
+        let f = self.func("attention_paged", sfx, &name)?;
+        let ptrs = [
+            c.q.device_ptr(),
+            c.k_cache.device_ptr(),
+            c.v_cache.device_ptr(),
+            m.query_start.device_ptr(),
+            m.positions.device_ptr(),
+            m.block_tables.device_ptr(),
+            c.out.device_ptr(),
+        ];
+        let (chunku, nsplitu, qtilesu) = (chunk as u32, nsplit as u32, qtiles as u32);
+        let params = kparams![
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3],
+            ptrs[4],
+            ptrs[5],
+            ptrs[6],
+            hu,
+            hkvu,
+            hdku,
+            hdvu,
+            bsu,
+            mbu,
+            nbu,
+            hc,
+            tq,
+            c.scale_log2,
+            chunku,
+            nsplitu,
+            qtilesu,
+            po,
+            pml
+        ];
+        // The default kernels take the first 17 parameters; the `_inv` ones also the chunking.
+        let used = if inv { params.len() } else { 17 };
         self.launch(
             OP,
             &f,
             (to_u32(OP, "grid.x", qtiles * nsplit)?, gy, c.s as u32),
             (launch::ATTN_THREADS, 1, 1),
             smem as u32,
-            kparams![
-                c.q.device_ptr(),
-                c.k_cache.device_ptr(),
-                c.v_cache.device_ptr(),
-                m.query_start.device_ptr(),
-                m.positions.device_ptr(),
-                m.block_tables.device_ptr(),
-                c.out.device_ptr(),
-                hu,
-                hkvu,
-                hdku,
-                hdvu,
-                bsu,
-                mbu,
-                nbu,
-                hc,
-                tq,
-                c.scale_log2,
-                chunk as u32,
-                nsplit as u32,
-                qtiles as u32,
-                po,
-                pml
-            ],
+            &mut params[..used],
         )?;
         if nsplit > 1 {
             let f = self.func("attention_paged", sfx, &format!("attn_fold_{sfx}"))?;

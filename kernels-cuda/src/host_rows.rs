@@ -43,12 +43,6 @@ impl PinnedPool {
         })
     }
 
-    /// Page-locked host bytes in total (all slabs).
-    pub(crate) fn reserved(&self) -> usize {
-        let p = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        p.slabs.iter().map(|s| s.2).sum()
-    }
-
     fn alloc(self: &Arc<Self>, len: usize) -> Result<PinnedChunk> {
         let size = len.max(1).next_multiple_of(ALIGN);
         let mut p = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -262,10 +256,5 @@ impl CudaBackend {
         }
         self.bind()?;
         self.launch_ptr_rows(OP, false, t, indices, &ptrs, rb)
-    }
-
-    /// Page-locked host bytes the host-memory tier's rows hold (slabs reserved).
-    pub fn pinned_host_bytes(&self) -> usize {
-        self.pinned.reserved()
     }
 }

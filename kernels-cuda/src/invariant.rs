@@ -20,17 +20,6 @@ use anyhow::{bail, Result};
 use dayone_backend::DType;
 use std::sync::atomic::Ordering;
 
-/// `DAYONE_BATCH_INVARIANT` set to `1`/`true`/`on`.
-pub(crate) fn from_env() -> bool {
-    matches!(
-        std::env::var("DAYONE_BATCH_INVARIANT")
-            .ok()
-            .as_deref()
-            .map(str::trim),
-        Some("1" | "true" | "on" | "yes")
-    )
-}
-
 /// One invariant GEMM call: `y[b][M, N] = x[b][M, K] · w[b][N, K]ᵀ` for `b < batch`, rows of
 /// x, w, y `lda`, `ldw`, `ldy` elements apart and batches `strides` elements apart.
 pub(crate) struct InvGemm {

@@ -243,7 +243,9 @@ impl CudaBackend {
         Ok(CudaBackend {
             kda_path,
             dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
-            batch_invariant: std::sync::atomic::AtomicBool::new(invariant::from_env()),
+            batch_invariant: std::sync::atomic::AtomicBool::new(
+                dayone_backend::batch_invariant_from_env(),
+            ),
             pinned: host_rows::PinnedPool::new(ctx.clone()),
             mma_attention,
             pdl,

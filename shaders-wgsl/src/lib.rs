@@ -335,13 +335,9 @@ impl WgslBackend {
             arena,
             dummy,
             error,
-            batch_invariant: std::sync::atomic::AtomicBool::new(matches!(
-                std::env::var("DAYONE_BATCH_INVARIANT")
-                    .ok()
-                    .as_deref()
-                    .map(str::trim),
-                Some("1" | "true" | "on" | "yes")
-            )),
+            batch_invariant: std::sync::atomic::AtomicBool::new(
+                dayone_backend::batch_invariant_from_env(),
+            ),
         })
     }
 
