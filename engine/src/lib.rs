@@ -20,6 +20,7 @@ pub mod scheduler;
 pub mod service;
 pub mod serving_config;
 pub mod tokenizer;
+pub mod vision;
 pub mod weights;
 
 pub use engine::{Engine, EngineConfig, TokenEvent};
