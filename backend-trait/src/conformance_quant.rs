@@ -7,7 +7,7 @@ use crate::{reference, Backend, HostTensor};
 use anyhow::{ensure, Result};
 
 /// The formats checked: MXFP4, INT4 (bf16 scale, group 32; f16 scale, group 64), Q4_0, Q4_1,
-/// Q8_0.
+/// Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 pub fn formats() -> Vec<QuantFormat> {
     vec![
         QuantFormat::MXFP4,
@@ -16,16 +16,39 @@ pub fn formats() -> Vec<QuantFormat> {
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q8_0,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
     ]
 }
 
 /// A random weight of `format` and `shape`: random codes (every code value occurs), scales
-/// near 1/16 (E8M0 bytes 119..=126, including the edge byte 0 once), mins in [−0.5, 0.5).
+/// near 1/16 (E8M0 bytes 119..=126, including the edge byte 0 once), mins in [−0.5, 0.5);
+/// K-quant records with random sub-block bytes (every 6-bit scale and min, every i8 scale)
+/// and `d`, `dmin` that keep values within a few units.
 pub fn rand_quant(rng: &mut Rng, format: QuantFormat, shape: [usize; 3]) -> Result<QuantHost> {
     let n: usize = shape.iter().product();
-    let codes = (0..n * format.code_bits() / 8)
+    let codes = (0..format.code_bytes(n))
         .map(|_| rng.next_u64() as u8)
         .collect();
+    if format.scale.is_super_block() {
+        let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+        let mut scales = Vec::with_capacity(format.scale_bytes(n));
+        for _ in 0..n / crate::quant::QK_K {
+            let sub: Vec<u8> = (0..16).map(|_| rng.next_u64() as u8).collect();
+            if format.scale == ScaleType::K4 {
+                scales.extend(f16(0.001 + 0.002 * rng.uniform().abs()));
+                scales.extend(f16(0.002 + 0.004 * rng.uniform().abs()));
+                scales.extend(&sub[..12]);
+            } else {
+                scales.extend(&sub);
+                scales.extend(f16(0.0005 + 0.001 * rng.uniform().abs()));
+            }
+        }
+        return QuantHost::new("random weight", format, shape, codes, scales, vec![]);
+    }
     let groups = n / format.group;
     let half_bytes = |v: f32| match format.scale {
         ScaleType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
@@ -56,11 +79,17 @@ pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
     let mut rng = Rng::new(71);
     let dts = crate::conformance::activation_dtypes(b);
     for f in formats() {
-        let q = rand_quant(&mut rng, f, [4, 6, 128])?;
+        // Columns: a multiple of the K-quants' 256-value super-blocks.
+        let (cd, cl) = if f.scale.is_super_block() {
+            (256, 512)
+        } else {
+            (128, 192)
+        };
+        let q = rand_quant(&mut rng, f, [4, 6, cd])?;
         let dq = QuantTensor::upload(b, &q)?;
         let items = [2u32, 0, 2, 9];
         for &dt in &dts {
-            let marker = HostTensor::from_f32_as(vec![5, 6, 128], &vec![7.0; 5 * 6 * 128], dt)?;
+            let marker = HostTensor::from_f32_as(vec![5, 6, cd], &vec![7.0; 5 * 6 * cd], dt)?;
             let out = b.upload(&marker)?;
             b.dequantize_into(
                 &dq,
@@ -68,18 +97,18 @@ pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
                 &out,
             )?;
             let mut want = q.dequantize_items(&items);
-            want.extend(std::iter::repeat_n(7.0, 6 * 128));
-            let want = HostTensor::from_f32_as(vec![5, 6, 128], &want, dt)?;
-            let case = format!("{} {dt} [4, 6, 128] items {items:?}", f.name());
+            want.extend(std::iter::repeat_n(7.0, 6 * cd));
+            let want = HostTensor::from_f32_as(vec![5, 6, cd], &want, dt)?;
+            let case = format!("{} {dt} [4, 6, {cd}] items {items:?}", f.name());
             // Decoding is exact in f32 and rounded once to a 16-bit dtype.
             compare("dequantize_into", &case, &b.download(&out)?, &want, 1e-6)?;
         }
-        let w = rand_quant(&mut rng, f, [1, 40, 192])?;
+        let w = rand_quant(&mut rng, f, [1, 40, cl])?;
         let dw = QuantTensor::upload(b, &w)?;
         for &dt in &dts {
             let wf = w.to_host(dt)?;
             for (m, bias) in [(1, false), (3, true), (8, false), (20, true), (37, true)] {
-                let x = rand_tensor(&mut rng, &[m, 192], dt, 1.0)?;
+                let x = rand_tensor(&mut rng, &[m, cl], dt, 1.0)?;
                 let bt = if bias {
                     Some(rand_tensor(&mut rng, &[40], dt, 1.0)?)
                 } else {
@@ -91,7 +120,7 @@ pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
                     None => None,
                 };
                 let got = b.linear_quant(&b.upload(&x)?, &dw, bd.as_ref())?;
-                let case = format!("{} {dt} x [{m}, 192] w [40, 192] bias {bias}", f.name());
+                let case = format!("{} {dt} x [{m}, {cl}] w [40, {cl}] bias {bias}", f.name());
                 compare(
                     "linear_quant",
                     &case,

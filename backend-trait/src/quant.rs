@@ -1,8 +1,8 @@
 //! Block-quantized weights kept in their low-bit form on the device.
 //!
-//! Every format here stores, per row of a `[rows, cols]` weight, `cols` codes of 4 or 8 bits
-//! and one scale (and, for Q4_1, one min) per group of `group` consecutive columns:
-//! `w[r, c] = value(code[r, c]) · scale[r, c / group] (+ min[r, c / group])`.
+//! Every format here stores, per row of a `[rows, cols]` weight, `cols` codes of 4, 5, 6 or 8
+//! bits and one scale (and, for Q4_1, Q5_1, Q4_K, Q5_K, one min) per group of `group`
+//! consecutive columns: `w[r, c] = value(code[r, c]) · scale[r, c / group] (+ min[r, c / group])`.
 //!
 //! | format | codes | value(code) | scale | min | source |
 //! |---|---|---|---|---|---|
@@ -11,6 +11,11 @@
 //! | Q4_0 | 4-bit | `code − 8` | f16 | – | ggml `block_q4_0` |
 //! | Q4_1 | 4-bit | `code` | f16 | f16 | ggml `block_q4_1` |
 //! | Q8_0 | 8-bit | `code as i8` | f16 | – | ggml `block_q8_0` |
+//! | Q5_0 | 5-bit | `code − 16` | f16 | – | ggml `block_q5_0` |
+//! | Q5_1 | 5-bit | `code` | f16 | f16 | ggml `block_q5_1` |
+//! | Q4_K | 4-bit | `code` | `d·sc` (f16 `d`, 6-bit `sc`) | `−dmin·m` (6-bit `m`) | ggml `block_q4_K` |
+//! | Q5_K | 5-bit | `code` | as Q4_K | as Q4_K | ggml `block_q5_K` |
+//! | Q6_K | 6-bit | `code − 32` | `d·sc` (f16 `d`, i8 `sc` per 16) | – | ggml `block_q6_K` |
 //!
 //! Device layout ([`QuantHost`], [`QuantTensor`]): the codes of all rows row-major, two 4-bit
 //! codes per byte with the **low nibble the even column** (as gpt-oss and compressed-tensors
@@ -18,6 +23,18 @@
 //! load, byte count unchanged); scales row-major `[rows, cols / group]` in their stored type;
 //! mins likewise. Each byte array travels as a `u32` tensor (little-endian, zero-padded to a
 //! multiple of 4 bytes), so the resident bytes are the checkpoint's low-bit bytes.
+//!
+//! Codes wider than 4 bits (Q5_*: 5, Q6_K: 6) are two planes in the one code array: first the
+//! low 4 bits of every value as above (`n / 2` bytes for `n` values), then the high bits
+//! (`n · (bits − 4) / 8` bytes), packed from the least significant bit: value `e`'s high bits
+//! start at bit `e · (bits − 4)` of the plane. The K-quants' two-level scales stay as ggml
+//! stores them: per 256 values (a super-block, row-major) one record ([`ScaleType::K4`]: f16
+//! `d`, f16 `dmin`, 12 bytes of 6-bit sub-block scales and mins, as `block_q4_K`;
+//! [`ScaleType::K6`]: 16 i8 sub-block scales then f16 `d`, as `block_q6_K`) in the scale array,
+//! so every ggml format kept here is resident in exactly its file bytes. A group's scale is
+//! `d · sc` and its min `−(dmin · m)`, both exact in f32 (an 11-bit f16 significand times a
+//! 6- or 8-bit integer), so `value · scale + min` rounds once, like ggml's
+//! `dequantize_row_q4_K` (`d1 · q − m1`).
 
 use crate::{Backend, DType, HostTensor};
 use anyhow::{bail, ensure, Result};
@@ -31,6 +48,12 @@ pub enum Codes {
     U4Offset8,
     /// Unsigned 4-bit: `code` in `[0, 15]` (with a min).
     U4,
+    /// Unsigned 5-bit, offset by 16: `code − 16` in `[−16, 15]` (Q5_0).
+    U5Offset16,
+    /// Unsigned 5-bit: `code` in `[0, 31]` (with a min: Q5_1, Q5_K).
+    U5,
+    /// Unsigned 6-bit, offset by 32: `code − 32` in `[−32, 31]` (Q6_K).
+    U6Offset32,
     /// Signed 8-bit two's complement.
     I8,
 }
@@ -44,24 +67,66 @@ pub enum ScaleType {
     F16,
     /// bfloat16.
     BF16,
+    /// ggml Q4_K / Q5_K super-block record, 16 bytes per 256 values (8 groups of 32): f16 `d`,
+    /// f16 `dmin`, then 12 bytes holding eight 6-bit scales `sc` and mins `m` (ggml
+    /// `get_scale_min_k4`). Group `j`'s scale is `d · sc_j`, its min `−(dmin · m_j)`.
+    K4,
+    /// ggml Q6_K super-block record, 18 bytes per 256 values (16 groups of 16): 16 i8 scales
+    /// `sc`, then f16 `d`. Group `j`'s scale is `d · sc_j`.
+    K6,
 }
 
 impl ScaleType {
-    /// Bytes per scale.
+    /// Bytes per scale (per group); for the super-block records [`ScaleType::K4`] and
+    /// [`ScaleType::K6`], bytes per record of [`QK_K`] values.
     pub fn size(self) -> usize {
         match self {
             ScaleType::E8M0 => 1,
             ScaleType::F16 | ScaleType::BF16 => 2,
+            ScaleType::K4 => 16,
+            ScaleType::K6 => 18,
         }
     }
 
-    /// The scale stored at byte `i` of `bytes` (`i` counted in scales, not bytes).
+    /// Whether scales are super-block records of [`QK_K`] values rather than one per group.
+    pub fn is_super_block(self) -> bool {
+        matches!(self, ScaleType::K4 | ScaleType::K6)
+    }
+
+    /// The scale of group `i` of `bytes` (`i` counted in groups, not bytes): for the
+    /// super-block records, `d · sc` of sub-block `i % (256 / group)` of record
+    /// `i / (256 / group)`.
     pub fn read(self, bytes: &[u8], i: usize) -> f32 {
+        let f16_at = |o: usize| half::f16::from_le_bytes([bytes[o], bytes[o + 1]]).to_f32();
         match self {
             ScaleType::E8M0 => e8m0(bytes[i]),
-            ScaleType::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            ScaleType::F16 => f16_at(2 * i),
             ScaleType::BF16 => half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            ScaleType::K4 => {
+                let r = &bytes[16 * (i / 8)..16 * (i / 8) + 16];
+                f16_at(16 * (i / 8)) * scale_min_k4(i % 8, &r[4..]).0 as f32
+            }
+            ScaleType::K6 => {
+                let o = 18 * (i / 16);
+                f16_at(o + 16) * bytes[o + i % 16] as i8 as f32
+            }
         }
+    }
+}
+
+/// Values per ggml K-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+
+/// The 6-bit scale and min of sub-block `j` (`0..8`) from the 12 packed bytes of a Q4_K / Q5_K
+/// record (ggml `get_scale_min_k4`).
+pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
     }
 }
 
@@ -84,9 +149,10 @@ pub struct QuantFormat {
     pub codes: Codes,
     /// Stored type of the per-group scale (and min).
     pub scale: ScaleType,
-    /// Whether each group also has an additive min (Q4_1).
+    /// Whether each group also has an additive min (Q4_1, Q5_1: a separate min array; Q4_K,
+    /// Q5_K: in the scale record).
     pub has_min: bool,
-    /// Columns per scale (32 for MXFP4 and the GGUF formats; 32 or 128 for INT4).
+    /// Columns per scale (32 for MXFP4 and the GGUF formats, 16 for Q6_K; 32 or 128 for INT4).
     pub group: usize,
 }
 
@@ -120,6 +186,42 @@ impl QuantFormat {
         group: 32,
     };
 
+    /// ggml Q5_0: `(code − 16) · d`, f16 `d` per 32.
+    pub const Q5_0: QuantFormat = QuantFormat {
+        codes: Codes::U5Offset16,
+        scale: ScaleType::F16,
+        has_min: false,
+        group: 32,
+    };
+    /// ggml Q5_1: `code · d + m`, f16 `d` and `m` per 32.
+    pub const Q5_1: QuantFormat = QuantFormat {
+        codes: Codes::U5,
+        scale: ScaleType::F16,
+        has_min: true,
+        group: 32,
+    };
+    /// ggml Q4_K: `code · (d · sc) − dmin · m`, [`ScaleType::K4`] records, groups of 32.
+    pub const Q4_K: QuantFormat = QuantFormat {
+        codes: Codes::U4,
+        scale: ScaleType::K4,
+        has_min: true,
+        group: 32,
+    };
+    /// ggml Q5_K: as Q4_K with 5-bit codes.
+    pub const Q5_K: QuantFormat = QuantFormat {
+        codes: Codes::U5,
+        scale: ScaleType::K4,
+        has_min: true,
+        group: 32,
+    };
+    /// ggml Q6_K: `(code − 32) · (d · sc)`, [`ScaleType::K6`] records, groups of 16.
+    pub const Q6_K: QuantFormat = QuantFormat {
+        codes: Codes::U6Offset32,
+        scale: ScaleType::K6,
+        has_min: false,
+        group: 16,
+    };
+
     /// compressed-tensors symmetric INT4 with `group` columns per scale of type `scale`.
     pub fn int4(group: usize, scale: ScaleType) -> QuantFormat {
         QuantFormat {
@@ -130,23 +232,107 @@ impl QuantFormat {
         }
     }
 
-    /// Bits per code (4 or 8).
+    /// Bits per code (4, 5, 6 or 8).
     pub fn code_bits(&self) -> usize {
         match self.codes {
             Codes::I8 => 8,
+            Codes::U5Offset16 | Codes::U5 => 5,
+            Codes::U6Offset32 => 6,
             _ => 4,
         }
     }
 
-    /// A short name for logs and errors (`mxfp4`, `int4/g128`, `q4_1`, …).
+    /// Whether the mins are an array of their own (Q4_1, Q5_1) rather than in the scale
+    /// records (Q4_K, Q5_K) or absent.
+    pub fn separate_mins(&self) -> bool {
+        self.has_min && !self.scale.is_super_block()
+    }
+
+    /// Bytes of the codes of `n` values (both planes for 5- and 6-bit codes).
+    pub fn code_bytes(&self, n: usize) -> usize {
+        n * self.code_bits() / 8
+    }
+
+    /// Bytes of the scales of `n` values (a multiple of the group, and of [`QK_K`] for the
+    /// super-block records).
+    pub fn scale_bytes(&self, n: usize) -> usize {
+        if self.scale.is_super_block() {
+            n / QK_K * self.scale.size()
+        } else {
+            n / self.group * self.scale.size()
+        }
+    }
+
+    /// Bytes of the separate mins of `n` values (0 without [`Self::separate_mins`]).
+    pub fn min_bytes(&self, n: usize) -> usize {
+        if self.separate_mins() {
+            self.scale_bytes(n)
+        } else {
+            0
+        }
+    }
+
+    /// Values per column-count unit: a weight's columns must be a multiple of this (the group,
+    /// or [`QK_K`] for the super-block records).
+    pub fn block(&self) -> usize {
+        if self.scale.is_super_block() {
+            QK_K
+        } else {
+            self.group
+        }
+    }
+
+    /// A short name for logs and errors (`mxfp4`, `int4/g128`, `q4_1`, `q4_K`, …).
     pub fn name(&self) -> String {
-        match (self.codes, self.has_min) {
-            (Codes::Fp4E2M1, _) => "mxfp4".into(),
-            (Codes::I8, _) => "q8_0".into(),
-            (Codes::U4, true) => "q4_1".into(),
-            (Codes::U4Offset8, false) if *self == Self::Q4_0 => "q4_0".into(),
+        let ggml = [
+            (Self::Q4_0, "q4_0"),
+            (Self::Q4_1, "q4_1"),
+            (Self::Q8_0, "q8_0"),
+            (Self::Q5_0, "q5_0"),
+            (Self::Q5_1, "q5_1"),
+            (Self::Q4_K, "q4_K"),
+            (Self::Q5_K, "q5_K"),
+            (Self::Q6_K, "q6_K"),
+        ];
+        if let Some((_, n)) = ggml.iter().find(|(f, _)| f == self) {
+            return (*n).into();
+        }
+        match self.codes {
+            Codes::Fp4E2M1 => "mxfp4".into(),
             _ => format!("int4/g{}", self.group),
         }
+    }
+
+    /// The code of value `e` (counted over all items and rows) of `n` values in `codes`.
+    pub fn code_at(&self, codes: &[u8], n: usize, e: usize) -> u8 {
+        let bits = self.code_bits();
+        if bits == 8 {
+            return codes[e];
+        }
+        let lo = (codes[e / 2] >> (4 * (e % 2))) & 15;
+        let hb = bits - 4;
+        if hb == 0 {
+            return lo;
+        }
+        let bit = e * hb;
+        let hi = (codes[n / 2 + bit / 8] >> (bit % 8)) & ((1 << hb) - 1);
+        lo | (hi << 4)
+    }
+
+    /// The min of group `g`: from `mins` (separate mins) or the scale record (`−dmin · m`);
+    /// `None` without a min.
+    pub fn min_at(&self, scales: &[u8], mins: &[u8], g: usize) -> Option<f32> {
+        if !self.has_min {
+            return None;
+        }
+        Some(match self.scale {
+            ScaleType::K4 => {
+                let o = 16 * (g / 8);
+                let dmin = half::f16::from_le_bytes([scales[o + 2], scales[o + 3]]).to_f32();
+                -(dmin * scale_min_k4(g % 8, &scales[o + 4..o + 16]).1 as f32)
+            }
+            s => s.read(mins, g),
+        })
     }
 
     /// The value before scaling of `code` (its low `code_bits` bits).
@@ -162,23 +348,32 @@ impl QuantFormat {
             }
             Codes::U4Offset8 => (code & 15) as f32 - 8.0,
             Codes::U4 => (code & 15) as f32,
+            Codes::U5Offset16 => (code & 31) as f32 - 16.0,
+            Codes::U5 => (code & 31) as f32,
+            Codes::U6Offset32 => (code & 63) as f32 - 32.0,
             Codes::I8 => code as i8 as f32,
         }
     }
 
     /// The four `u32` parameters the device kernels take: `[codes, scale, has_min, group]`
-    /// with codes `0` FP4, `1` U4Offset8, `2` U4, `3` I8 and scale `0` E8M0, `1` F16, `2` BF16.
+    /// with codes `0` FP4, `1` U4Offset8, `2` U4, `3` I8, `4` U5Offset16, `5` U5,
+    /// `6` U6Offset32 and scale `0` E8M0, `1` F16, `2` BF16, `3` K4, `4` K6.
     pub fn kernel_params(&self) -> [u32; 4] {
         let c = match self.codes {
             Codes::Fp4E2M1 => 0,
             Codes::U4Offset8 => 1,
             Codes::U4 => 2,
             Codes::I8 => 3,
+            Codes::U5Offset16 => 4,
+            Codes::U5 => 5,
+            Codes::U6Offset32 => 6,
         };
         let s = match self.scale {
             ScaleType::E8M0 => 0,
             ScaleType::F16 => 1,
             ScaleType::BF16 => 2,
+            ScaleType::K4 => 3,
+            ScaleType::K6 => 4,
         };
         [c, s, self.has_min as u32, self.group as u32]
     }
@@ -192,11 +387,12 @@ pub struct QuantHost {
     pub format: QuantFormat,
     /// `[items, rows, cols]`.
     pub shape: [usize; 3],
-    /// `items · rows · cols · bits / 8` bytes.
+    /// `items · rows · cols · bits / 8` bytes ([`QuantFormat::code_bytes`]).
     pub codes: Vec<u8>,
-    /// `items · rows · cols / group` scales of `format.scale.size()` bytes.
+    /// `items · rows · cols / group` scales of `format.scale.size()` bytes, or one record per
+    /// 256 values ([`QuantFormat::scale_bytes`]).
     pub scales: Vec<u8>,
-    /// Mins like `scales` when `format.has_min`, else empty.
+    /// Mins like `scales` when [`QuantFormat::separate_mins`], else empty.
     pub mins: Vec<u8>,
 }
 
@@ -214,28 +410,29 @@ impl QuantHost {
     ) -> Result<Self> {
         let [items, rows, cols] = shape;
         let g = format.group;
+        let block = format.block();
         ensure!(
-            g > 0 && g.is_multiple_of(8) && cols.is_multiple_of(g),
-            "{what}: {} weight of {cols} columns: the column count must be a multiple of the group length {g} (itself a multiple of 8)",
-            format.name()
+            g > 0 && g.is_multiple_of(8) && block.is_multiple_of(g) && cols.is_multiple_of(block),
+            "{what}: {} weight of {cols} columns: the column count must be a multiple of the {} length {block} (a group of {g}, itself a multiple of 8)",
+            format.name(),
+            if format.scale.is_super_block() { "super-block" } else { "group" }
         );
         let n = items * rows * cols;
-        let want_codes = n * format.code_bits() / 8;
-        let groups = n / g;
+        let want_codes = format.code_bytes(n);
         ensure!(
             codes.len() == want_codes,
             "{what}: {} codes of shape {shape:?} take {want_codes} bytes, found {}",
             format.name(),
             codes.len()
         );
-        let want_scales = groups * format.scale.size();
+        let want_scales = format.scale_bytes(n);
         ensure!(
             scales.len() == want_scales,
             "{what}: {} scales of shape {shape:?} take {want_scales} bytes, found {}",
             format.name(),
             scales.len()
         );
-        let want_mins = if format.has_min { want_scales } else { 0 };
+        let want_mins = format.min_bytes(n);
         ensure!(
             mins.len() == want_mins,
             "{what}: {} mins take {want_mins} bytes, found {}",
@@ -272,10 +469,12 @@ impl QuantHost {
 
     /// The first group whose decoded values would not be finite, and why: an E8M0 scale byte
     /// 255 (NaN), an E8M0 scale so large that a code of the group overflows f32
-    /// (`|value(code)| · 2^(s − 127) ≥ 2^128`), or a non-finite f16/bf16 scale or min.
+    /// (`|value(code)| · 2^(s − 127) ≥ 2^128`), or a non-finite f16/bf16 scale or min (for
+    /// the K-quant records: a non-finite `d` or `dmin`).
     fn bad_group(&self) -> Option<(usize, String)> {
         let f = self.format;
-        let groups = self.scales.len() / f.scale.size();
+        let n = self.shape.iter().product::<usize>();
+        let groups = n / f.group;
         for g in 0..groups {
             match f.scale {
                 ScaleType::E8M0 => {
@@ -285,13 +484,8 @@ impl QuantHost {
                     }
                     if s >= 253 {
                         let lim = 2f32.powi(255 - s as i32);
-                        let big = (g * f.group..(g + 1) * f.group).any(|c| {
-                            let code = match f.code_bits() {
-                                8 => self.codes[c],
-                                _ => (self.codes[c / 2] >> (4 * (c % 2))) & 15,
-                            };
-                            f.code_value(code).abs() >= lim
-                        });
+                        let big = (g * f.group..(g + 1) * f.group)
+                            .any(|c| f.code_value(f.code_at(&self.codes, n, c)).abs() >= lim);
                         if big {
                             return Some((
                                 g,
@@ -301,18 +495,14 @@ impl QuantHost {
                     }
                 }
                 _ => {
-                    let bad = |b: &[u8]| !b.is_empty() && !f.scale.read(b, g).is_finite();
-                    if bad(&self.scales) {
-                        return Some((
-                            g,
-                            format!("scale {} is not finite", f.scale.read(&self.scales, g)),
-                        ));
+                    let s = f.scale.read(&self.scales, g);
+                    if !s.is_finite() {
+                        return Some((g, format!("scale {s} is not finite")));
                     }
-                    if f.has_min && bad(&self.mins) {
-                        return Some((
-                            g,
-                            format!("min {} is not finite", f.scale.read(&self.mins, g)),
-                        ));
+                    if let Some(m) = f.min_at(&self.scales, &self.mins, g) {
+                        if !m.is_finite() {
+                            return Some((g, format!("min {m} is not finite")));
+                        }
                     }
                 }
             }
@@ -322,11 +512,6 @@ impl QuantHost {
     /// Resident bytes (codes + scales + mins).
     pub fn bytes(&self) -> u64 {
         (self.codes.len() + self.scales.len() + self.mins.len()) as u64
-    }
-
-    /// Bytes of one row's codes.
-    fn row_code_bytes(&self) -> usize {
-        self.shape[2] * self.format.code_bits() / 8
     }
 
     /// Groups in one row.
@@ -340,19 +525,15 @@ impl QuantHost {
     pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
         let f = self.format;
         let cols = self.shape[2];
-        let cb = self.row_code_bytes();
-        let codes = &self.codes[r * cb..(r + 1) * cb];
+        let n = self.shape.iter().product::<usize>();
         let g0 = r * self.row_groups();
         let table: Vec<f32> = (0..=255u8).map(|c| f.code_value(c)).collect();
         let mut out = Vec::with_capacity(cols);
         for g in 0..self.row_groups() {
             let s = f.scale.read(&self.scales, g0 + g);
-            let m = f.has_min.then(|| f.scale.read(&self.mins, g0 + g));
+            let m = f.min_at(&self.scales, &self.mins, g0 + g);
             for c in g * f.group..(g + 1) * f.group {
-                let code = match f.code_bits() {
-                    8 => codes[c],
-                    _ => (codes[c / 2] >> (4 * (c % 2))) & 15,
-                };
+                let code = f.code_at(&self.codes, n, r * cols + c);
                 let v = table[code as usize] * s;
                 out.push(match m {
                     Some(m) => v + m,
@@ -450,11 +631,23 @@ impl QuantHost {
             [items, first.shape[1], first.shape[2]]
         };
         let cat = |f: fn(&QuantHost) -> &Vec<u8>| parts.iter().flat_map(|p| f(p).clone()).collect();
+        // Codes of more than 4 bits: the low planes of all parts, then their high planes.
+        let codes = if matches!(first.format.code_bits(), 5 | 6) {
+            let low = |p: &QuantHost| p.shape.iter().product::<usize>() / 2;
+            let mut c: Vec<u8> = parts
+                .iter()
+                .flat_map(|p| p.codes[..low(p)].to_vec())
+                .collect();
+            c.extend(parts.iter().flat_map(|p| p.codes[low(p)..].to_vec()));
+            c
+        } else {
+            cat(|p| &p.codes)
+        };
         QuantHost::new(
             "concatenated weight",
             first.format,
             shape,
-            cat(|p| &p.codes),
+            codes,
             cat(|p| &p.scales),
             cat(|p| &p.mins),
         )
@@ -472,7 +665,7 @@ pub struct QuantTensor<T> {
     pub codes: T,
     /// Scales, `[ceil(bytes / 4)]` u32.
     pub scales: T,
-    /// Mins (Q4_1), `[ceil(bytes / 4)]` u32.
+    /// Mins (Q4_1, Q5_1: [`QuantFormat::separate_mins`]), `[ceil(bytes / 4)]` u32.
     pub mins: Option<T>,
     /// Resident bytes (codes + scales + mins, before padding).
     pub bytes: u64,
@@ -489,7 +682,7 @@ pub fn bytes_as_words(bytes: &[u8]) -> Result<HostTensor> {
 impl<T: Clone> QuantTensor<T> {
     /// Uploads a host weight.
     pub fn upload<B: Backend<Tensor = T>>(b: &B, h: &QuantHost) -> Result<Self> {
-        let mins = if h.format.has_min {
+        let mins = if h.format.separate_mins() {
             Some(b.upload(&bytes_as_words(&h.mins)?)?)
         } else {
             None
@@ -526,17 +719,17 @@ impl<T: Clone> QuantTensor<T> {
         };
         let [items, rows, cols] = self.shape;
         let n = items * rows * cols;
-        let sb = n / self.format.group * self.format.scale.size();
+        let f = self.format;
         let mins = match &self.mins {
-            Some(m) => bytes(m, sb)?,
+            Some(m) => bytes(m, f.min_bytes(n))?,
             None => Vec::new(),
         };
         QuantHost::new(
             "device weight",
-            self.format,
+            f,
             self.shape,
-            bytes(&self.codes, n * self.format.code_bits() / 8)?,
-            bytes(&self.scales, sb)?,
+            bytes(&self.codes, f.code_bytes(n))?,
+            bytes(&self.scales, f.scale_bytes(n))?,
             mins,
         )
     }

@@ -2,7 +2,12 @@
 // even column) or 8 bits, one scale (E8M0 byte, f16 or bf16) and optionally one f16 min per
 // `group` columns (a multiple of 8): w = value(code) * scale (+ min), the product and the sum
 // each rounded once (__fmul_rn / __fadd_rn: no contraction into an FMA), as the host decode.
-// fmt: codes 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8; scale 0 E8M0, 1 f16, 2 bf16.
+// fmt: codes 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32; scale 0 E8M0, 1 f16,
+// 2 bf16, 3 K4 record, 4 K6 record.
+// 5- and 6-bit codes: the low nibbles of all n values, then a plane of their high 1 or 2 bits
+// (value e's at bit e * hb). The GGUF K-quants keep ggml's super-block scale records: K4 (Q4_K,
+// Q5_K) f16 d, f16 dmin, 12 bytes of 6-bit scales and mins per 256 values, scale d * sc and
+// min -(dmin * m) (ggml get_scale_min_k4); K6 (Q6_K) 16 i8 scales then f16 d per 256.
 
 __device__ __forceinline__ float q_value(u32 codes, u32 c) {
     switch (codes) {
@@ -15,6 +20,9 @@ __device__ __forceinline__ float q_value(u32 codes, u32 c) {
         }
         case 1: return (float)(int)(c & 15u) - 8.f;
         case 2: return (float)(c & 15u);
+        case 4: return (float)(int)(c & 31u) - 16.f;
+        case 5: return (float)(c & 31u);
+        case 6: return (float)(int)(c & 63u) - 32.f;
         default: return (float)(signed char)(c & 255u);
     }
 }
@@ -27,7 +35,29 @@ __device__ __forceinline__ float q_half(const unsigned char* p, u32 scale, u64 g
     return to_f(v);
 }
 
+__device__ __forceinline__ float q_f16_at(const unsigned char* p) {
+    f16 v;
+    v.x = *reinterpret_cast<const u16*>(p);
+    return to_f(v);
+}
+
+// ggml get_scale_min_k4: the 6-bit scale (k = 0) or min (k = 4) of sub-block j of a K4 record.
+__device__ __forceinline__ u32 q_k4_6bit(const unsigned char* r, u32 j, u32 k) {
+    const unsigned char* s = r + 4;
+    if (j < 4) return s[j + k] & 63u;
+    const u32 packed = s[j + 4];
+    return (k ? packed >> 4 : packed & 15u) | ((u32)(s[j - 4 + k] >> 6) << 4);
+}
+
 __device__ __forceinline__ float q_scale(const unsigned char* s, u32 scale, u64 g) {
+    if (scale == 3) {
+        const unsigned char* r = s + (g / 8) * 16;
+        return __fmul_rn(q_f16_at(r), (float)q_k4_6bit(r, (u32)(g % 8), 0));
+    }
+    if (scale == 4) {
+        const unsigned char* r = s + (g / 16) * 18;
+        return __fmul_rn(q_f16_at(r + 16), (float)(signed char)r[g % 16]);
+    }
     if (scale == 0) {
         const u32 b = s[g];
         return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
@@ -35,8 +65,20 @@ __device__ __forceinline__ float q_scale(const unsigned char* s, u32 scale, u64 
     return q_half(s, scale, g);
 }
 
-// Eight codes starting at flat element e (a multiple of 8): one word of nibbles or two of bytes.
-__device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u64 e, u32* c) {
+// The min of group g: the f16 min array, or -(dmin * m) from a K4 record.
+__device__ __forceinline__ float q_min(const unsigned char* scales, const unsigned char* mins,
+                                       u32 scale, u64 g) {
+    if (scale == 3) {
+        const unsigned char* r = scales + (g / 8) * 16;
+        return -__fmul_rn(q_f16_at(r + 2), (float)q_k4_6bit(r, (u32)(g % 8), 4));
+    }
+    return q_half(mins, 1, g);
+}
+
+// Eight codes starting at flat element e (a multiple of 8) of n: one word of nibbles (plus one
+// byte or u16 of high bits for 5- and 6-bit codes) or two words of bytes.
+__device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u64 e, u64 n,
+                                         u32* c) {
     if (kind == 3) {
         const uint2 w = *reinterpret_cast<const uint2*>(codes + e);
 #pragma unroll
@@ -48,6 +90,15 @@ __device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u
         const u32 w = *reinterpret_cast<const u32*>(codes + e / 2);
 #pragma unroll
         for (int j = 0; j < 8; j++) c[j] = (w >> (4 * j)) & 15u;
+        if (kind == 4 || kind == 5) {
+            const u32 hi = codes[n / 2 + e / 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] |= ((hi >> j) & 1u) << 4;
+        } else if (kind == 6) {
+            const u32 hi = *reinterpret_cast<const u16*>(codes + n / 2 + e / 4);
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] |= ((hi >> (2 * j)) & 3u) << 4;
+        }
     }
 }
 
@@ -75,9 +126,9 @@ __device__ void dequant_impl(const unsigned char* codes, const unsigned char* sc
         const u64 e = (u64)item * per + rc;
         const u64 g = e / group;
         const float s = q_scale(scales, scale, g);
-        const float mn = has_min ? q_half(mins, 1, g) : 0.f;
+        const float mn = has_min ? q_min(scales, mins, scale, g) : 0.f;
         u32 c[8];
-        q_codes8(codes, kind, e, c);
+        q_codes8(codes, kind, e, (u64)n_items * per, c);
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -109,12 +160,12 @@ __device__ void gemv_q_impl(const T* x, const unsigned char* codes, const unsign
         const u64 e = (u64)row * k + c0;
         const u64 g = (u64)row * groups + c0 / group;
         u32 c[8];
-        q_codes8(codes, kind, e, c);
+        q_codes8(codes, kind, e, (u64)n * k, c);
         float wv[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) wv[j] = q_value(kind, c[j]);
         const float s = q_scale(scales, scale, g);
-        const float mn = has_min ? q_half(mins, 1, g) : 0.f;
+        const float mn = has_min ? q_min(scales, mins, scale, g) : 0.f;
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             if (i < (int)m) {

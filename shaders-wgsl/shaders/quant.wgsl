@@ -1,16 +1,19 @@
 // Block-quantized weights (dayone_backend::quant): codes of 4 bits (two per byte, low nibble
 // the even column) or 8 bits, one scale (E8M0 byte, f16 or bf16) and optionally one f16 min per
 // `group` columns: w = value(code) * scale (+ min). Codes, scales and mins are byte arrays read
-// as little-endian u32 words.
+// as little-endian u32 words. 5- and 6-bit codes: the low nibbles of all n values as above, then
+// a plane of the high 1 or 2 bits (value e's at bit e * hb). The GGUF K-quants keep ggml's
+// super-block scale records in the scale array (K4: f16 d, f16 dmin, 12 bytes of 6-bit scales
+// and mins per 256 values; K6: 16 i8 scales, f16 d per 256): scale d * sc, min -(dmin * m).
 
 struct Params {
     m: u32,        // dequant: items to decode; matvec: rows of x
     rows: u32,     // rows of one item (matvec: N)
     cols: u32,     // columns (K)
     items: u32,    // items in the weight (E); larger item ids decode to zeros
-    codes: u32,    // 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8
-    scale: u32,    // 0 E8M0, 1 f16, 2 bf16
-    has_min: u32,  // 1: add the group's f16 min
+    codes: u32,    // 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32
+    scale: u32,    // 0 E8M0, 1 f16, 2 bf16, 3 K4 record, 4 K6 record
+    has_min: u32,  // 1: add the group's min (f16 array; K4: from the record)
     group: u32,    // columns per scale (a multiple of 8)
 }
 
@@ -23,20 +26,50 @@ struct Params {
 
 const FP4: array<f32, 8> = array<f32, 8>(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
 
+// Bits above the low nibble: 1 for 5-bit codes, 2 for 6-bit, else 0.
+fn high_bits() -> u32 {
+    switch (P.codes) {
+        case 4u, 5u: { return 1u; }
+        case 6u: { return 2u; }
+        default: { return 0u; }
+    }
+}
+
+// Byte o of the code array.
+fn code_byte(o: u32) -> u32 {
+    return (codes[o >> 2u] >> ((o & 3u) * 8u)) & 255u;
+}
+
+// The high bits of the 8 values from element e (a multiple of 8), value j's at bit j * hb.
+fn high8(e: u32) -> u32 {
+    let hb = high_bits();
+    if (hb == 0u) {
+        return 0u;
+    }
+    let base = P.items * P.rows * P.cols / 2u;
+    if (hb == 1u) {
+        return code_byte(base + e / 8u);
+    }
+    return code_byte(base + e / 4u) | (code_byte(base + e / 4u + 1u) << 8u);
+}
+
 // The code of flat element e.
 fn code_at(e: u32) -> u32 {
     if (P.codes == 3u) {
         return (codes[e >> 2u] >> ((e & 3u) * 8u)) & 255u;
     }
-    return (codes[e >> 3u] >> ((e & 7u) * 4u)) & 15u;
+    let lo = (codes[e >> 3u] >> ((e & 7u) * 4u)) & 15u;
+    let hb = high_bits();
+    return lo | (((high8(e & ~7u) >> ((e & 7u) * hb)) & ((1u << hb) - 1u)) << 4u);
 }
 
-// Code j of a code word (8 nibbles, or 4 bytes for i8 codes).
-fn word_code(w: u32, j: u32) -> u32 {
+// Code j of a code word (8 nibbles, or 4 bytes for i8 codes), with hi the word's high8.
+fn word_code(w: u32, hi: u32, j: u32) -> u32 {
     if (P.codes == 3u) {
         return (w >> (j * 8u)) & 255u;
     }
-    return (w >> (j * 4u)) & 15u;
+    let hb = high_bits();
+    return ((w >> (j * 4u)) & 15u) | (((hi >> (j * hb)) & ((1u << hb) - 1u)) << 4u);
 }
 
 fn code_value(c: u32) -> f32 {
@@ -46,7 +79,9 @@ fn code_value(c: u32) -> f32 {
             return select(m, -m, (c & 8u) != 0u);
         }
         case 1u: { return f32(c) - 8.0; }
-        case 2u: { return f32(c); }
+        case 2u, 5u: { return f32(c); }
+        case 4u: { return f32(c) - 16.0; }
+        case 6u: { return f32(c) - 32.0; }
         default: { return f32(bitcast<i32>(c << 24u) >> 24u); }
     }
 }
@@ -60,7 +95,37 @@ fn half_at(w: u32, g: u32) -> f32 {
     return unpack2x16float(h).x;
 }
 
+// Byte o of the scale array; the f16 at even byte o.
+fn scale_byte(o: u32) -> u32 {
+    return (scales[o >> 2u] >> ((o & 3u) * 8u)) & 255u;
+}
+
+fn scale_f16(o: u32) -> f32 {
+    return unpack2x16float((scales[o >> 2u] >> ((o & 2u) * 8u)) & 65535u).x;
+}
+
+// ggml get_scale_min_k4: the 6-bit scale (k = 0) or min (k = 4) of sub-block j of the K4
+// record at byte r.
+fn k4_6bit(r: u32, j: u32, k: u32) -> u32 {
+    let s = r + 4u;
+    if (j < 4u) {
+        return scale_byte(s + j + k) & 63u;
+    }
+    let packed = scale_byte(s + j + 4u);
+    let low = select(packed & 15u, packed >> 4u, k == 4u);
+    return low | ((scale_byte(s + j - 4u + k) >> 6u) << 4u);
+}
+
 fn scale_at(g: u32) -> f32 {
+    if (P.scale == 3u) {
+        let r = (g / 8u) * 16u;
+        return scale_f16(r) * f32(k4_6bit(r, g % 8u, 0u));
+    }
+    if (P.scale == 4u) {
+        let r = (g / 16u) * 18u;
+        let sc = bitcast<i32>(scale_byte(r + g % 16u) << 24u) >> 24u;
+        return scale_f16(r + 16u) * f32(sc);
+    }
     if (P.scale == 0u) {
         let s = (scales[g >> 2u] >> ((g & 3u) * 8u)) & 255u;
         if (s == 0u) {
@@ -72,6 +137,10 @@ fn scale_at(g: u32) -> f32 {
 }
 
 fn min_at(g: u32) -> f32 {
+    if (P.scale == 3u) {
+        let r = (g / 8u) * 16u;
+        return -(scale_f16(r + 2u) * f32(k4_6bit(r, g % 8u, 4u)));
+    }
     return half_at(mins[g >> 1u], g);
 }
 
@@ -125,9 +194,10 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         var dot_c = 0.0;
         var sum_x = 0.0;
         let cw = codes[e0 / per_word];
+        let hi = high8(e0);
         for (var j = 0u; j < per_word; j++) {
             let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
-            dot_c += code_value(word_code(cw, j)) * xv;
+            dot_c += code_value(word_code(cw, hi, j)) * xv;
             sum_x += xv;
         }
         acc += dot_c * scale_at(g);
@@ -171,9 +241,10 @@ fn matvec_seq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             let c0 = c_g + w * per_word;
             let e0 = n * P.cols + c0;
             let cw = codes[e0 / per_word];
+            let hi = high8(e0);
             for (var j = 0u; j < per_word; j++) {
                 let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
-                dot_c += code_value(word_code(cw, j)) * xv;
+                dot_c += code_value(word_code(cw, hi, j)) * xv;
                 sum_x += xv;
             }
         }
