@@ -50,8 +50,57 @@ pub trait Comm<B: Backend>: Send + Sync {
     /// Rank `root`'s `x` on every rank (`x` of the same shape and dtype everywhere).
     fn broadcast(&self, b: &B, x: &B::Tensor, root: usize) -> Result<B::Tensor>;
 
+    /// An all-gather of unequal row counts (context parallelism's key rows and logits): the
+    /// first `counts[r]` rows of rank `r`'s `x`, stacked in rank order → `[Σ counts, ...]`.
+    /// `x` `[R, ...]` with `R ≥ max(counts[rank], 1)` (rows past `counts[rank]` are ignored),
+    /// the same trailing shape and dtype everywhere; `counts` (one per rank, not all zero) the
+    /// same on every rank.
+    ///
+    /// Default: pad every rank's rows to the largest count with a row gather
+    /// ([`Backend::embedding`] over a `[R, width]` view, so float dtypes only),
+    /// [`Comm::all_gather`], and pick the real rows with a second row gather.
+    fn all_gather_rows(&self, b: &B, x: &B::Tensor, counts: &[usize]) -> Result<B::Tensor> {
+        let (me, w) = (self.rank(), self.world());
+        let (rows, tail) = gather_rows_shape(x.shape(), counts, me, w)?;
+        let total: usize = counts.iter().sum();
+        let max = counts.iter().copied().max().unwrap_or(0);
+        let width: usize = tail.iter().product();
+        let out_shape: Vec<usize> = std::iter::once(total).chain(tail.iter().copied()).collect();
+        if counts.iter().all(|&c| c == rows) {
+            return b.reshape(&self.all_gather(b, x)?, &out_shape);
+        }
+        let ids = |v: Vec<u32>| b.upload(&HostTensor::from_u32(vec![v.len()], &v)?);
+        let flat = b.reshape(x, &[rows, width])?;
+        let pad = ids((0..max).map(|i| i.min(rows - 1) as u32).collect())?;
+        let all = self.all_gather(b, &b.embedding(&flat, &pad)?)?;
+        let pick = ids((0..w)
+            .flat_map(|r| (0..counts[r]).map(move |i| (r * max + i) as u32))
+            .collect())?;
+        b.reshape(&b.embedding(&all, &pick)?, &out_shape)
+    }
+
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+}
+
+/// Checks [`Comm::all_gather_rows`]'s arguments; returns `x`'s rows and its trailing shape.
+fn gather_rows_shape(
+    shape: &[usize],
+    counts: &[usize],
+    rank: usize,
+    world: usize,
+) -> Result<(usize, Vec<usize>)> {
+    let rows = shape.first().copied().unwrap_or(0);
+    if counts.len() != world || counts.iter().all(|&c| c == 0) {
+        bail!("all_gather_rows: {counts:?} must give one row count per rank ({world}), not all 0");
+    }
+    if rows < counts[rank].max(1) {
+        bail!(
+            "all_gather_rows: rank {rank} has {rows} rows of {shape:?}, fewer than its count {} (or 1)",
+            counts[rank]
+        );
+    }
+    Ok((rows, shape[1..].to_vec()))
 }
 
 /// The world of one rank: every collective returns its input.
@@ -79,6 +128,21 @@ impl<B: Backend> Comm<B> for LocalComm {
     }
     fn broadcast(&self, _b: &B, x: &B::Tensor, _root: usize) -> Result<B::Tensor> {
         Ok(x.clone())
+    }
+    fn all_gather_rows(&self, b: &B, x: &B::Tensor, counts: &[usize]) -> Result<B::Tensor> {
+        let (rows, _) = gather_rows_shape(x.shape(), counts, 0, 1)?;
+        if rows == counts[0] {
+            return Ok(x.clone());
+        }
+        let ids: Vec<u32> = (0..counts[0] as u32).collect();
+        let flat = b.reshape(x, &[rows, x.numel() / rows])?;
+        let out = b.embedding(
+            &flat,
+            &b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?,
+        )?;
+        let mut shape = x.shape().to_vec();
+        shape[0] = counts[0];
+        b.reshape(&out, &shape)
     }
     fn barrier(&self) -> Result<()> {
         Ok(())
@@ -478,6 +542,24 @@ impl<B: Backend> Comm<B> for HostComm {
         b.upload(&HostTensor::new(mine.shape.clone(), mine.dtype, data)?)
     }
 
+    fn all_gather_rows(&self, b: &B, x: &B::Tensor, counts: &[usize]) -> Result<B::Tensor> {
+        let (me, w) = (self.group.rank(), self.group.world());
+        gather_rows_shape(x.shape(), counts, me, w)?;
+        let mine = b.download(x)?;
+        let rb = row_bytes(&mine);
+        let all = self.group.all_gather_bytes(&mine.data[..counts[me] * rb])?;
+        for (r, part) in all.iter().enumerate() {
+            if part.len() != counts[r] * rb {
+                bail!(
+                    "all_gather_rows: rank {r} sent {} bytes for {} rows of {rb} bytes",
+                    part.len(),
+                    counts[r]
+                );
+            }
+        }
+        b.upload(&with_rows(&mine, counts.iter().sum(), all.concat())?)
+    }
+
     fn barrier(&self) -> Result<()> {
         self.group.barrier()
     }
@@ -486,7 +568,7 @@ impl<B: Backend> Comm<B> for HostComm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::CpuBackend;
+    use crate::cpu::{CpuBackend, CpuTensor};
 
     fn on_threads<T: Send + 'static>(
         world: usize,
@@ -554,6 +636,82 @@ mod tests {
             assert_eq!(a2a, want);
             assert_eq!(bc, vec![2.0]);
         }
+    }
+
+    /// [`HostComm`] without its own `all_gather_rows`, to run the trait's default (NCCL's).
+    struct DefaultRows(HostComm);
+
+    impl Comm<CpuBackend> for DefaultRows {
+        fn rank(&self) -> usize {
+            Comm::<CpuBackend>::rank(&self.0)
+        }
+        fn world(&self) -> usize {
+            Comm::<CpuBackend>::world(&self.0)
+        }
+        fn all_reduce_sum(&self, b: &CpuBackend, x: &CpuTensor) -> Result<CpuTensor> {
+            self.0.all_reduce_sum(b, x)
+        }
+        fn all_gather(&self, b: &CpuBackend, x: &CpuTensor) -> Result<CpuTensor> {
+            self.0.all_gather(b, x)
+        }
+        fn reduce_scatter_sum(&self, b: &CpuBackend, x: &CpuTensor) -> Result<CpuTensor> {
+            self.0.reduce_scatter_sum(b, x)
+        }
+        fn all_to_all(
+            &self,
+            b: &CpuBackend,
+            x: &CpuTensor,
+            send: &[usize],
+        ) -> Result<(CpuTensor, Vec<usize>)> {
+            self.0.all_to_all(b, x, send)
+        }
+        fn broadcast(&self, b: &CpuBackend, x: &CpuTensor, root: usize) -> Result<CpuTensor> {
+            self.0.broadcast(b, x, root)
+        }
+        fn barrier(&self) -> Result<()> {
+            Comm::<CpuBackend>::barrier(&self.0)
+        }
+    }
+
+    #[test]
+    fn all_gather_rows_of_unequal_counts() {
+        // Rank r holds r + 2 rows [r, i] of which the first counts[r] count.
+        let counts = [1usize, 3, 0];
+        let out = on_threads(3, move |c| {
+            let b = CpuBackend;
+            let r = Comm::<CpuBackend>::rank(&c);
+            let v: Vec<f32> = (0..r + 2)
+                .flat_map(|i| [r as f32, i as f32, -1.0])
+                .collect();
+            let x = t(&b, vec![r + 2, 1, 3], &v);
+            let host = b
+                .download(&c.all_gather_rows(&b, &x, &counts).unwrap())
+                .unwrap();
+            let default = DefaultRows(c);
+            let dflt = b
+                .download(&default.all_gather_rows(&b, &x, &counts).unwrap())
+                .unwrap();
+            let err = default.all_gather_rows(&b, &x, &[9, 9, 9]).unwrap_err();
+            (host, dflt, format!("{err:#}"))
+        });
+        let want: Vec<f32> = [(0, 0), (1, 0), (1, 1), (1, 2)]
+            .iter()
+            .flat_map(|&(r, i)| [r as f32, i as f32, -1.0])
+            .collect();
+        for (host, dflt, err) in out {
+            assert_eq!(host.shape, vec![4, 1, 3]);
+            assert_eq!(host.to_f32(), want);
+            assert_eq!(dflt.shape, vec![4, 1, 3]);
+            assert_eq!(dflt.to_f32(), want);
+            assert!(err.contains("fewer than its count 9"), "{err}");
+        }
+        let one = CpuBackend;
+        let x = t(&one, vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let got = LocalComm.all_gather_rows(&one, &x, &[2]).unwrap();
+        assert_eq!(
+            one.download(&got).unwrap().to_f32(),
+            vec![1.0, 2.0, 3.0, 4.0]
+        );
     }
 
     #[test]

@@ -167,7 +167,11 @@ fn bench(
     let is_expert = |n: &str| n.contains(".mlp.experts.");
     let (dense_elems, expert_elems) = (elems(&|n| !is_expert(n)), elems(&is_expert));
     let model_path = ckpt.path.display().to_string();
-    let split = (cfg.tensor_parallel_size, cfg.expert_parallel_size);
+    let split = (
+        cfg.tensor_parallel_size,
+        cfg.expert_parallel_size,
+        cfg.context_parallel_size,
+    );
     // The engine runs on its own thread behind the service handle, as under `dayone serve`.
     let handle = load::service(kind, ckpt, cfg, a.json)?;
     let info = handle.model_info().clone();
@@ -235,8 +239,8 @@ struct Run<'a> {
     weights: &'a WeightBytes,
     /// Measured copy bandwidth, bytes/s.
     roofline: f64,
-    /// `(tensor_parallel_size, expert_parallel_size)` of the run.
-    split: (usize, usize),
+    /// `(tensor_parallel_size, expert_parallel_size, context_parallel_size)` of the run.
+    split: (usize, usize, usize),
 }
 
 /// An engine step of the run, as its tokens show it (the tokens of one step share their time).
@@ -377,6 +381,7 @@ impl Run<'_> {
             "gen_len": a.gen_len,
             "tensor_parallel_size": self.split.0,
             "expert_parallel_size": self.split.1,
+            "context_parallel_size": self.split.2,
             "batch_invariant": info.batch_invariant,
             "ttft_median_s": percentile(&ttft, 0.5),
             "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
@@ -402,9 +407,10 @@ impl Run<'_> {
         }
         outln!()?;
         let split = match self.split {
-            (1, _) => String::new(),
-            (tp, 1) => format!(" | tp {tp}"),
-            (tp, ep) => format!(" | tp {tp} ep {ep}"),
+            (1, _, 1) => String::new(),
+            (1, _, cp) => format!(" | cp {cp}"),
+            (tp, 1, _) => format!(" | tp {tp}"),
+            (tp, ep, _) => format!(" | tp {tp} ep {ep}"),
         };
         outln!(
             "model {} | {} | {} | batch {} | prompt {} | gen {}{split}",

@@ -1,5 +1,5 @@
-//! Running one model over several processes, one per device (`--tensor-parallel-size N`), as
-//! vLLM, SGLang and mistral.rs do.
+//! Running one model over several processes, one per device (`--tensor-parallel-size N`, or
+//! `--context-parallel-size N` with the whole model on each), as vLLM, SGLang and mistral.rs do.
 //!
 //! Who is who:
 //! - A launcher's variables give each process its rank: torchrun's `RANK`/`WORLD_SIZE`/
@@ -141,13 +141,14 @@ fn master_from(f: &LaunchFlags) -> String {
     }
 }
 
-/// Works out this process's role for a model split over `tp` ranks; `None` for one rank.
+/// Works out this process's role for a model run over `tp` ranks (the tensor- or
+/// context-parallel size); `None` for one rank.
 fn role(tp: usize) -> Result<Option<Role>> {
     let f = flags();
     if let Some((rank, world, local)) = env_ranks()? {
         if world != tp {
             bail!(
-                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but --tensor-parallel-size is {tp}: they must match (one process per device), or set DAYONE_IGNORE_LAUNCHER=1 for dayone to start its ranks itself"
+                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but --tensor-parallel-size (or --context-parallel-size) is {tp}: they must match (one process per device), or set DAYONE_IGNORE_LAUNCHER=1 for dayone to start its ranks itself"
             );
         }
         return Ok(Some(Role {
@@ -383,7 +384,7 @@ pub fn lead(
     ckpt: &loader::Checkpoint,
     cfg: &EngineConfig,
 ) -> Result<Option<Leader>> {
-    let Some(r) = role(cfg.tensor_parallel_size)? else {
+    let Some(r) = role(cfg.ranks())? else {
         return Ok(None);
     };
     if r.rank != 0 {
@@ -392,8 +393,12 @@ pub fn lead(
     // A split that cannot work fails here, once, before any other rank starts.
     let origin = ckpt.path.join("config.json").display().to_string();
     let config = dayone_engine::config::ModelConfig::from_json(&ckpt.config, &origin)?;
-    dayone_engine::models::layer_plan(&config)?
-        .check_parallel(cfg.tensor_parallel_size, cfg.expert_parallel_size)?;
+    let plan = dayone_engine::models::layer_plan(&config)?;
+    if cfg.context_parallel_size > 1 {
+        plan.check_context_parallel()?;
+    } else {
+        plan.check_parallel(cfg.tensor_parallel_size, cfg.expert_parallel_size)?;
+    }
     let nccl_id = match kind {
         BackendKind::Cuda => Some(dayone_cuda::NcclComm::unique_id()?),
         _ => None,
@@ -483,8 +488,13 @@ fn distributed_engine<B: RankComm>(
     rank: &Rank,
 ) -> Result<Engine<B>> {
     let comm = backend.rank_comm(rank.group, rank.nccl_id)?;
+    let parallel = if cfg.context_parallel_size > 1 {
+        Parallel::context(comm)
+    } else {
+        Parallel::new(comm, cfg.expert_parallel_size)?
+    };
     let dist = Distributed {
-        parallel: Parallel::new(comm, cfg.expert_parallel_size)?,
+        parallel,
         group: rank.group.clone(),
         done: Some(rank.done.clone()),
         memory_shared_by: rank.shared_by,
@@ -502,11 +512,11 @@ fn distributed_engine<B: RankComm>(
 /// one device asked to split.
 pub fn follow_if_rank(engine: &EngineArgs, splittable: bool) -> Result<()> {
     let resolved = engine.resolve(&CommandDefaults::default())?;
-    let tp = resolved.engine.tensor_parallel_size;
+    let tp = resolved.engine.ranks();
     if !splittable {
         if tp > 1 || env_ranks()?.is_some() {
             bail!(crate::usage::usage(
-                "--tensor-parallel-size > 1 (or a launcher's ranks) works with generate, bench, check, perplexity and serve; this command runs on one device"
+                "--tensor-parallel-size or --context-parallel-size > 1 (or a launcher's ranks) works with generate, bench, check, perplexity and serve; this command runs on one device"
             ));
         }
         return Ok(());

@@ -79,6 +79,11 @@ pub struct EngineArgs {
     /// divides --tensor-parallel-size (inside a group each expert is split by width).
     #[arg(long, alias = "ep", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub expert_parallel_size: Option<usize>,
+    /// Devices to split a long prompt's tokens over (-cp), each holding the whole model and
+    /// cache (context parallelism: keys all-gathered, KDA state passed from rank to rank);
+    /// not with --tensor-parallel-size > 1. Launched as -tp is.
+    #[arg(long, alias = "cp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub context_parallel_size: Option<usize>,
     /// Machines the tensor-parallel ranks span (each runs the same command with its
     /// --node-rank; --tensor-parallel-size / --nnodes ranks per machine).
     #[arg(long, value_parser = parse::at_least_one, allow_negative_numbers = true)]
@@ -171,7 +176,7 @@ fn parse_gib(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// Rewrites vLLM's single-dash long flags (`-tp 2`, `-pp 2`, `-ep 2`), which clap cannot
+/// Rewrites vLLM's single-dash long flags (`-tp 2`, `-pp 2`, `-ep 2`, `-cp 2`), which clap cannot
 /// declare, to their long forms; everything else passes through.
 pub fn vllm_spellings(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()
@@ -179,6 +184,7 @@ pub fn vllm_spellings(args: impl IntoIterator<Item = OsString>) -> Vec<OsString>
             Some("-tp") => "--tensor-parallel-size".into(),
             Some("-pp") => "--pipeline-parallel-size".into(),
             Some("-ep") => "--expert-parallel-size".into(),
+            Some("-cp") => "--context-parallel-size".into(),
             _ => a,
         })
         .collect()
@@ -223,6 +229,7 @@ impl EngineArgs {
         s.cache.state_checkpoint_interval = self.state_checkpoint_interval;
         s.parallel.tensor_parallel_size = self.tensor_parallel_size.map(|v| v as u64);
         s.parallel.expert_parallel_size = self.expert_parallel_size.map(|v| v as u64);
+        s.parallel.context_parallel_size = self.context_parallel_size.map(|v| v as u64);
         s.parallel.pipeline_parallel_size = self.pipeline_parallel_size.map(|v| v as u64);
         if self.batch_invariant {
             s.runtime.batch_invariant = Some(true);
@@ -352,6 +359,25 @@ mod tests {
             .to_string();
         assert!(
             e.contains("--expert-parallel-size") && e.contains("divide"),
+            "{e}"
+        );
+        let r = args(&["--backend", "cpu", "-cp", "4"])
+            .resolve(&cpu_defaults())
+            .unwrap();
+        assert_eq!((r.engine.context_parallel_size, r.engine.ranks()), (4, 4));
+        let e = args(&[
+            "--backend",
+            "cpu",
+            "-tp",
+            "2",
+            "--context-parallel-size",
+            "2",
+        ])
+        .resolve(&cpu_defaults())
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--context-parallel-size") && e.contains("use one of them"),
             "{e}"
         );
         let e = args(&["--backend", "cpu", "-pp", "2"])

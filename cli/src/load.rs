@@ -119,9 +119,9 @@ pub fn engine<B: Backend>(
     cfg: &EngineConfig,
     quiet: bool,
 ) -> Result<Engine<B>> {
-    if cfg.tensor_parallel_size > 1 {
+    if cfg.ranks() > 1 {
         anyhow::bail!(crate::usage::usage(
-            "--tensor-parallel-size > 1 works with generate, bench, check, perplexity and serve; this command runs on one device"
+            "--tensor-parallel-size or --context-parallel-size > 1 works with generate, bench, check, perplexity and serve; this command runs on one device"
         ));
     }
     load_bar(backend, ckpt, quiet, |b, p| {

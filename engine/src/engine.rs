@@ -57,6 +57,15 @@ pub struct EngineConfig {
     /// Groups of ranks the routed experts are divided among (`--expert-parallel-size`); it
     /// divides `tensor_parallel_size`.
     pub expert_parallel_size: usize,
+    /// Ranks a long step's tokens are split over, each holding the whole model
+    /// (`--context-parallel-size`; [`crate::parallel::context`]); not with
+    /// `tensor_parallel_size` > 1.
+    #[serde(default = "one")]
+    pub context_parallel_size: usize,
+    /// Under context parallelism, steps of fewer tokens than this (or than the ranks) run
+    /// whole on every rank instead of being split (decode, short prompts).
+    #[serde(default = "context_parallel_min_tokens")]
+    pub context_parallel_min_tokens: usize,
     /// MLA layers compute steps of at least this many new tokens in the expanded form
     /// ([`crate::layers::MlaExpanded`]); `None`: always the absorbed form. Default from
     /// `DAYONE_MLA_PREFILL=expanded` (and `DAYONE_MLA_EXPANDED_MIN_TOKENS`, default 256).
@@ -84,6 +93,16 @@ fn mla_expanded_from_env() -> Option<usize> {
         ),
         _ => None,
     }
+}
+
+fn one() -> usize {
+    1
+}
+
+/// The default [`EngineConfig::context_parallel_min_tokens`]: below a few hundred tokens per
+/// rank the per-layer collectives cost more than the split saves.
+fn context_parallel_min_tokens() -> usize {
+    1024
 }
 
 /// `DType` as its name in serialised settings.
@@ -115,10 +134,20 @@ impl Default for EngineConfig {
             max_model_len: None,
             tensor_parallel_size: 1,
             expert_parallel_size: 1,
+            context_parallel_size: 1,
+            context_parallel_min_tokens: context_parallel_min_tokens(),
             mla_expanded_min_tokens: mla_expanded_from_env(),
             dequantize_at_load: false,
             batch_invariant: false,
         }
+    }
+}
+
+impl EngineConfig {
+    /// Processes (one per device) the model runs on: `tensor_parallel_size ×
+    /// context_parallel_size` (one of them is 1).
+    pub fn ranks(&self) -> usize {
+        self.tensor_parallel_size.max(1) * self.context_parallel_size.max(1)
     }
 }
 
@@ -226,6 +255,13 @@ impl<B: Backend> Engine<B> {
             .unwrap_or_default();
         let origin = ckpt.path.join("config.json");
         let config = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
+        if cfg.context_parallel_size > 1 && cfg.tensor_parallel_size > 1 {
+            bail!(
+                "--context-parallel-size {} with --tensor-parallel-size {}: context parallelism runs with the whole model on every rank; use one of them",
+                cfg.context_parallel_size,
+                cfg.tensor_parallel_size
+            );
+        }
         if !matches!(cfg.dtype, DType::F32 | DType::BF16) {
             bail!("--dtype must be f32 or bf16, got {}", cfg.dtype);
         }
@@ -243,6 +279,7 @@ impl<B: Backend> Engine<B> {
                 parallel,
                 mla_expanded_min_tokens: cfg.mla_expanded_min_tokens,
                 keep_quantized: !cfg.dequantize_at_load,
+                context_parallel_min_tokens: cfg.context_parallel_min_tokens,
             },
         )?;
         let act = backend.activation_dtype(cfg.dtype);

@@ -143,6 +143,12 @@ pub struct ParallelSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub expert_parallel_size: Option<u64>,
+    /// Devices a long prompt's tokens are split over (context parallelism).
+    #[serde(
+        alias = "context-parallel-size",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub context_parallel_size: Option<u64>,
     /// Pipeline stages.
     #[serde(
         alias = "pipeline-parallel-size",
@@ -298,6 +304,11 @@ key!(
     "--expert-parallel-size"
 );
 key!(
+    CP,
+    "serving.parallel.context_parallel_size",
+    "--context-parallel-size"
+);
+key!(
     PP,
     "serving.parallel.pipeline_parallel_size",
     "--pipeline-parallel-size"
@@ -449,6 +460,13 @@ impl Serving {
                 ));
             }
         }
+        at_least_one(o, &CP, p.context_parallel_size)?;
+        if let (Some(t @ 2..), Some(c @ 2..)) = (p.tensor_parallel_size, p.context_parallel_size) {
+            return Err(o.err(
+                &CP,
+                format!("{c} with tensor_parallel_size {t}: context parallelism keeps the whole model on every rank; use one of them"),
+            ));
+        }
         parallel_one(o, &PP, p.pipeline_parallel_size, "pipeline parallelism")?;
         at_least_one(
             o,
@@ -511,6 +529,7 @@ impl Serving {
             parallel: ParallelSection {
                 tensor_parallel_size: pick!(parallel.tensor_parallel_size),
                 expert_parallel_size: pick!(parallel.expert_parallel_size),
+                context_parallel_size: pick!(parallel.context_parallel_size),
                 pipeline_parallel_size: pick!(parallel.pipeline_parallel_size),
             },
             context: ContextSection {
@@ -560,6 +579,16 @@ impl Serving {
         }
         if let Some(n) = self.parallel.expert_parallel_size {
             cfg.expert_parallel_size = n as usize;
+        }
+        if let Some(n) = self.parallel.context_parallel_size {
+            cfg.context_parallel_size = n as usize;
+        }
+        if cfg.context_parallel_size > 1 && cfg.tensor_parallel_size > 1 {
+            bail!(
+                "serving.parallel.context_parallel_size / --context-parallel-size ({}) with serving.parallel.tensor_parallel_size / --tensor-parallel-size ({}): context parallelism keeps the whole model on every rank; use one of them",
+                cfg.context_parallel_size,
+                cfg.tensor_parallel_size
+            );
         }
         if !cfg
             .tensor_parallel_size
@@ -633,6 +662,7 @@ impl Serving {
             parallel: ParallelSection {
                 tensor_parallel_size: Some(cfg.tensor_parallel_size as u64),
                 expert_parallel_size: Some(cfg.expert_parallel_size as u64),
+                context_parallel_size: Some(cfg.context_parallel_size as u64),
                 pipeline_parallel_size: Some(1),
             },
             context: ContextSection {

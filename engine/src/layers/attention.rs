@@ -10,7 +10,7 @@ use super::{Linear, RmsNorm, Rope, RowLinear};
 use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{AttentionOptions, Backend, DeviceStepMeta};
+use dayone_backend::{AttentionOptions, Backend, DeviceStepMeta, TensorInfo};
 
 /// Head counts and widths of an attention layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +120,33 @@ impl<B: Backend> Attention<B> {
         Ok(self)
     }
 
+    /// `t` `[N, h·hd]` as heads `[N, h, hd]`, each RMS-normed when `norm` is given (Qwen3).
+    fn heads(&self, b: &B, t: B::Tensor, h: usize, norm: &Option<RmsNorm<B>>) -> Result<B::Tensor> {
+        let (n, hd) = (t.shape()[0], self.shape.head_dim);
+        let t = match norm {
+            Some(norm) => norm.forward(b, &b.reshape(&t, &[n * h, hd])?)?,
+            None => t,
+        };
+        b.reshape(&t, &[n, h, hd])
+    }
+
+    /// This step's new cache rows: keys `[N, Hkv, hd]` (normed, rotated) and values
+    /// `[N, Hkv, hd]` of `x` `[N, D]` (what [`Attention::forward`] writes; context parallelism
+    /// gathers them from every rank first).
+    pub fn key_rows(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        rope: &Rope<B>,
+        meta: &DeviceStepMeta<B::Tensor>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let s = self.shape;
+        let n = meta.host.num_tokens();
+        let k = self.heads(b, self.k_proj.forward(b, x)?, s.kv_heads, &self.k_norm)?;
+        let v = b.reshape(&self.v_proj.forward(b, x)?, &[n, s.kv_heads, s.head_dim])?;
+        Ok((rope.forward(b, &k, &meta.positions)?, v))
+    }
+
     /// `x` `[N, D]` → `[N, D]`; writes this step's keys/values into `(k_cache, v_cache)`.
     pub fn forward(
         &self,
@@ -131,18 +158,9 @@ impl<B: Backend> Attention<B> {
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let heads = |t: B::Tensor, h: usize, norm: &Option<RmsNorm<B>>| -> Result<B::Tensor> {
-            let t = match norm {
-                Some(norm) => norm.forward(b, &b.reshape(&t, &[n * h, s.head_dim])?)?,
-                None => t,
-            };
-            b.reshape(&t, &[n, h, s.head_dim])
-        };
-        let q = heads(self.q_proj.forward(b, x)?, s.heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(b, x)?, s.kv_heads, &self.k_norm)?;
-        let v = b.reshape(&self.v_proj.forward(b, x)?, &[n, s.kv_heads, s.head_dim])?;
+        let q = self.heads(b, self.q_proj.forward(b, x)?, s.heads, &self.q_norm)?;
         let q = rope.forward(b, &q, &meta.positions)?;
-        let k = rope.forward(b, &k, &meta.positions)?;
+        let (k, v) = self.key_rows(b, x, rope, meta)?;
         b.write_kv(&k, &v, kv.0, kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let opts = AttentionOptions {

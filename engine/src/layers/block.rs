@@ -15,7 +15,8 @@
 
 use super::{Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, RmsNorm, Rope, Selection};
 use crate::cache::KvCache;
-use anyhow::Result;
+use crate::parallel::CpStep;
+use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta};
 
 /// The token-mixing half of a block.
@@ -69,7 +70,10 @@ pub struct Block<B: Backend> {
 impl<B: Backend> BlockMixer<B> {
     /// `x` `[N, D]` → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
     /// sparse-MLA selection from the previous layer and is replaced by this layer's (`None` when
-    /// it selected nothing).
+    /// it selected nothing). Under context parallelism (`cp`; `x` and `meta` are this rank's
+    /// slice) every rank's new key rows are gathered into the cache first, and a recurrent
+    /// layer runs in turn after the ranks before it ([`CpStep`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,
@@ -78,13 +82,33 @@ impl<B: Backend> BlockMixer<B> {
         cache: &KvCache<B>,
         layer: usize,
         sel: &mut Option<Selection<B>>,
+        cp: Option<&CpStep<B>>,
     ) -> Result<B::Tensor> {
         match self {
             BlockMixer::Attention(attn, rope) => {
                 *sel = None;
-                attn.forward(b, x, rope, meta, cache.kv(layer)?)
+                let kv = cache.kv(layer)?;
+                if let Some(cp) = cp {
+                    let (k, v) = attn.key_rows(b, x, rope, meta)?;
+                    cp.write_kv(b, &k, &v, kv.0, kv.1)?;
+                }
+                attn.forward(b, x, rope, meta, kv)
             }
             BlockMixer::Mla(mla, rope, sparse) => {
+                if let Some(cp) = cp {
+                    if let MlaSparse::Pooled(_) = sparse {
+                        bail!(
+                            "context parallelism does not split the pooled DSA indexer's steps yet"
+                        );
+                    }
+                    let latent = cache.latent(layer)?;
+                    let (c_kv, k_pe) = mla.latent_rows(b, x, rope.as_ref(), meta)?;
+                    cp.write_cache(b, &c_kv, latent, 0)?;
+                    cp.write_cache(b, &k_pe, latent, mla.shape.kv_lora_rank)?;
+                    if let (Some(ix), Some(keys)) = (&mla.indexer, cache.index_keys(layer)) {
+                        cp.write_cache(b, &ix.key_rows(b, x, meta)?, keys, 0)?;
+                    }
+                }
                 let (y, mine) = mla.forward_sparse(
                     b,
                     x,
@@ -101,7 +125,13 @@ impl<B: Backend> BlockMixer<B> {
             BlockMixer::Kda(kda) => {
                 *sel = None;
                 let (conv, state) = cache.recurrent(layer)?;
-                kda.forward(b, x, meta, conv, state)
+                match cp {
+                    Some(cp) => {
+                        let rows: Vec<&B::Tensor> = conv.iter().chain([state]).collect();
+                        cp.chain(b, &rows, || kda.forward(b, x, meta, conv, state))
+                    }
+                    None => kda.forward(b, x, meta, conv, state),
+                }
             }
         }
     }
@@ -120,7 +150,9 @@ impl<B: Backend> BlockFfn<B> {
 
 impl<B: Backend> Block<B> {
     /// The residual `h` (`[N, D]`, or `[N, n·D]` streams with hyper-connections) after this
-    /// block (layer `layer` of the model); `sel` as in [`BlockMixer::forward`].
+    /// block (layer `layer` of the model); `sel` and `cp` as in [`BlockMixer::forward`] (the
+    /// feed-forward is token-local).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,
@@ -129,11 +161,12 @@ impl<B: Backend> Block<B> {
         cache: &KvCache<B>,
         layer: usize,
         sel: &mut Option<Selection<B>>,
+        cp: Option<&CpStep<B>>,
     ) -> Result<B::Tensor> {
         match &self.residual {
             BlockResidual::Plain => {
                 let x = self.input_norm.forward(b, h)?;
-                let a = self.mixer.forward(b, &x, meta, cache, layer, sel)?;
+                let a = self.mixer.forward(b, &x, meta, cache, layer, sel, cp)?;
                 let h = b.add(h, &a)?;
                 let m = self.ffn.forward(b, &self.post_norm.forward(b, &h)?)?;
                 b.add(&h, &m)
@@ -141,7 +174,7 @@ impl<B: Backend> Block<B> {
             BlockResidual::Hyper { attn, ffn } => {
                 let h = attn.forward(b, h, |x| {
                     let x = self.input_norm.forward(b, x)?;
-                    self.mixer.forward(b, &x, meta, cache, layer, sel)
+                    self.mixer.forward(b, &x, meta, cache, layer, sel, cp)
                 })?;
                 ffn.forward(b, &h, |x| {
                     self.ffn.forward(b, &self.post_norm.forward(b, x)?)

@@ -65,6 +65,27 @@ impl<B: Backend> DsaIndexer<B> {
         })
     }
 
+    /// This step's new indexer key rows `[N, d]` of `x` `[N, D]` (LayerNorm, then RoPE), which
+    /// [`DsaIndexer::select`] writes (context parallelism gathers them from every rank first).
+    pub fn key_rows(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+    ) -> Result<B::Tensor> {
+        let n = meta.host.num_tokens();
+        let k = b.layer_norm(
+            &self.wk.forward(b, x)?,
+            &self.k_norm.0,
+            &self.k_norm.1,
+            1e-6,
+        )?;
+        let k = self
+            .rope
+            .forward(b, &b.reshape(&k, &[n, 1, self.head_dim])?, &meta.positions)?;
+        b.reshape(&k, &[n, self.head_dim])
+    }
+
     /// Writes this step's indexer keys into `k_cache` `[blocks, bs, d]` and returns the selected
     /// positions `[N, topk]` u32 (`u32::MAX` padding), or `None` when no query of the step has
     /// more than `topk` causal keys: the selection would be every key, so dense MLA is the same
@@ -78,18 +99,11 @@ impl<B: Backend> DsaIndexer<B> {
         k_cache: &B::Tensor,
     ) -> Result<Option<B::Tensor>> {
         let n = meta.host.num_tokens();
-        let k = b.layer_norm(
-            &self.wk.forward(b, x)?,
-            &self.k_norm.0,
-            &self.k_norm.1,
-            1e-6,
-        )?;
-        let k = self
-            .rope
-            .forward(b, &b.reshape(&k, &[n, 1, self.head_dim])?, &meta.positions)?;
-        b.write_cache(&b.reshape(&k, &[n, self.head_dim])?, k_cache, 0, meta)?;
-        let most_keys = meta.host.positions.iter().map(|&p| p as usize + 1).max();
-        if most_keys.unwrap_or(0) <= self.topk {
+        b.write_cache(&self.key_rows(b, x, meta)?, k_cache, 0, meta)?;
+        // Also the step's longest sequence: under context parallelism a rank's slice, whose
+        // `max_seq_len` is the whole step's, decides as the whole step does.
+        let last = meta.host.positions.iter().map(|&p| p as usize + 1).max();
+        if last.unwrap_or(0).max(meta.host.max_seq_len) <= self.topk {
             return Ok(None);
         }
         let q = b.reshape(&self.wq_b.forward(b, c_q)?, &[n, self.heads, self.head_dim])?;

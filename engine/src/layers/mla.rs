@@ -226,6 +226,26 @@ impl<B: Backend> Mla<B> {
         Ok(y)
     }
 
+    /// This step's new latent cache rows of `x` `[N, D]`: `c_kv` `[N, L]` (normed) and `k_pe`
+    /// `[N, R]` (rotated unless NoPE), which [`Mla::forward_sparse`] writes at columns `0` and
+    /// `L` (context parallelism gathers them from every rank first).
+    pub fn latent_rows(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        rope: Option<&Rope<B>>,
+        meta: &DeviceStepMeta<B::Tensor>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let (n, r) = (meta.host.num_tokens(), self.shape.rope_dim);
+        let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
+        let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, r])?;
+        let k_pe = match rope {
+            Some(rope) => rope.forward(b, &k_pe, &meta.positions)?,
+            None => k_pe,
+        };
+        Ok((c_kv, b.reshape(&k_pe, &[n, r])?))
+    }
+
     /// [`Mla::forward`] with the key choice `sparse`: `prev` is the previous layer's selection
     /// (read by [`MlaSparse::Shared`]); the second result is this layer's selection when it ran
     /// an indexer (its own or the pooled one).
@@ -247,13 +267,7 @@ impl<B: Backend> Mla<B> {
             Some((proj, norm)) => norm.forward(b, &proj.forward(b, x)?)?,
             None => x.clone(),
         };
-        let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
-        let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, s.rope_dim])?;
-        let k_pe = match rope {
-            Some(r) => r.forward(b, &k_pe, &meta.positions)?,
-            None => k_pe,
-        };
-        let k_pe = b.reshape(&k_pe, &[n, s.rope_dim])?;
+        let (c_kv, k_pe) = self.latent_rows(b, x, rope, meta)?;
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let need_cache =

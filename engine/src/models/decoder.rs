@@ -18,6 +18,7 @@ use crate::layers::{
     MlaShape, MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, RmsNorm, Rope,
 };
 use crate::models::{CausalLm, TokenHead};
+use crate::parallel::{ContextParallel, CpStep};
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, MoeRouting, RopeStyle};
@@ -354,6 +355,21 @@ impl ModelPlan {
         Ok(())
     }
 
+    /// Checks that every layer can run under context parallelism ([`crate::parallel::context`]):
+    /// the pooled DSA indexer (GLM-5.3-Flash), which pools keys across the step, cannot yet.
+    pub fn check_context_parallel(&self) -> Result<()> {
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Mixer::Mla {
+                indexer: Some(SparsePlan::Pooled(_)),
+                ..
+            } = &l.mixer
+            {
+                bail!("layer {i}: context parallelism does not split the pooled DSA indexer's steps yet (GLM-5.3-Flash); use --tensor-parallel-size");
+            }
+        }
+        Ok(())
+    }
+
     /// The per-layer cache specs, from the mixers.
     pub fn cache_spec(&self) -> CacheSpec {
         CacheSpec {
@@ -372,6 +388,8 @@ pub struct Decoder<B: Backend> {
     pub spec: CacheSpec,
     /// Hyper-connection streams (`None`: a plain residual).
     pub streams: Option<usize>,
+    /// Context parallelism: long steps split over these ranks ([`crate::parallel::context`]).
+    pub cp: Option<ContextParallel<B>>,
 }
 
 fn rope<B: Backend>(b: &B, p: &RopePlan) -> Result<Rope<B>> {
@@ -564,7 +582,43 @@ impl<B: Backend> Decoder<B> {
                     .collect(),
             },
             streams,
+            cp: None,
         })
+    }
+
+    /// The steps of `ids` through the blocks on this rank's slice `cp` of the step; the logits
+    /// rows and the trace are gathered from every rank, so they are the whole step's.
+    fn forward_cp(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        cp: &CpStep<B>,
+        cache: &KvCache<B>,
+        mut trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor> {
+        let mut h = self.head.embed(b, &cp.local_ids(b, ids)?)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.push(cp.gather_tokens(b, &h)?);
+        }
+        if let Some(n) = self.streams {
+            h = expand_streams(b, &h, n)?;
+        }
+        let view = |h: &B::Tensor| -> Result<B::Tensor> {
+            match self.streams {
+                Some(n) => mean_streams(b, h, n),
+                None => Ok(h.clone()),
+            }
+        };
+        let mut sel = None;
+        for (i, block) in self.blocks.iter().enumerate() {
+            h = block.forward(b, &h, &cp.local, cache, i, &mut sel, Some(cp))?;
+            if trace.is_some() {
+                let all = cp.gather_tokens(b, &view(&h)?)?;
+                self.head
+                    .trace(b, trace.as_deref_mut(), &all, i, self.blocks.len())?;
+            }
+        }
+        cp.gather_logits(b, &self.head.logits(b, &view(&h)?, &cp.local)?)
     }
 }
 
@@ -581,6 +635,11 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
         cache: &KvCache<B>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
+        if let Some(cp) = &self.cp {
+            if let Some(step) = cp.plan(b, meta)? {
+                return self.forward_cp(b, ids, &step, cache, trace);
+            }
+        }
         let mut h = self.head.embed(b, ids)?;
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
@@ -597,7 +656,7 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
         };
         let mut sel = None;
         for (i, block) in self.blocks.iter().enumerate() {
-            h = block.forward(b, &h, meta, cache, i, &mut sel)?;
+            h = block.forward(b, &h, meta, cache, i, &mut sel, None)?;
             if trace.is_some() {
                 self.head
                     .trace(b, trace.as_deref_mut(), &view(&h)?, i, self.blocks.len())?;

@@ -55,6 +55,9 @@ pub struct LoadOptions<B: Backend> {
     pub mla_expanded_min_tokens: Option<usize>,
     /// Keep block-quantized weights in their low-bit form ([`WeightLoader::with_keep_quantized`]).
     pub keep_quantized: bool,
+    /// Under context parallelism (`parallel.context`), the smallest step that is split
+    /// ([`crate::parallel::ContextParallel`]).
+    pub context_parallel_min_tokens: usize,
 }
 
 /// Builds the model that `config` names from a checkpoint, storing float weights as `dtype`:
@@ -71,6 +74,7 @@ pub fn load_model<B: Backend>(
     options: LoadOptions<B>,
 ) -> Result<(Box<dyn CausalLm<B>>, u64)> {
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
+    let context = options.parallel.context.clone();
     let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype)
         .with_parallel(options.parallel)
         .with_mla_expanded(options.mla_expanded_min_tokens)
@@ -79,6 +83,16 @@ pub fn load_model<B: Backend>(
         w = w.with_progress(p);
     }
     let plan = layer_plan(config)?;
-    let model = Decoder::load(&w, &plan)?;
+    if context.is_some() {
+        plan.check_context_parallel()?;
+    }
+    let mut model = Decoder::load(&w, &plan)?;
+    if let Some(comm) = context {
+        model.cp = Some(crate::parallel::ContextParallel::new(
+            comm,
+            options.context_parallel_min_tokens,
+            b.recurrent_split_alignment(),
+        ));
+    }
     Ok((Box::new(model), w.loaded_bytes()))
 }

@@ -15,6 +15,9 @@
 //! - Embedding and LM head split by vocabulary rows: a masked lookup plus an all-reduce, and
 //!   local logits gathered in vocabulary order.
 //!
+//! - Context parallelism ([`context`]): the weights replicated, each long step's tokens split
+//!   over the ranks; keys all-gathered, recurrent state passed from rank to rank.
+//!
 //! Every rank runs the same engine and scheduler on the same requests (rank 0 forwards them,
 //! and the tokens it samples, see [`crate::engine`]); [`Parallel`] is what the layers see.
 
@@ -24,12 +27,18 @@ use dayone_backend::comm::{Comm, HostGroup, LocalComm};
 use dayone_backend::Backend;
 use std::sync::Arc;
 
+pub mod context;
+pub use context::{ContextParallel, CpStep};
+
 /// This rank's place in the model's split, handed to the layers at load time.
 pub struct Parallel<B: Backend> {
-    /// The collectives among all ranks.
+    /// The collectives among the ranks a layer's weights are split over (tensor parallelism;
+    /// the world of one under context parallelism, whose weights are replicated).
     pub comm: Arc<dyn Comm<B>>,
     /// Expert-parallel size: routed experts are divided among this many groups of ranks.
     pub ep: usize,
+    /// Context parallelism: the ranks that split each long step's tokens ([`context`]).
+    pub context: Option<Arc<dyn Comm<B>>>,
 }
 
 impl<B: Backend> Clone for Parallel<B> {
@@ -37,6 +46,7 @@ impl<B: Backend> Clone for Parallel<B> {
         Self {
             comm: self.comm.clone(),
             ep: self.ep,
+            context: self.context.clone(),
         }
     }
 }
@@ -53,6 +63,16 @@ impl<B: Backend> Parallel<B> {
         Self {
             comm: Arc::new(LocalComm),
             ep: 1,
+            context: None,
+        }
+    }
+
+    /// Context parallelism over the ranks of `comm`: every rank holds the whole model (the
+    /// weight split is the world of one) and each long step's tokens are split over the ranks.
+    pub fn context(comm: Arc<dyn Comm<B>>) -> Self {
+        Self {
+            context: Some(comm),
+            ..Self::single()
         }
     }
 
@@ -62,7 +82,11 @@ impl<B: Backend> Parallel<B> {
         if ep == 0 || world % ep != 0 {
             bail!("expert_parallel_size ({ep}) must divide tensor_parallel_size ({world})");
         }
-        Ok(Self { comm, ep })
+        Ok(Self {
+            comm,
+            ep,
+            context: None,
+        })
     }
 
     /// This rank.
