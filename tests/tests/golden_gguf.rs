@@ -4,6 +4,10 @@
 //! q/k rows not permuted). Loaded from the GGUF, the model must give the HF fixture's
 //! transformers reference: every logits row of prefill + 8 decode steps within tolerance, greedy
 //! tokens identical.
+//!
+//! `llama_kquant/model.gguf` (`fixtures/gen_gguf_kquants.py`) is a llama whose matrices are
+//! Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1 and Q8_0 blocks, kept low-bit on the device; its
+//! reference is transformers' llama with the weights gguf-py decodes from those blocks.
 
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType};
@@ -67,6 +71,8 @@ on_every_backend! {
     qwen2_gguf_f32 => |mk: fn() -> _| check_gguf(mk(), "qwen2_tiny.gguf", "qwen2_tiny", DType::F32);
     qwen2_gguf_bf16 => |mk: fn() -> _| check_gguf(mk(), "qwen2_tiny.gguf", "qwen2_tiny", DType::BF16);
     qwen3_gguf_f32 => |mk: fn() -> _| check_gguf(mk(), "qwen3_tiny.gguf", "qwen3_tiny", DType::F32);
+    llama_kquant_gguf_f32 => |mk: fn() -> _| check_gguf(mk(), "llama_kquant/model.gguf", "llama_kquant", DType::F32);
+    llama_kquant_gguf_bf16 => |mk: fn() -> _| check_gguf(mk(), "llama_kquant/model.gguf", "llama_kquant", DType::BF16);
 }
 
 /// The GGUF's synthesised config matches the HF `config.json` on every field the model reads,

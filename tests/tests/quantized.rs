@@ -2,14 +2,15 @@
 //! experts and the real
 //! SmolLM2 Q4_1 GGUF load with their codes resident (weight bytes counted at load), and the
 //! online decode gives what decoding at load gives (bit for bit on the CPU reference in f32,
-//! where both multiply the same f32 weights).
+//! where both multiply the same f32 weights); likewise a GGUF of K-quant (Q4_K, Q5_K, Q6_K) and
+//! Q5 matrices.
 
 use anyhow::{ensure, Result};
 use dayone_backend::cpu::CpuBackend;
 use dayone_backend::{Backend, DType};
 use dayone_engine::default_model::default_model_path;
 use dayone_engine::{loader, Engine, EngineConfig};
-use dayone_tests::{fixture, greedy, reference};
+use dayone_tests::{fixture, greedy, reference, rel_err};
 
 fn config(dequantize_at_load: bool) -> EngineConfig {
     EngineConfig {
@@ -129,6 +130,67 @@ fn smollm2_q4_1_gguf_stays_quantized() -> Result<()> {
         "greedy tokens differ: low-bit {a:?} vs decoded at load {b:?}"
     );
     Ok(())
+}
+
+/// The K-quant llama GGUF (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1, Q8_0 matrices) loads with
+/// exactly the file's block bytes resident, and gives what decoding at load gives: every logits
+/// row bit for bit on the CPU reference; on WGSL (whose decode GEMV sums in another order than
+/// its dense GEMM) the same greedy tokens and logits within f32 tolerance.
+fn k_quant_gguf_stays_quantized<B: Backend>(mk: fn() -> B, exact: bool) -> Result<()> {
+    let path = fixture("llama_kquant/model.gguf");
+    let file = loader::GgufFile::open(&path)?;
+    let mut kept_types = std::collections::BTreeSet::new();
+    let (mut kept_bytes, mut floats) = (0u64, 0u64);
+    for t in &file.tensors {
+        if loader::kept_format(t.ggml_type).is_some() {
+            kept_types.insert(t.ggml_type.name());
+            kept_bytes += file.tensor_bytes(t).len() as u64;
+        } else {
+            floats += t.numel() as u64 * 4;
+        }
+    }
+    ensure!(kept_types.len() == 8, "fixture types {kept_types:?}");
+    let ckpt = loader::open(&path)?;
+    let mut kept = Engine::new(mk(), &ckpt, &config(false), None)?;
+    ensure!(
+        weight_bytes(&kept) == kept_bytes + floats,
+        "resident weights {} bytes, expected the file's {kept_bytes} low-bit bytes + {floats} f32 bytes",
+        weight_bytes(&kept)
+    );
+    let mut decoded = Engine::new(mk(), &ckpt, &config(true), None)?;
+    ensure!(weight_bytes(&decoded) > 5 * weight_bytes(&kept));
+    let prompts: Vec<Vec<u32>> = reference("llama_kquant")?
+        .cases
+        .iter()
+        .map(|c| c.prompt_ids.clone())
+        .collect();
+    let a = run(&mut kept, &prompts, 8)?;
+    let b = run(&mut decoded, &prompts, 8)?;
+    ensure!(a.len() == b.len() && a.len() == prompts.len() * 8);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        ensure!(
+            x.0 == y.0,
+            "step {i}: greedy token {} low-bit vs {} decoded at load",
+            x.0,
+            y.0
+        );
+        let err = rel_err(&x.1, &y.1);
+        ensure!(
+            if exact { x.1 == y.1 } else { err < 1e-4 },
+            "step {i}: logits differ from decoding at load (rel err {err:.2e})"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn k_quant_gguf_stays_quantized_cpu() -> Result<()> {
+    k_quant_gguf_stays_quantized(|| CpuBackend, true)
+}
+
+#[test]
+fn k_quant_gguf_stays_quantized_wgsl() -> Result<()> {
+    k_quant_gguf_stays_quantized(dayone_tests::wgsl, false)
 }
 
 /// A NaN scale (E8M0 byte 255) in a gpt-oss expert is a load error naming the tensor, the
