@@ -124,15 +124,18 @@ fn layer_types(c: &ModelConfig, spec: &CacheSpec) -> Vec<String> {
         .collect()
 }
 
-/// Stored dtype (or GGUF quantisation type) → (parameters, bytes on disk).
-fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
-    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+/// Stored dtype (or GGUF quantisation type) → (parameters, bytes on disk, whether the engine
+/// keeps it low-bit on the device: GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, MXFP4, INT4;
+/// other block types, Q2_K and Q3_K, are decoded at load).
+fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64, bool)>> {
+    let mut out: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
     if ckpt.path.is_file() {
         let g = GgufFile::open(&ckpt.path)?;
         for t in &g.tensors {
             let e = out.entry(t.ggml_type.name()).or_default();
             e.0 += t.numel() as u64;
             e.1 += t.nbytes as u64;
+            e.2 = dayone_engine::loader::kept_format(t.ggml_type).is_some();
         }
     } else {
         let s = SafetensorsSource::open_dir(&ckpt.path)?;
@@ -158,12 +161,13 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
                 continue;
             };
             let numel = shape.iter().product::<usize>() as u64;
-            let (key, values) = match (packed.get(&n), format_of(&n)) {
-                (Some(&(per, _)), Some(f)) => (f.to_string(), numel * per),
-                _ => (format!("{dt:?}"), numel),
+            let (key, values, low) = match (packed.get(&n), format_of(&n)) {
+                (Some(&(per, _)), Some(f)) => (f.to_string(), numel * per, true),
+                _ => (format!("{dt:?}"), numel, false),
             };
             let e = out.entry(key).or_default();
             e.0 += values;
+            e.2 |= low;
             e.1 += s.raw_bytes(&n).map_or(0, |b| b.len()) as u64;
         }
     }
@@ -171,7 +175,7 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
 }
 
 /// Values per stored element of each tensor the engine keeps low-bit on the device (GGUF
-/// Q4_0/Q4_1/Q8_0: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
+/// Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
 /// `*_blocks`: 2; their scales and shapes: 0), with the tensor's stored bytes. Other tensors are
 /// absent from the map.
 fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
@@ -285,7 +289,7 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
         "format": if ckpt.path.is_file() { "gguf" } else { "safetensors" },
         "parameters": params,
         "active_parameters": active,
-        "stored_types": stored.iter().map(|(t, (n, b))| (t.clone(), json!({"parameters": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        "stored_types": stored.iter().map(|(t, (n, b, low))| (t.clone(), json!({"parameters": n, "bytes": b, "low_bit_on_device": low}))).collect::<serde_json::Map<_, _>>(),
         "quantization_config": ckpt.config.get("quantization_config").cloned().unwrap_or(Value::Null),
         "context_window": ctx,
         "vocab_size": cfg.vocab_size(),
@@ -340,9 +344,14 @@ pub fn run(a: InfoArgs) -> Result<()> {
         .flatten()
         .map(|(t, v)| {
             format!(
-                "{t} {:.0}% ({})",
+                "{t} {:.0}% ({}{})",
                 100.0 * v["parameters"].as_f64().unwrap_or(0.0) / total,
-                human_bytes(v["bytes"].as_u64().unwrap_or(0))
+                human_bytes(v["bytes"].as_u64().unwrap_or(0)),
+                if v["low_bit_on_device"].as_bool() == Some(true) {
+                    ", kept low-bit"
+                } else {
+                    ""
+                }
             )
         })
         .collect();
