@@ -141,14 +141,24 @@ fn master_from(f: &LaunchFlags) -> String {
     }
 }
 
+/// The flag that sets the number of ranks: `--tensor-parallel-size`, or
+/// `--context-parallel-size` when that is above 1.
+fn ranks_flag(cfg: &EngineConfig) -> &'static str {
+    if cfg.context_parallel_size > 1 {
+        "--context-parallel-size"
+    } else {
+        "--tensor-parallel-size"
+    }
+}
+
 /// Works out this process's role for a model run over `tp` ranks (the tensor- or
-/// context-parallel size); `None` for one rank.
-fn role(tp: usize) -> Result<Option<Role>> {
+/// context-parallel size, set by `flag`); `None` for one rank.
+fn role(tp: usize, flag: &str) -> Result<Option<Role>> {
     let f = flags();
     if let Some((rank, world, local)) = env_ranks()? {
         if world != tp {
             bail!(
-                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but --tensor-parallel-size (or --context-parallel-size) is {tp}: they must match (one process per device), or set DAYONE_IGNORE_LAUNCHER=1 for dayone to start its ranks itself"
+                "the launcher started {world} processes (WORLD_SIZE or its equivalent) but {flag} is {tp}: they must match (one process per device), or set DAYONE_IGNORE_LAUNCHER=1 for dayone to start its ranks itself"
             );
         }
         return Ok(Some(Role {
@@ -166,7 +176,7 @@ fn role(tp: usize) -> Result<Option<Role>> {
     let nnodes = f.nnodes.unwrap_or(1);
     let node = f.node_rank.unwrap_or(0);
     if nnodes == 0 || !tp.is_multiple_of(nnodes) {
-        bail!("--tensor-parallel-size {tp} does not split over --nnodes {nnodes}");
+        bail!("{flag} {tp} does not split over --nnodes {nnodes}");
     }
     if node >= nnodes {
         bail!("--node-rank {node} is not below --nnodes {nnodes}");
@@ -384,7 +394,7 @@ pub fn lead(
     ckpt: &loader::Checkpoint,
     cfg: &EngineConfig,
 ) -> Result<Option<Leader>> {
-    let Some(r) = role(cfg.ranks())? else {
+    let Some(r) = role(cfg.ranks(), ranks_flag(cfg))? else {
         return Ok(None);
     };
     if r.rank != 0 {
@@ -521,7 +531,7 @@ pub fn follow_if_rank(engine: &EngineArgs, splittable: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let Some(r) = role(tp)? else {
+    let Some(r) = role(tp, ranks_flag(&resolved.engine))? else {
         return Ok(());
     };
     if r.rank == 0 {

@@ -84,6 +84,10 @@ pub struct EngineArgs {
     /// not with --tensor-parallel-size > 1. Launched as -tp is.
     #[arg(long, alias = "cp", value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub context_parallel_size: Option<usize>,
+    /// Under --context-parallel-size, steps of fewer tokens run whole on every rank instead
+    /// of being split (decode, short prompts) [default: 1024].
+    #[arg(long, value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    pub context_parallel_min_tokens: Option<usize>,
     /// Machines the tensor-parallel ranks span (each runs the same command with its
     /// --node-rank; --tensor-parallel-size / --nnodes ranks per machine).
     #[arg(long, value_parser = parse::at_least_one, allow_negative_numbers = true)]
@@ -230,6 +234,7 @@ impl EngineArgs {
         s.parallel.tensor_parallel_size = self.tensor_parallel_size.map(|v| v as u64);
         s.parallel.expert_parallel_size = self.expert_parallel_size.map(|v| v as u64);
         s.parallel.context_parallel_size = self.context_parallel_size.map(|v| v as u64);
+        s.parallel.context_parallel_min_tokens = self.context_parallel_min_tokens;
         s.parallel.pipeline_parallel_size = self.pipeline_parallel_size.map(|v| v as u64);
         if self.batch_invariant {
             s.runtime.batch_invariant = Some(true);

@@ -149,6 +149,12 @@ pub struct ParallelSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub context_parallel_size: Option<u64>,
+    /// Under context parallelism, the smallest step (tokens) that is split.
+    #[serde(
+        alias = "context-parallel-min-tokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub context_parallel_min_tokens: Option<usize>,
     /// Pipeline stages.
     #[serde(
         alias = "pipeline-parallel-size",
@@ -309,6 +315,11 @@ key!(
     "--context-parallel-size"
 );
 key!(
+    CP_MIN,
+    "serving.parallel.context_parallel_min_tokens",
+    "--context-parallel-min-tokens"
+);
+key!(
     PP,
     "serving.parallel.pipeline_parallel_size",
     "--pipeline-parallel-size"
@@ -461,6 +472,7 @@ impl Serving {
             }
         }
         at_least_one(o, &CP, p.context_parallel_size)?;
+        at_least_one(o, &CP_MIN, p.context_parallel_min_tokens.map(|v| v as u64))?;
         if let (Some(t @ 2..), Some(c @ 2..)) = (p.tensor_parallel_size, p.context_parallel_size) {
             return Err(o.err(
                 &CP,
@@ -530,6 +542,7 @@ impl Serving {
                 tensor_parallel_size: pick!(parallel.tensor_parallel_size),
                 expert_parallel_size: pick!(parallel.expert_parallel_size),
                 context_parallel_size: pick!(parallel.context_parallel_size),
+                context_parallel_min_tokens: pick!(parallel.context_parallel_min_tokens),
                 pipeline_parallel_size: pick!(parallel.pipeline_parallel_size),
             },
             context: ContextSection {
@@ -582,6 +595,9 @@ impl Serving {
         }
         if let Some(n) = self.parallel.context_parallel_size {
             cfg.context_parallel_size = n as usize;
+        }
+        if let Some(n) = self.parallel.context_parallel_min_tokens {
+            cfg.context_parallel_min_tokens = n;
         }
         if cfg.context_parallel_size > 1 && cfg.tensor_parallel_size > 1 {
             bail!(
@@ -663,6 +679,7 @@ impl Serving {
                 tensor_parallel_size: Some(cfg.tensor_parallel_size as u64),
                 expert_parallel_size: Some(cfg.expert_parallel_size as u64),
                 context_parallel_size: Some(cfg.context_parallel_size as u64),
+                context_parallel_min_tokens: Some(cfg.context_parallel_min_tokens),
                 pipeline_parallel_size: Some(1),
             },
             context: ContextSection {
