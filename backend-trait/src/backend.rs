@@ -401,6 +401,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )
     }
 
+    /// GELU over every element (Hendrycks & Gimpel 2016; formulas in
+    /// [`crate::reference::gelu`]): exact `½x(1 + erf(x/√2))` (PyTorch `nn.GELU()`, the
+    /// Kimi-K2.5 projector) or, with `approximate`, the tanh form (`gelu_pytorch_tanh`, the
+    /// MoonViT MLP). `x` any shape, float → same shape and dtype, computed in f32 or better.
+    /// The default is a host fallback (download, f64 reference, upload): correct everywhere,
+    /// fast nowhere.
+    fn gelu(&self, x: &Self::Tensor, approximate: bool) -> Result<Self::Tensor> {
+        let out = crate::reference::gelu(&self.download(x)?, approximate)?;
+        self.upload(&out)
+    }
+
     /// DeepSeek Sparse Attention's lightning indexer with top-k selection (DeepSeek-V3.2 report;
     /// HF `DeepseekV32Indexer`): for query token `n` (sequence `s`, position `p`) and each of the
     /// sequence's keys `t ≤ p` in `k_cache` (one row of width `d` per token, found through the

@@ -24,6 +24,7 @@ pub mod conformance;
 pub mod conformance_ext;
 pub mod conformance_invariance;
 pub mod conformance_quant;
+pub mod conformance_vision;
 pub mod cpu;
 pub mod host_rows;
 pub mod quant;

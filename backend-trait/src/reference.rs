@@ -1098,6 +1098,30 @@ pub fn layer_norm(x: &HostTensor, w: &HostTensor, b: &HostTensor, eps: f32) -> R
     HostTensor::from_f32_as(vec![r, d], &y, dt)
 }
 
+/// GELU per element (Hendrycks & Gimpel 2016), in f64: exact `½x(1 + erf(x/√2))` (PyTorch
+/// `nn.GELU()`), or with `approximate` the tanh form `½x(1 + tanh(√(2/π)(x + 0.044715x³)))`
+/// (PyTorch `gelu(approximate="tanh")`, transformers `gelu_pytorch_tanh`). `x` any shape, float
+/// → same shape and dtype.
+pub fn gelu(x: &HostTensor, approximate: bool) -> Result<HostTensor> {
+    let dt = float_dtype("gelu", "x", x)?;
+    let y: Vec<f32> = x
+        .to_f32()
+        .iter()
+        .map(|&v| gelu_scalar(v as f64, approximate) as f32)
+        .collect();
+    HostTensor::from_f32_as(x.shape.clone(), &y, dt)
+}
+
+/// One GELU value in f64 (see [`gelu`]).
+pub fn gelu_scalar(x: f64, approximate: bool) -> f64 {
+    if approximate {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+    } else {
+        0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2))
+    }
+}
+
 /// The sequence's cache rows for positions `0..=p` of token `n`: slot of each position.
 fn causal_slots(meta: &StepMeta, n: usize, bs: usize) -> Vec<usize> {
     let s = meta.token_seq[n] as usize;

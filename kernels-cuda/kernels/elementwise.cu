@@ -1,6 +1,8 @@
 // Element-wise ops, f32 arithmetic, 8 elements per thread step when the length allows.
 //   silu_mul: out = silu(gate) * up     (SwiGLU; silu(g) = g / (1 + exp(-g)))
 //   add:      out = a + b               (residual add)
+//   gelu:     out = ½a(1 + erf(a/√2))   (nn.GELU(); second input unread)
+//   gelu_tanh: out = ½a(1 + tanh(√(2/π)(a + 0.044715a³)))  (gelu_pytorch_tanh)
 //   bias_add: y[m, :] += bias           (in place; y [M, N], bias [N])
 // Grid-stride loops; any grid size works.
 
@@ -26,6 +28,16 @@ struct SiluMul {
         return g / (1.f + expf(-g)) * u;
     }
 };
+struct Gelu {
+    __device__ __forceinline__ float operator()(float x, float) const {
+        return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    }
+};
+struct GeluTanh {
+    __device__ __forceinline__ float operator()(float x, float) const {
+        return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    }
+};
 struct Add {
     __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
@@ -46,6 +58,12 @@ __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32
     }                                                                                       \
     extern "C" __global__ void add_##S(const T* a, const T* b, T* out, u64 n) {            \
         binary_impl<T>(a, b, out, n, Add());                                                \
+    }                                                                                       \
+    extern "C" __global__ void gelu_##S(const T* a, const T* b, T* out, u64 n) {           \
+        binary_impl<T>(a, b, out, n, Gelu());                                               \
+    }                                                                                       \
+    extern "C" __global__ void gelu_tanh_##S(const T* a, const T* b, T* out, u64 n) {      \
+        binary_impl<T>(a, b, out, n, GeluTanh());                                           \
     }                                                                                       \
     extern "C" __global__ void bias_add_##S(T* y, const T* bias, u32 m, u32 n) {           \
         bias_add_impl<T>(y, bias, m, n);                                                    \

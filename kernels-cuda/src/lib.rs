@@ -705,6 +705,11 @@ impl Backend for CudaBackend {
         self.binary("add", a, b)
     }
 
+    fn gelu(&self, x: &CudaTensor, approximate: bool) -> Result<CudaTensor> {
+        // `x` passed as both operands of the binary kernel; the second is unread.
+        self.binary(if approximate { "gelu_tanh" } else { "gelu" }, x, x)
+    }
+
     fn write_kv(
         &self,
         k: &CudaTensor,

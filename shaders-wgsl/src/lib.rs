@@ -804,6 +804,10 @@ impl Backend for WgslBackend {
         self.add_impl(a, b)
     }
 
+    fn gelu(&self, x: &WTensor, approximate: bool) -> Result<WTensor> {
+        self.gelu_impl(x, approximate)
+    }
+
     fn write_kv(
         &self,
         k: &WTensor,

@@ -68,6 +68,14 @@ spec!(
     "silu_mul",
     [R, R, W]
 );
+spec!(GELU, ELEMENTWISE, "elementwise.wgsl", "gelu", [R, R, W]);
+spec!(
+    GELU_TANH,
+    ELEMENTWISE,
+    "elementwise.wgsl",
+    "gelu_tanh",
+    [R, R, W]
+);
 spec!(DEQUANT, QUANT, "quant.wgsl", "dequant", [R, R, R, R, W]);
 spec!(MATVEC_Q, QUANT, "quant.wgsl", "matvec", [R, R, R, R, W]);
 spec!(

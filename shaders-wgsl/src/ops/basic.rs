@@ -128,6 +128,16 @@ impl WgslBackend {
         self.elementwise("silu_mul", &pipelines::SILU_MUL, gate, up)
     }
 
+    /// GELU (exact, or tanh with `approximate`); `x` is bound as both operands, the second unread.
+    pub(crate) fn gelu_impl(&self, x: &WTensor, approximate: bool) -> Result<WTensor> {
+        let spec = if approximate {
+            &pipelines::GELU_TANH
+        } else {
+            &pipelines::GELU
+        };
+        self.elementwise("gelu", spec, x, x)
+    }
+
     pub(crate) fn add_impl(&self, a: &WTensor, b: &WTensor) -> Result<WTensor> {
         self.elementwise("add", &pipelines::ADD, a, b)
     }
