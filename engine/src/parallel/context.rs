@@ -346,6 +346,42 @@ mod tests {
     }
 
     #[test]
+    fn logits_rows_come_back_in_the_steps_order() {
+        use dayone_backend::comm::{thread_group, HostComm};
+        use dayone_backend::cpu::CpuBackend;
+        let handles: Vec<_> = thread_group(2, std::time::Duration::from_secs(10))
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    let b = CpuBackend;
+                    let cp = ContextParallel::new(Arc::new(HostComm::new(Arc::new(g))), 1, 1);
+                    let mut m = meta();
+                    // Row 8 (rank 1's) is asked for before row 1 (rank 0's).
+                    m.logit_rows = vec![8, 1];
+                    let dm = b.upload_meta(m).unwrap();
+                    let step = cp.plan(&b, &dm).unwrap().expect("9 tokens over 2 ranks");
+                    // Each rank's "logits": its rows' step indices, from its local rows.
+                    let rows: Vec<f32> = step
+                        .local
+                        .host
+                        .logit_rows
+                        .iter()
+                        .map(|&r| (r as usize + step.range.start) as f32)
+                        .collect();
+                    let local = b
+                        .upload(&HostTensor::from_f32(vec![rows.len(), 1], &rows).unwrap())
+                        .unwrap();
+                    let all = step.gather_logits(&b, &local).unwrap();
+                    (step.range.clone(), b.download(&all).unwrap().to_f32())
+                })
+            })
+            .collect();
+        let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(out[0], (0..4, vec![8.0, 1.0]));
+        assert_eq!(out[1], (4..9, vec![8.0, 1.0]));
+    }
+
+    #[test]
     fn a_slice_is_a_step_of_its_own() {
         let m = meta();
         let l = local_meta(&m, 3..7).unwrap();
