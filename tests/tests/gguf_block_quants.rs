@@ -35,8 +35,17 @@ fn unhex(s: &str) -> Result<Vec<u8>> {
         .collect()
 }
 
-/// `(type, rows, cols, raw bytes, gguf-py's f32 bits)` for every recorded type.
-fn cases() -> Result<Vec<(GgmlType, usize, usize, Vec<u8>, Vec<u32>)>> {
+/// One recorded type: `rows × cols` values as raw blocks and gguf-py's f32 bits.
+struct Case {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+    want: Vec<u32>,
+}
+
+/// Every recorded type.
+fn cases() -> Result<Vec<Case>> {
     let p = fixture("gguf_blocks_reference.json");
     let r: BlockReference = serde_json::from_str(&std::fs::read_to_string(&p)?)
         .with_context(|| format!("parsing {}", p.display()))?;
@@ -50,7 +59,13 @@ fn cases() -> Result<Vec<(GgmlType, usize, usize, Vec<u8>, Vec<u32>)>> {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        out.push((ty, r.rows, r.cols, unhex(&b.bytes)?, want));
+        out.push(Case {
+            ty,
+            rows: r.rows,
+            cols: r.cols,
+            bytes: unhex(&b.bytes)?,
+            want,
+        });
     }
     ensure!(
         out.len() == 10,
@@ -66,7 +81,14 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 #[test]
 fn decode_at_load_equals_gguf_py() -> Result<()> {
-    for (ty, rows, cols, bytes, want) in cases()? {
+    for Case {
+        ty,
+        rows,
+        cols,
+        bytes,
+        want,
+    } in cases()?
+    {
         let got = loader::dequantize(ty, &bytes, rows * cols)?;
         ensure!(
             bits(&got) == want,
@@ -81,7 +103,14 @@ fn decode_at_load_equals_gguf_py() -> Result<()> {
 /// values bit for bit.
 fn kept_decode_equals_gguf_py<B: Backend>(b: B) -> Result<()> {
     let mut kept = 0;
-    for (ty, rows, cols, bytes, want) in cases()? {
+    for Case {
+        ty,
+        rows,
+        cols,
+        bytes,
+        want,
+    } in cases()?
+    {
         if loader::kept_format(ty).is_none() {
             continue;
         }

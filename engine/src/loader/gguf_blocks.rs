@@ -142,8 +142,7 @@ fn pack_codes(format: QuantFormat, all: &[u8]) -> Vec<u8> {
         .map(|p| (p[0] & 15) | (p[1] << 4))
         .collect();
     let hb = bits - 4;
-    if hb > 0 {
-        let per = 8 / hb;
+    if let Some(per) = 8usize.checked_div(hb) {
         out.extend(all.chunks_exact(per).map(|p| {
             p.iter()
                 .enumerate()
