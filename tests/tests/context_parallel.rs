@@ -6,7 +6,9 @@
 //! rank would have written, and the KDA state passed from rank to rank is the state one rank
 //! reaches token by token. Prompts of 37 and 71 tokens split unevenly; a run prefills them
 //! whole, another in chunks of 24 tokens batched with decodes (the decode steps of a single
-//! sequence run whole on every rank, from caches the split prefill filled).
+//! sequence run whole on every rank, from caches the split prefill filled); a third prompt
+//! resumes from the first one's cached prefix. qwen3_tiny (per-head q/k norms, tied
+//! embeddings) and gpt_oss_tiny (sinks, sliding windows) run at 2 ranks.
 
 use anyhow::{anyhow, ensure, Context, Result};
 use dayone_backend::comm::{thread_group, HostComm, HostGroup};
@@ -39,12 +41,18 @@ fn config(chunk: usize, world: usize) -> EngineConfig {
     }
 }
 
-/// Prompts of 37 and 71 tokens over the vocabulary (71 = 2·35 + 1 = 4·17 + 3: uneven slices).
+/// Prompts of 37 and 71 tokens over the vocabulary (71 = 2·35 + 1 = 4·17 + 3: uneven slices),
+/// and one of 45 whose first 32 tokens (two blocks) are the first prompt's: run after it, it
+/// starts from the prefix cache (and, on a recurrent model, a state checkpoint).
 fn prompts() -> Vec<Vec<u32>> {
-    [(37u32, 29u32, 3u32), (71, 53, 7)]
+    let mut out: Vec<Vec<u32>> = [(37u32, 29u32, 3u32), (71, 53, 7)]
         .iter()
         .map(|&(n, a, c)| (0..n).map(|i| (i * a + c) % 256).collect())
-        .collect()
+        .collect();
+    let mut shared = out[0][..32].to_vec();
+    shared.extend((0..13u32).map(|i| (i * 11 + 100) % 256));
+    out.push(shared);
+    out
 }
 
 /// Each request's greedy tokens and the logits row behind each of them, in id order.
@@ -78,6 +86,11 @@ fn lead(e: &mut Engine<CpuBackend>, batch: bool) -> Result<Run> {
         }
     }
     drain(e)?;
+    let hit = e.counters().prefix_hit_tokens;
+    ensure!(
+        batch || hit >= 32,
+        "the third prompt should start from the first's 32 cached tokens, {hit} hit"
+    );
     ensure!(
         e.free_blocks() == e.total_blocks(),
         "blocks leaked on rank 0"
@@ -194,6 +207,8 @@ parity_tests! {
     deepseek_v32_cp4: "deepseek_v32_tiny", 4;
     kimi_linear_cp2: "kimi_linear_tiny", 2;
     kimi_linear_cp4: "kimi_linear_tiny", 4;
+    qwen3_cp2_tied_qk_norm: "qwen3_tiny", 2;
+    gpt_oss_cp2_sinks_window: "gpt_oss_tiny", 2;
 }
 
 #[test]
