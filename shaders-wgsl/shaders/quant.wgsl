@@ -86,13 +86,29 @@ fn code_value(c: u32) -> f32 {
     }
 }
 
+// IEEE f16 bits to f32, exactly, subnormals included (a driver's unpack2x16float may flush
+// them; ggml's Q6_K d is often subnormal): m * 2^-24 for exponent 0.
+fn f16_exact(h: u32) -> f32 {
+    let e = (h >> 10u) & 31u;
+    let m = h & 1023u;
+    var v: f32;
+    if (e == 0u) {
+        v = f32(m) * bitcast<f32>(0x33800000u);
+    } else if (e == 31u) {
+        v = bitcast<f32>(0x7f800000u | (m << 13u));
+    } else {
+        v = bitcast<f32>(((e + 112u) << 23u) | (m << 13u));
+    }
+    return select(v, -v, (h & 0x8000u) != 0u);
+}
+
 // A 16-bit float (f16 or bf16 by P.scale) at index g of a u32 array of halves.
 fn half_at(w: u32, g: u32) -> f32 {
     let h = (w >> ((g & 1u) * 16u)) & 65535u;
     if (P.scale == 2u) {
         return bitcast<f32>(h << 16u);
     }
-    return unpack2x16float(h).x;
+    return f16_exact(h);
 }
 
 // Byte o of the scale array; the f16 at even byte o.
@@ -101,7 +117,7 @@ fn scale_byte(o: u32) -> u32 {
 }
 
 fn scale_f16(o: u32) -> f32 {
-    return unpack2x16float((scales[o >> 2u] >> ((o & 2u) * 8u)) & 65535u).x;
+    return f16_exact((scales[o >> 2u] >> ((o & 2u) * 8u)) & 65535u);
 }
 
 // ggml get_scale_min_k4: the 6-bit scale (k = 0) or min (k = 4) of sub-block j of the K4
