@@ -7,7 +7,7 @@ use crate::{reference, Backend, HostTensor};
 use anyhow::{ensure, Result};
 
 /// The formats checked: MXFP4, INT4 (bf16 scale, group 32; f16 scale, group 64), Q4_0, Q4_1,
-/// Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+/// Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 pub fn formats() -> Vec<QuantFormat> {
     vec![
         QuantFormat::MXFP4,
@@ -18,6 +18,8 @@ pub fn formats() -> Vec<QuantFormat> {
         QuantFormat::Q8_0,
         QuantFormat::Q5_0,
         QuantFormat::Q5_1,
+        QuantFormat::Q2_K,
+        QuantFormat::Q3_K,
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
@@ -38,13 +40,25 @@ pub fn rand_quant(rng: &mut Rng, format: QuantFormat, shape: [usize; 3]) -> Resu
         let mut scales = Vec::with_capacity(format.scale_bytes(n));
         for _ in 0..n / crate::quant::QK_K {
             let sub: Vec<u8> = (0..16).map(|_| rng.next_u64() as u8).collect();
-            if format.scale == ScaleType::K4 {
-                scales.extend(f16(0.001 + 0.002 * rng.uniform().abs()));
-                scales.extend(f16(0.002 + 0.004 * rng.uniform().abs()));
-                scales.extend(&sub[..12]);
-            } else {
-                scales.extend(&sub);
-                scales.extend(f16(0.0005 + 0.001 * rng.uniform().abs()));
+            match format.scale {
+                ScaleType::K4 => {
+                    scales.extend(f16(0.001 + 0.002 * rng.uniform().abs()));
+                    scales.extend(f16(0.002 + 0.004 * rng.uniform().abs()));
+                    scales.extend(&sub[..12]);
+                }
+                ScaleType::K2 => {
+                    scales.extend(&sub);
+                    scales.extend(f16(0.01 + 0.03 * rng.uniform().abs()));
+                    scales.extend(f16(0.01 + 0.03 * rng.uniform().abs()));
+                }
+                ScaleType::K3 => {
+                    scales.extend(&sub[..12]);
+                    scales.extend(f16(0.005 + 0.01 * rng.uniform().abs()));
+                }
+                _ => {
+                    scales.extend(&sub);
+                    scales.extend(f16(0.0005 + 0.001 * rng.uniform().abs()));
+                }
             }
         }
         return QuantHost::new("random weight", format, shape, codes, scales, vec![]);

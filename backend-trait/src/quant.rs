@@ -1,7 +1,7 @@
 //! Block-quantized weights kept in their low-bit form on the device.
 //!
-//! Every format here stores, per row of a `[rows, cols]` weight, `cols` codes of 4, 5, 6 or 8
-//! bits and one scale (and, for Q4_1, Q5_1, Q4_K, Q5_K, one min) per group of `group`
+//! Every format here stores, per row of a `[rows, cols]` weight, `cols` codes of 2 to 8 bits
+//! and one scale (and, for Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, one min) per group of `group`
 //! consecutive columns: `w[r, c] = value(code[r, c]) · scale[r, c / group] (+ min[r, c / group])`.
 //!
 //! | format | codes | value(code) | scale | min | source |
@@ -16,6 +16,8 @@
 //! | Q4_K | 4-bit | `code` | `d·sc` (f16 `d`, 6-bit `sc`) | `−dmin·m` (6-bit `m`) | ggml `block_q4_K` |
 //! | Q5_K | 5-bit | `code` | as Q4_K | as Q4_K | ggml `block_q5_K` |
 //! | Q6_K | 6-bit | `code − 32` | `d·sc` (f16 `d`, i8 `sc` per 16) | – | ggml `block_q6_K` |
+//! | Q2_K | 2-bit | `code` | `d·sc` (4-bit `sc` per 16) | `−dmin·m` (4-bit `m`) | ggml `block_q2_K` |
+//! | Q3_K | 3-bit | `code − 4` | `d·(sc − 32)` (6-bit `sc` per 16) | – | ggml `block_q3_K` |
 //!
 //! Device layout ([`QuantHost`], [`QuantTensor`]): the codes of all rows row-major, two 4-bit
 //! codes per byte with the **low nibble the even column** (as gpt-oss and compressed-tensors
@@ -24,13 +26,14 @@
 //! mins likewise. Each byte array travels as a `u32` tensor (little-endian, zero-padded to a
 //! multiple of 4 bytes), so the resident bytes are the checkpoint's low-bit bytes.
 //!
-//! Codes wider than 4 bits (Q5_*: 5, Q6_K: 6) are two planes in the one code array: first the
-//! low 4 bits of every value as above (`n / 2` bytes for `n` values), then the high bits
-//! (`n · (bits − 4) / 8` bytes), packed from the least significant bit: value `e`'s high bits
-//! start at bit `e · (bits − 4)` of the plane. The K-quants' two-level scales stay as ggml
-//! stores them: per 256 values (a super-block, row-major) one record ([`ScaleType::K4`]: f16
-//! `d`, f16 `dmin`, 12 bytes of 6-bit sub-block scales and mins, as `block_q4_K`;
-//! [`ScaleType::K6`]: 16 i8 sub-block scales then f16 `d`, as `block_q6_K`) in the scale array,
+//! Codes of other widths are two planes in the one code array, each packed from the least
+//! significant bit: first the low bits of every value ([`QuantFormat::low_bits`]: 4 for Q5_*
+//! and Q6_K, whose plane is the 4-bit layout above; 2 for Q2_K and Q3_K), then the high bits
+//! (`bits − low` of them: 1 for Q5_* and Q3_K, 2 for Q6_K). The K-quants' two-level scales stay
+//! as ggml stores them: per 256 values (a super-block, row-major) one record
+//! ([`ScaleType::K4`]: f16 `d`, f16 `dmin`, 12 bytes of 6-bit sub-block scales and mins, as
+//! `block_q4_K`; [`ScaleType::K6`]: 16 i8 sub-block scales then f16 `d`, as `block_q6_K`;
+//! [`ScaleType::K2`], [`ScaleType::K3`] likewise for Q2_K and Q3_K) in the scale array,
 //! so every ggml format kept here is resident in exactly its file bytes. A group's scale is
 //! `d · sc` and its min `−(dmin · m)`, both exact in f32 (an 11-bit f16 significand times a
 //! 6- or 8-bit integer), so `value · scale + min` rounds once, like ggml's
@@ -54,6 +57,11 @@ pub enum Codes {
     U5,
     /// Unsigned 6-bit, offset by 32: `code − 32` in `[−32, 31]` (Q6_K).
     U6Offset32,
+    /// Unsigned 2-bit: `code` in `[0, 3]` (with a min: Q2_K).
+    U2,
+    /// Unsigned 3-bit, offset by 4: `code − 4` in `[−4, 3]` (Q3_K: ggml subtracts 4 where the
+    /// `hmask` bit, the code's bit 2, is clear).
+    U3Offset4,
     /// Signed 8-bit two's complement.
     I8,
 }
@@ -74,6 +82,13 @@ pub enum ScaleType {
     /// ggml Q6_K super-block record, 18 bytes per 256 values (16 groups of 16): 16 i8 scales
     /// `sc`, then f16 `d`. Group `j`'s scale is `d · sc_j`.
     K6,
+    /// ggml Q2_K super-block record, 20 bytes per 256 values (16 groups of 16): 16 bytes of
+    /// (4-bit scale `sc` low, 4-bit min `m` high), f16 `d`, f16 `dmin` (ggml stores the codes
+    /// between the bytes and `d`). Group `j`'s scale is `d · sc_j`, its min `−(dmin · m_j)`.
+    K2,
+    /// ggml Q3_K super-block record, 14 bytes per 256 values (16 groups of 16): 12 bytes of
+    /// sixteen 6-bit scales, f16 `d`. Group `j`'s scale is `d · (sc_j − 32)`.
+    K3,
 }
 
 impl ScaleType {
@@ -85,12 +100,17 @@ impl ScaleType {
             ScaleType::F16 | ScaleType::BF16 => 2,
             ScaleType::K4 => 16,
             ScaleType::K6 => 18,
+            ScaleType::K2 => 20,
+            ScaleType::K3 => 14,
         }
     }
 
     /// Whether scales are super-block records of [`QK_K`] values rather than one per group.
     pub fn is_super_block(self) -> bool {
-        matches!(self, ScaleType::K4 | ScaleType::K6)
+        matches!(
+            self,
+            ScaleType::K4 | ScaleType::K6 | ScaleType::K2 | ScaleType::K3
+        )
     }
 
     /// The scale of group `i` of `bytes` (`i` counted in groups, not bytes): for the
@@ -110,12 +130,29 @@ impl ScaleType {
                 let o = 18 * (i / 16);
                 f16_at(o + 16) * bytes[o + i % 16] as i8 as f32
             }
+            ScaleType::K2 => {
+                let o = 20 * (i / 16);
+                f16_at(o + 16) * (bytes[o + i % 16] & 15) as f32
+            }
+            ScaleType::K3 => {
+                let o = 14 * (i / 16);
+                f16_at(o + 12) * scale_k3(i % 16, &bytes[o..o + 12]) as f32
+            }
         }
     }
 }
 
 /// Values per ggml K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
+
+/// The signed scale `sc − 32` of sub-block `j` (`0..16`) from the 12 packed bytes of a Q3_K
+/// record: low 4 bits from byte `j` (`j < 8`) or the high nibble of byte `j − 8`, high 2 bits
+/// from bits `2·(j / 4)` of byte `8 + j % 4` (ggml `dequantize_row_q3_K`'s `kmask` unpacking).
+pub fn scale_k3(j: usize, s: &[u8]) -> i32 {
+    let low = if j < 8 { s[j] & 15 } else { s[j - 8] >> 4 };
+    let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
 
 /// The 6-bit scale and min of sub-block `j` (`0..8`) from the 12 packed bytes of a Q4_K / Q5_K
 /// record (ggml `get_scale_min_k4`).
@@ -214,6 +251,20 @@ impl QuantFormat {
         has_min: true,
         group: 32,
     };
+    /// ggml Q2_K: `code · (d · sc) − dmin · m`, [`ScaleType::K2`] records, groups of 16.
+    pub const Q2_K: QuantFormat = QuantFormat {
+        codes: Codes::U2,
+        scale: ScaleType::K2,
+        has_min: true,
+        group: 16,
+    };
+    /// ggml Q3_K: `(code − 4) · (d · (sc − 32))`, [`ScaleType::K3`] records, groups of 16.
+    pub const Q3_K: QuantFormat = QuantFormat {
+        codes: Codes::U3Offset4,
+        scale: ScaleType::K3,
+        has_min: false,
+        group: 16,
+    };
     /// ggml Q6_K: `(code − 32) · (d · sc)`, [`ScaleType::K6`] records, groups of 16.
     pub const Q6_K: QuantFormat = QuantFormat {
         codes: Codes::U6Offset32,
@@ -238,6 +289,18 @@ impl QuantFormat {
             Codes::I8 => 8,
             Codes::U5Offset16 | Codes::U5 => 5,
             Codes::U6Offset32 => 6,
+            Codes::U2 => 2,
+            Codes::U3Offset4 => 3,
+            _ => 4,
+        }
+    }
+
+    /// Bits of a code in the first (low) plane: 8 for 8-bit codes, 2 for 2- and 3-bit codes,
+    /// else 4; the remaining `code_bits − low_bits` high bits are in the second plane.
+    pub fn low_bits(&self) -> usize {
+        match self.code_bits() {
+            8 => 8,
+            2 | 3 => 2,
             _ => 4,
         }
     }
@@ -293,6 +356,8 @@ impl QuantFormat {
             (Self::Q4_K, "q4_K"),
             (Self::Q5_K, "q5_K"),
             (Self::Q6_K, "q6_K"),
+            (Self::Q2_K, "q2_K"),
+            (Self::Q3_K, "q3_K"),
         ];
         if let Some((_, n)) = ggml.iter().find(|(f, _)| f == self) {
             return (*n).into();
@@ -305,18 +370,19 @@ impl QuantFormat {
 
     /// The code of value `e` (counted over all items and rows) of `n` values in `codes`.
     pub fn code_at(&self, codes: &[u8], n: usize, e: usize) -> u8 {
-        let bits = self.code_bits();
+        let (bits, lb) = (self.code_bits(), self.low_bits());
         if bits == 8 {
             return codes[e];
         }
-        let lo = (codes[e / 2] >> (4 * (e % 2))) & 15;
-        let hb = bits - 4;
+        let bit = e * lb;
+        let lo = (codes[bit / 8] >> (bit % 8)) & ((1 << lb) - 1);
+        let hb = bits - lb;
         if hb == 0 {
             return lo;
         }
         let bit = e * hb;
-        let hi = (codes[n / 2 + bit / 8] >> (bit % 8)) & ((1 << hb) - 1);
-        lo | (hi << 4)
+        let hi = (codes[n * lb / 8 + bit / 8] >> (bit % 8)) & ((1 << hb) - 1);
+        lo | (hi << lb)
     }
 
     /// The min of group `g`: from `mins` (separate mins) or the scale record (`−dmin · m`);
@@ -330,6 +396,11 @@ impl QuantFormat {
                 let o = 16 * (g / 8);
                 let dmin = half::f16::from_le_bytes([scales[o + 2], scales[o + 3]]).to_f32();
                 -(dmin * scale_min_k4(g % 8, &scales[o + 4..o + 16]).1 as f32)
+            }
+            ScaleType::K2 => {
+                let o = 20 * (g / 16);
+                let dmin = half::f16::from_le_bytes([scales[o + 18], scales[o + 19]]).to_f32();
+                -(dmin * (scales[o + g % 16] >> 4) as f32)
             }
             s => s.read(mins, g),
         })
@@ -351,13 +422,16 @@ impl QuantFormat {
             Codes::U5Offset16 => (code & 31) as f32 - 16.0,
             Codes::U5 => (code & 31) as f32,
             Codes::U6Offset32 => (code & 63) as f32 - 32.0,
+            Codes::U2 => (code & 3) as f32,
+            Codes::U3Offset4 => (code & 7) as f32 - 4.0,
             Codes::I8 => code as i8 as f32,
         }
     }
 
     /// The four `u32` parameters the device kernels take: `[codes, scale, has_min, group]`
     /// with codes `0` FP4, `1` U4Offset8, `2` U4, `3` I8, `4` U5Offset16, `5` U5,
-    /// `6` U6Offset32 and scale `0` E8M0, `1` F16, `2` BF16, `3` K4, `4` K6.
+    /// `6` U6Offset32, `7` U2, `8` U3Offset4 and scale `0` E8M0, `1` F16, `2` BF16, `3` K4,
+    /// `4` K6, `5` K2, `6` K3.
     pub fn kernel_params(&self) -> [u32; 4] {
         let c = match self.codes {
             Codes::Fp4E2M1 => 0,
@@ -367,6 +441,8 @@ impl QuantFormat {
             Codes::U5Offset16 => 4,
             Codes::U5 => 5,
             Codes::U6Offset32 => 6,
+            Codes::U2 => 7,
+            Codes::U3Offset4 => 8,
         };
         let s = match self.scale {
             ScaleType::E8M0 => 0,
@@ -374,6 +450,8 @@ impl QuantFormat {
             ScaleType::BF16 => 2,
             ScaleType::K4 => 3,
             ScaleType::K6 => 4,
+            ScaleType::K2 => 5,
+            ScaleType::K3 => 6,
         };
         [c, s, self.has_min as u32, self.group as u32]
     }
@@ -631,9 +709,10 @@ impl QuantHost {
             [items, first.shape[1], first.shape[2]]
         };
         let cat = |f: fn(&QuantHost) -> &Vec<u8>| parts.iter().flat_map(|p| f(p).clone()).collect();
-        // Codes of more than 4 bits: the low planes of all parts, then their high planes.
-        let codes = if matches!(first.format.code_bits(), 5 | 6) {
-            let low = |p: &QuantHost| p.shape.iter().product::<usize>() / 2;
+        // Two-plane codes: the low planes of all parts, then their high planes.
+        let f = first.format;
+        let codes = if f.code_bits() != f.low_bits() {
+            let low = |p: &QuantHost| p.shape.iter().product::<usize>() * f.low_bits() / 8;
             let mut c: Vec<u8> = parts
                 .iter()
                 .flat_map(|p| p.codes[..low(p)].to_vec())

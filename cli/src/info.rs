@@ -45,6 +45,8 @@ pub fn cache_spec(c: &ModelConfig) -> CacheSpec {
             l.head_dim(),
             l.head_dim(),
         ),
+        // The text model's cache; the vision tower keeps none.
+        ModelConfig::KimiK25(k) => cache_spec(&ModelConfig::DeepseekV3(k.text.clone())),
         ModelConfig::DeepseekV3(d) => {
             let width = d.kv_lora_rank + d.qk_rope_head_dim;
             let layer = match d.indexer() {
@@ -125,8 +127,7 @@ fn layer_types(c: &ModelConfig, spec: &CacheSpec) -> Vec<String> {
 }
 
 /// Stored dtype (or GGUF quantisation type) → (parameters, bytes on disk, whether the engine
-/// keeps it low-bit on the device: GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, MXFP4, INT4;
-/// other block types, Q2_K and Q3_K, are decoded at load).
+/// keeps it low-bit on the device: every GGUF block type, MXFP4, INT4).
 fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64, bool)>> {
     let mut out: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
     if ckpt.path.is_file() {
@@ -175,7 +176,7 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64, bool)>>
 }
 
 /// Values per stored element of each tensor the engine keeps low-bit on the device (GGUF
-/// Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
+/// block types: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
 /// `*_blocks`: 2; their scales and shapes: 0), with the tensor's stored bytes. Other tensors are
 /// absent from the map.
 fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
@@ -246,6 +247,7 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
     let packed_bytes: u64 = packed.values().map(|p| p.1).sum();
     let (e, k) = match &cfg {
         ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
+        ModelConfig::KimiK25(c) => (c.text.n_routed_experts, c.text.num_experts_per_tok),
         ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
         ModelConfig::Glm5Next(c) => (c.n_routed_experts, c.num_experts_per_tok),
         ModelConfig::GptOss(c) => (c.num_local_experts, c.top_k()),

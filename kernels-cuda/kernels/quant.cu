@@ -2,12 +2,15 @@
 // even column) or 8 bits, one scale (E8M0 byte, f16 or bf16) and optionally one f16 min per
 // `group` columns (a multiple of 8): w = value(code) * scale (+ min), the product and the sum
 // each rounded once (__fmul_rn / __fadd_rn: no contraction into an FMA), as the host decode.
-// fmt: codes 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32; scale 0 E8M0, 1 f16,
-// 2 bf16, 3 K4 record, 4 K6 record.
+// fmt: codes 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32, 7 u2, 8 u3 - 4;
+// scale 0 E8M0, 1 f16, 2 bf16, 3 K4, 4 K6, 5 K2, 6 K3 record.
 // 5- and 6-bit codes: the low nibbles of all n values, then a plane of their high 1 or 2 bits
-// (value e's at bit e * hb). The GGUF K-quants keep ggml's super-block scale records: K4 (Q4_K,
-// Q5_K) f16 d, f16 dmin, 12 bytes of 6-bit scales and mins per 256 values, scale d * sc and
-// min -(dmin * m) (ggml get_scale_min_k4); K6 (Q6_K) 16 i8 scales then f16 d per 256.
+// (value e's at bit e * hb); 2- and 3-bit codes: a 2-bit low plane (4 per byte), then Q3_K's
+// third bits. The GGUF K-quants keep ggml's super-block scale records: K4 (Q4_K, Q5_K) f16 d,
+// f16 dmin, 12 bytes of 6-bit scales and mins per 256 values, scale d * sc and min -(dmin * m)
+// (ggml get_scale_min_k4); K6 (Q6_K) 16 i8 scales then f16 d; K2 (Q2_K) 16 bytes of 4-bit
+// scale | 4-bit min << 4, f16 d, f16 dmin; K3 (Q3_K) 12 bytes of 6-bit scales, f16 d, scale
+// d * (sc - 32).
 
 __device__ __forceinline__ float q_value(u32 codes, u32 c) {
     switch (codes) {
@@ -23,6 +26,8 @@ __device__ __forceinline__ float q_value(u32 codes, u32 c) {
         case 4: return (float)(int)(c & 31u) - 16.f;
         case 5: return (float)(c & 31u);
         case 6: return (float)(int)(c & 63u) - 32.f;
+        case 7: return (float)(c & 3u);
+        case 8: return (float)(int)(c & 7u) - 4.f;
         default: return (float)(signed char)(c & 255u);
     }
 }
@@ -58,6 +63,17 @@ __device__ __forceinline__ float q_scale(const unsigned char* s, u32 scale, u64 
         const unsigned char* r = s + (g / 16) * 18;
         return __fmul_rn(q_f16_at(r + 16), (float)(signed char)r[g % 16]);
     }
+    if (scale == 5) {
+        const unsigned char* r = s + (g / 16) * 20;
+        return __fmul_rn(q_f16_at(r + 16), (float)(r[g % 16] & 15u));
+    }
+    if (scale == 6) {
+        const unsigned char* r = s + (g / 16) * 14;
+        const u32 j = (u32)(g % 16);
+        const u32 low = j < 8 ? (r[j] & 15u) : (u32)(r[j - 8] >> 4);
+        const u32 high = (r[8 + j % 4] >> (2 * (j / 4))) & 3u;
+        return __fmul_rn(q_f16_at(r + 12), (float)((int)(low | (high << 4)) - 32));
+    }
     if (scale == 0) {
         const u32 b = s[g];
         return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
@@ -72,11 +88,16 @@ __device__ __forceinline__ float q_min(const unsigned char* scales, const unsign
         const unsigned char* r = scales + (g / 8) * 16;
         return -__fmul_rn(q_f16_at(r + 2), (float)q_k4_6bit(r, (u32)(g % 8), 4));
     }
+    if (scale == 5) {
+        const unsigned char* r = scales + (g / 16) * 20;
+        return -__fmul_rn(q_f16_at(r + 18), (float)(r[g % 16] >> 4));
+    }
     return q_half(mins, 1, g);
 }
 
 // Eight codes starting at flat element e (a multiple of 8) of n: one word of nibbles (plus one
-// byte or u16 of high bits for 5- and 6-bit codes) or two words of bytes.
+// byte or u16 of high bits for 5- and 6-bit codes), one u16 of 2-bit codes (plus a byte of
+// third bits for Q3_K) or two words of bytes.
 __device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u64 e, u64 n,
                                          u32* c) {
     if (kind == 3) {
@@ -85,6 +106,15 @@ __device__ __forceinline__ void q_codes8(const unsigned char* codes, u32 kind, u
         for (int j = 0; j < 4; j++) {
             c[j] = (w.x >> (8 * j)) & 255u;
             c[j + 4] = (w.y >> (8 * j)) & 255u;
+        }
+    } else if (kind == 7 || kind == 8) {
+        const u32 w = *reinterpret_cast<const u16*>(codes + e / 4);
+#pragma unroll
+        for (int j = 0; j < 8; j++) c[j] = (w >> (2 * j)) & 3u;
+        if (kind == 8) {
+            const u32 hi = codes[n / 4 + e / 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) c[j] |= ((hi >> j) & 1u) << 2;
         }
     } else {
         const u32 w = *reinterpret_cast<const u32*>(codes + e / 2);

@@ -2,18 +2,20 @@
 // the even column) or 8 bits, one scale (E8M0 byte, f16 or bf16) and optionally one f16 min per
 // `group` columns: w = value(code) * scale (+ min). Codes, scales and mins are byte arrays read
 // as little-endian u32 words. 5- and 6-bit codes: the low nibbles of all n values as above, then
-// a plane of the high 1 or 2 bits (value e's at bit e * hb). The GGUF K-quants keep ggml's
-// super-block scale records in the scale array (K4: f16 d, f16 dmin, 12 bytes of 6-bit scales
-// and mins per 256 values; K6: 16 i8 scales, f16 d per 256): scale d * sc, min -(dmin * m).
+// a plane of the high 1 or 2 bits (value e's at bit e * hb); 2- and 3-bit codes likewise with a
+// 2-bit low plane. The GGUF K-quants keep ggml's super-block scale records in the scale array
+// (K4: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins per 256 values; K6: 16 i8 scales, f16
+// d; K2: 16 bytes of 4-bit scale | 4-bit min, f16 d, f16 dmin; K3: 12 bytes of 6-bit scales,
+// f16 d): scale d * sc (K3: d * (sc - 32)), min -(dmin * m).
 
 struct Params {
     m: u32,        // dequant: items to decode; matvec: rows of x
     rows: u32,     // rows of one item (matvec: N)
     cols: u32,     // columns (K)
     items: u32,    // items in the weight (E); larger item ids decode to zeros
-    codes: u32,    // 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32
-    scale: u32,    // 0 E8M0, 1 f16, 2 bf16, 3 K4 record, 4 K6 record
-    has_min: u32,  // 1: add the group's min (f16 array; K4: from the record)
+    codes: u32,    // 0 FP4 E2M1, 1 u4 - 8, 2 u4, 3 i8, 4 u5 - 16, 5 u5, 6 u6 - 32, 7 u2, 8 u3 - 4
+    scale: u32,    // 0 E8M0, 1 f16, 2 bf16, 3 K4, 4 K6, 5 K2, 6 K3 record
+    has_min: u32,  // 1: add the group's min (f16 array; K4, K2: from the record)
     group: u32,    // columns per scale (a multiple of 8)
 }
 
@@ -26,10 +28,19 @@ struct Params {
 
 const FP4: array<f32, 8> = array<f32, 8>(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
 
-// Bits above the low nibble: 1 for 5-bit codes, 2 for 6-bit, else 0.
+// Bits per code in the low plane: 8 for i8 codes, 2 for 2- and 3-bit codes, else 4.
+fn low_bits() -> u32 {
+    switch (P.codes) {
+        case 3u: { return 8u; }
+        case 7u, 8u: { return 2u; }
+        default: { return 4u; }
+    }
+}
+
+// Bits per code in the high plane: 1 for 5- and 3-bit codes, 2 for 6-bit, else 0.
 fn high_bits() -> u32 {
     switch (P.codes) {
-        case 4u, 5u: { return 1u; }
+        case 4u, 5u, 8u: { return 1u; }
         case 6u: { return 2u; }
         default: { return 0u; }
     }
@@ -40,36 +51,44 @@ fn code_byte(o: u32) -> u32 {
     return (codes[o >> 2u] >> ((o & 3u) * 8u)) & 255u;
 }
 
-// The high bits of the 8 values from element e (a multiple of 8), value j's at bit j * hb.
-fn high8(e: u32) -> u32 {
+// First byte of the high plane (after the low bits of all n values; n is a multiple of 8).
+fn high_base() -> u32 {
+    return P.items * P.rows * P.cols / 8u * low_bits();
+}
+
+// The high bits of the 32 / low_bits() values of the code word from element e, value j's at
+// bit j * hb (8 or 16 bits; 0 without a high plane).
+fn high_word(e: u32) -> u32 {
     let hb = high_bits();
     if (hb == 0u) {
         return 0u;
     }
-    let base = P.items * P.rows * P.cols / 2u;
-    if (hb == 1u) {
-        return code_byte(base + e / 8u);
+    let o = high_base() + e * hb / 8u;
+    if ((32u / low_bits()) * hb > 8u) {
+        return code_byte(o) | (code_byte(o + 1u) << 8u);
     }
-    return code_byte(base + e / 4u) | (code_byte(base + e / 4u + 1u) << 8u);
+    return code_byte(o);
 }
 
 // The code of flat element e.
 fn code_at(e: u32) -> u32 {
-    if (P.codes == 3u) {
-        return (codes[e >> 2u] >> ((e & 3u) * 8u)) & 255u;
-    }
-    let lo = (codes[e >> 3u] >> ((e & 7u) * 4u)) & 15u;
+    let lb = low_bits();
+    let per = 32u / lb;
+    let lo = (codes[e / per] >> ((e % per) * lb)) & ((1u << lb) - 1u);
     let hb = high_bits();
-    return lo | (((high8(e & ~7u) >> ((e & 7u) * hb)) & ((1u << hb) - 1u)) << 4u);
+    if (hb == 0u) {
+        return lo;
+    }
+    let bit = e * hb;
+    let hi = (code_byte(high_base() + bit / 8u) >> (bit % 8u)) & ((1u << hb) - 1u);
+    return lo | (hi << lb);
 }
 
-// Code j of a code word (8 nibbles, or 4 bytes for i8 codes), with hi the word's high8.
+// Code j of a code word (32 / low_bits() codes), with hi the word's high_word.
 fn word_code(w: u32, hi: u32, j: u32) -> u32 {
-    if (P.codes == 3u) {
-        return (w >> (j * 8u)) & 255u;
-    }
+    let lb = low_bits();
     let hb = high_bits();
-    return ((w >> (j * 4u)) & 15u) | (((hi >> (j * hb)) & ((1u << hb) - 1u)) << 4u);
+    return ((w >> (j * lb)) & ((1u << lb) - 1u)) | (((hi >> (j * hb)) & ((1u << hb) - 1u)) << lb);
 }
 
 fn code_value(c: u32) -> f32 {
@@ -82,6 +101,8 @@ fn code_value(c: u32) -> f32 {
         case 2u, 5u: { return f32(c); }
         case 4u: { return f32(c) - 16.0; }
         case 6u: { return f32(c) - 32.0; }
+        case 7u: { return f32(c); }
+        case 8u: { return f32(c) - 4.0; }
         default: { return f32(bitcast<i32>(c << 24u) >> 24u); }
     }
 }
@@ -142,6 +163,22 @@ fn scale_at(g: u32) -> f32 {
         let sc = bitcast<i32>(scale_byte(r + g % 16u) << 24u) >> 24u;
         return scale_f16(r + 16u) * f32(sc);
     }
+    if (P.scale == 5u) {
+        let r = (g / 16u) * 20u;
+        return scale_f16(r + 16u) * f32(scale_byte(r + g % 16u) & 15u);
+    }
+    if (P.scale == 6u) {
+        let r = (g / 16u) * 14u;
+        let j = g % 16u;
+        var low: u32;
+        if (j < 8u) {
+            low = scale_byte(r + j) & 15u;
+        } else {
+            low = scale_byte(r + j - 8u) >> 4u;
+        }
+        let high = (scale_byte(r + 8u + j % 4u) >> (2u * (j / 4u))) & 3u;
+        return scale_f16(r + 12u) * f32(i32(low | (high << 4u)) - 32);
+    }
     if (P.scale == 0u) {
         let s = (scales[g >> 2u] >> ((g & 3u) * 8u)) & 255u;
         if (s == 0u) {
@@ -156,6 +193,10 @@ fn min_at(g: u32) -> f32 {
     if (P.scale == 3u) {
         let r = (g / 8u) * 16u;
         return -(scale_f16(r + 2u) * f32(k4_6bit(r, g % 8u, 4u)));
+    }
+    if (P.scale == 5u) {
+        let r = (g / 16u) * 20u;
+        return -(scale_f16(r + 18u) * f32(scale_byte(r + g % 16u) >> 4u));
     }
     return half_at(mins[g >> 1u], g);
 }
@@ -199,7 +240,7 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (m >= P.m) {
         return;
     }
-    let per_word = select(8u, 4u, P.codes == 3u);
+    let per_word = 32u / low_bits();
     let words = P.cols / per_word;
     let groups = P.cols / P.group;
     var acc = 0.0;
@@ -210,7 +251,7 @@ fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         var dot_c = 0.0;
         var sum_x = 0.0;
         let cw = codes[e0 / per_word];
-        let hi = high8(e0);
+        let hi = high_word(e0);
         for (var j = 0u; j < per_word; j++) {
             let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
             dot_c += code_value(word_code(cw, hi, j)) * xv;
@@ -245,7 +286,7 @@ fn matvec_seq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (m >= P.m) {
         return;
     }
-    let per_word = select(8u, 4u, P.codes == 3u);
+    let per_word = 32u / low_bits();
     let groups = P.cols / P.group;
     let words_per_group = P.group / per_word;
     var acc = 0.0;
@@ -257,7 +298,7 @@ fn matvec_seq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             let c0 = c_g + w * per_word;
             let e0 = n * P.cols + c0;
             let cw = codes[e0 / per_word];
-            let hi = high8(e0);
+            let hi = high_word(e0);
             for (var j = 0u; j < per_word; j++) {
                 let xv = bitcast<f32>(idx[m * P.cols + c0 + j]);
                 dot_c += code_value(word_code(cw, hi, j)) * xv;

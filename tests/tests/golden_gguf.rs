@@ -6,8 +6,9 @@
 //! tokens identical.
 //!
 //! `llama_kquant/model.gguf` (`fixtures/gen_gguf_kquants.py`) is a llama whose matrices are
-//! Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1 and Q8_0 blocks, kept low-bit on the device; its
-//! reference is transformers' llama with the weights gguf-py decodes from those blocks.
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1 and Q8_0 blocks, kept low-bit on the
+//! device; its reference is transformers' llama with the weights gguf-py decodes from those
+//! blocks.
 
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType};

@@ -2,8 +2,8 @@
 //! experts and the real
 //! SmolLM2 Q4_1 GGUF load with their codes resident (weight bytes counted at load), and the
 //! online decode gives what decoding at load gives (bit for bit on the CPU reference in f32,
-//! where both multiply the same f32 weights); likewise a GGUF of K-quant (Q4_K, Q5_K, Q6_K) and
-//! Q5 matrices.
+//! where both multiply the same f32 weights); likewise a GGUF of K-quant (Q2_K … Q6_K) and Q5
+//! matrices.
 
 use anyhow::{ensure, Result};
 use dayone_backend::cpu::CpuBackend;
@@ -132,7 +132,7 @@ fn smollm2_q4_1_gguf_stays_quantized() -> Result<()> {
     Ok(())
 }
 
-/// The K-quant llama GGUF (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q4_0, Q4_1, Q8_0 matrices) loads with
+/// The K-quant llama GGUF (Q2_K … Q6_K, Q5_0, Q5_1, Q4_0, Q4_1, Q8_0 matrices) loads with
 /// exactly the file's block bytes resident, and gives what decoding at load gives: every logits
 /// row bit for bit on the CPU reference; on WGSL (whose decode GEMV sums in another order than
 /// its dense GEMM) the same greedy tokens and logits within f32 tolerance.
@@ -149,7 +149,7 @@ fn k_quant_gguf_stays_quantized<B: Backend>(mk: fn() -> B, exact: bool) -> Resul
             floats += t.numel() as u64 * 4;
         }
     }
-    ensure!(kept_types.len() == 8, "fixture types {kept_types:?}");
+    ensure!(kept_types.len() == 10, "fixture types {kept_types:?}");
     let ckpt = loader::open(&path)?;
     let mut kept = Engine::new(mk(), &ckpt, &config(false), None)?;
     ensure!(

@@ -1,16 +1,19 @@
-//! GGUF block quants kept quantized: ggml's Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K
-//! blocks repacked, byte count unchanged, into the device layout of [`dayone_backend::quant`]
+//! GGUF block quants kept quantized: ggml's Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K
+//! and Q6_K blocks repacked, byte count unchanged, into the device layout of [`dayone_backend::quant`]
 //! (codes, then scales, then mins).
 //!
 //! A ggml block holds its scales before (Q6_K: after) the codes, and orders its codes for its
 //! own SIMD decode: a Q4_0 block's byte `j` holds value `j` in its low nibble and value
 //! `16 + j` in its high nibble (ggml `block_q4_0`); Q5's fifth bits sit in a 32-bit word (Q5_0,
 //! Q5_1) or a 32-byte plane (Q5_K); Q6_K splits each value into a nibble and two high bits
-//! (`dequantize_row_q6_K`). Here every value's code is taken out in column order and written
-//! to the device planes (low nibble = even column; high bits after). Scales: Q4_0/Q4_1/Q5_0/
-//! Q5_1/Q8_0 move their f16 `d` (and `m`) to the scale (min) array; the K-quants keep their
+//! (`dequantize_row_q6_K`); Q2_K / Q3_K hold four 2-bit values per byte, 32 values apart (and
+//! Q3_K's third bit in a 32-byte `hmask`). Here every value's code is taken out in column order
+//! and written to the device planes (low bits, then high bits). Scales: Q4_0/Q4_1/Q5_0/Q5_1/
+//! Q8_0 move their f16 `d` (and `m`) to the scale (min) array; the K-quants keep their
 //! super-block scale record verbatim (Q4_K/Q5_K: `d`, `dmin`, 12 packed bytes; Q6_K: 16 i8
-//! scales, `d`). Q2_K and Q3_K are decoded to floats at load by [`super::dequantize`].
+//! scales, `d`; Q3_K: 12 packed bytes, `d`), Q2_K's made contiguous (16 scale bytes, `d`,
+//! `dmin`). Every ggml block type dayone reads is kept; [`super::dequantize`] decodes them at
+//! load under `--dequantize-at-load`.
 
 use super::gguf_file::GgmlType;
 use anyhow::{bail, Result};
@@ -27,6 +30,8 @@ pub fn kept_format(ty: GgmlType) -> Option<QuantFormat> {
         GgmlType::Q4_K => Some(QuantFormat::Q4_K),
         GgmlType::Q5_K => Some(QuantFormat::Q5_K),
         GgmlType::Q6_K => Some(QuantFormat::Q6_K),
+        GgmlType::Q2_K => Some(QuantFormat::Q2_K),
+        GgmlType::Q3_K => Some(QuantFormat::Q3_K),
         _ => None,
     }
 }
@@ -80,6 +85,24 @@ fn block_codes(ty: GgmlType, b: &[u8], out: &mut Vec<u8>) {
                 }
             }
         }
+        GgmlType::Q2_K | GgmlType::Q3_K => {
+            // Two halves of 128 values from 32 bytes each: value 32j + l of a half is bits 2j of
+            // byte l; Q3_K's third bit of value 128h + 32j + l is bit 4h + j of hmask[l].
+            let (hmask, qs): (&[u8], &[u8]) = if ty == GgmlType::Q3_K {
+                (&b[0..32], &b[32..96])
+            } else {
+                (&[], &b[16..80])
+            };
+            for h in 0..2 {
+                for j in 0..4 {
+                    for l in 0..32 {
+                        let lo = (qs[32 * h + l] >> (2 * j)) & 3;
+                        let hi = hmask.get(l).map_or(0, |m| (m >> (4 * h + j)) & 1);
+                        out.push(lo | (hi << 2));
+                    }
+                }
+            }
+        }
         _ => unreachable!("block_codes is called for kept types only"),
     }
 }
@@ -113,6 +136,11 @@ pub fn repack(
         match ty {
             GgmlType::Q4_K | GgmlType::Q5_K => scales.extend_from_slice(&b[..16]),
             GgmlType::Q6_K => scales.extend_from_slice(&b[192..210]),
+            GgmlType::Q2_K => {
+                scales.extend_from_slice(&b[0..16]);
+                scales.extend_from_slice(&b[80..84]);
+            }
+            GgmlType::Q3_K => scales.extend_from_slice(&b[96..110]),
             _ => {
                 scales.extend_from_slice(&b[..2]);
                 if format.separate_mins() {
@@ -133,21 +161,25 @@ pub fn repack(
 
 /// Codes in column order (one per byte) packed into the device planes of `format`.
 fn pack_codes(format: QuantFormat, all: &[u8]) -> Vec<u8> {
-    let bits = format.code_bits();
+    let (bits, lb) = (format.code_bits(), format.low_bits());
     if bits == 8 {
         return all.to_vec();
     }
-    let mut out: Vec<u8> = all
-        .chunks_exact(2)
-        .map(|p| (p[0] & 15) | (p[1] << 4))
-        .collect();
-    let hb = bits - 4;
-    if let Some(per) = 8usize.checked_div(hb) {
-        out.extend(all.chunks_exact(per).map(|p| {
-            p.iter()
-                .enumerate()
-                .fold(0u8, |acc, (i, &c)| acc | ((c >> 4) << (i * hb)))
-        }));
+    // `width`-bit fields of the codes shifted right by `shift`, packed from the least
+    // significant bit, `8 / width` codes per byte.
+    let plane = |width: usize, shift: usize| -> Vec<u8> {
+        let mask = (1u8 << width) - 1;
+        all.chunks_exact(8 / width)
+            .map(|p| {
+                p.iter().enumerate().fold(0u8, |acc, (i, &c)| {
+                    acc | (((c >> shift) & mask) << (i * width))
+                })
+            })
+            .collect()
+    };
+    let mut out = plane(lb, 0);
+    if bits > lb {
+        out.extend(plane(bits - lb, lb));
     }
     out
 }
@@ -173,6 +205,8 @@ mod tests {
             GgmlType::Q4_K,
             GgmlType::Q5_K,
             GgmlType::Q6_K,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
         ] {
             let (per, bsize) = ty.block().unwrap();
             let (rows, cols) = (3, 2 * per);
@@ -182,6 +216,8 @@ mod tests {
                 let mut b: Vec<u8> = (0..bsize).map(|_| next()).collect();
                 match ty {
                     GgmlType::Q6_K => b[209] = 0x2c,
+                    GgmlType::Q3_K => b[109] = 0x2c,
+                    GgmlType::Q2_K => (b[81], b[83]) = (0x2c, 0x2d),
                     _ => b[1] = 0x2c,
                 }
                 if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
@@ -202,7 +238,7 @@ mod tests {
             );
             assert_eq!(q.dequantize(), want, "{}", ty.name());
         }
-        assert!(repack("t", GgmlType::Q2_K, &[0; 84], 1, 256).is_err());
+        assert!(repack("t", GgmlType::F16, &[0; 512], 1, 256).is_err());
         assert!(repack("t", GgmlType::Q4_K, &[0; 144], 1, 128).is_err());
         assert!(repack("t", GgmlType::Q8_0, &[0; 33], 1, 32).is_err());
     }
