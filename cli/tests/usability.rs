@@ -723,6 +723,46 @@ fn check_names_each_adapter_once() {
 
 // ---- 14. info and tokenize ----------------------------------------------------------------
 
+/// `info` marks every GGUF block type the engine keeps low-bit, and its f32 weight estimate is
+/// the engine's resident weight bytes (the blocks as the file holds them, norms in f32).
+#[test]
+fn info_names_the_gguf_types_kept_low_bit() {
+    use dayone_engine::{loader, Engine, EngineConfig};
+    let m = fixture("llama_kquant/model.gguf");
+    let o = run(&["info", "-m", s(&m), "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let types = &j["stored_types"];
+    for t in [
+        "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "q5_0", "q5_1", "q4_0", "q4_1", "q8_0",
+    ] {
+        assert_eq!(types[t]["low_bit_on_device"], true, "{t}: {j}");
+    }
+    assert_eq!(types["f32"]["low_bit_on_device"], false, "{j}");
+    let engine = Engine::new(
+        dayone_backend::cpu::CpuBackend,
+        &loader::open(&m).unwrap(),
+        &EngineConfig {
+            dtype: dayone_backend::DType::F32,
+            kv_cache_tokens: Some(64),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        j["memory"]["f32"]["weights_bytes"].as_u64().unwrap(),
+        engine.rank_memory()[0].0,
+        "{j}"
+    );
+    let (table, _) = text(&run(&["info", "-m", s(&m)]));
+    assert!(
+        table.contains("q4_K") && table.contains("kept low-bit"),
+        "{table}"
+    );
+}
+
 /// `info`'s cache bytes per token, parameter count and layers match the loaded engine, on every
 /// architecture's fixture.
 #[test]
