@@ -928,6 +928,56 @@ mod tests {
     }
 
     #[test]
+    fn k_quant_records_are_checked() {
+        // A Q4_K row of 256: codes 128 bytes, one 16-byte record with an infinite dmin (times the
+        // 6-bit min 0: NaN).
+        let mut rec = vec![0u8; 16];
+        rec[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        rec[2..4].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+        let e = QuantHost::new(
+            "blk.0.ffn_up",
+            QuantFormat::Q4_K,
+            [1, 1, 256],
+            vec![0; 128],
+            rec,
+            vec![],
+        )
+        .unwrap_err();
+        let s = format!("{e:#}");
+        assert!(
+            s.contains("blk.0.ffn_up") && s.contains("min NaN is not finite"),
+            "{s}"
+        );
+        // Q6_K needs whole 256-value super-blocks per row.
+        let e = QuantHost::new(
+            "w",
+            QuantFormat::Q6_K,
+            [1, 2, 128],
+            vec![0; 192],
+            vec![0; 18],
+            vec![],
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("super-block length 256"), "{e:#}");
+        // Q3_K: d = 2, every sub-block scale 33 − 32 = 1 (low nibbles 1, high bits 2), codes
+        // 0..8 → −4..3, so values are 2 · (code − 4).
+        let mut rec = vec![0u8; 14];
+        rec[..8].fill(0x11);
+        rec[8..12].fill(0b1010_1010);
+        rec[12..14].copy_from_slice(&half::f16::from_f32(2.0).to_le_bytes());
+        let codes: Vec<u8> = (0..256).map(|e| (e % 8) as u8).collect();
+        let n = 256;
+        let mut packed = vec![0u8; n * 3 / 8];
+        for (e, &c) in codes.iter().enumerate() {
+            packed[e / 4] |= (c & 3) << (2 * (e % 4));
+            packed[n / 4 + e / 8] |= (c >> 2) << (e % 8);
+        }
+        let q = QuantHost::new("t", QuantFormat::Q3_K, [1, 1, 256], packed, rec, vec![]).unwrap();
+        let want: Vec<f32> = codes.iter().map(|&c| 2.0 * (c as f32 - 4.0)).collect();
+        assert_eq!(q.dequantize_row(0), want);
+    }
+
+    #[test]
     fn concat_items_and_rows() {
         let codes: Vec<u8> = (0..48).map(|i| i as u8).collect();
         let q = QuantHost::new(
