@@ -57,6 +57,13 @@ pub struct GenerateArgs {
     /// System message for --chat.
     #[arg(long)]
     pub system: Option<String>,
+    /// An image for the prompt (repeatable; PNG, JPEG or WebP). The prompt text carries the
+    /// model's image markup once per image, in order (Kimi-K2.5:
+    /// `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>`); with --chat and no
+    /// markup the images go before the user text. With --prompt-ids, one placeholder id
+    /// (`<|media_pad|>`) per image.
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<PathBuf>,
     /// text (stream the answer) or json (one object at the end).
     #[arg(long, value_enum, default_value_t = OutputArg::Text)]
     pub output: OutputArg,
@@ -90,11 +97,18 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "the prompt is empty: give some text (--prompt, --prompt-file or stdin)",
         ));
     }
+    // Decode the images before loading the model, so a bad file fails fast.
+    let images = a
+        .images
+        .iter()
+        .map(|p| dayone_engine::vision::load_image_file(p).map(std::sync::Arc::new))
+        .collect::<Result<Vec<_>>>()?;
     let params = a.sampling.params()?;
     let resolved = a.engine.resolve(&CommandDefaults::default())?;
     let (kind, cfg) = (resolved.backend, resolved.engine);
     let path = load::model_path(resolved.model)?;
     let ckpt = load::open(&path)?;
+    let given = with_image_markup(&ckpt, given, images.len(), a.chat)?;
     let ids = match given {
         Prompt::Ids(ids) => ids,
         Prompt::Text(text) => prompt::prompt_ids(&ckpt.assets, &text, a.chat, a.system.as_deref())?,
@@ -105,8 +119,42 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         n: a.num_completions,
         stops: a.sampling.stop.clone(),
         logprobs: a.sampling.logprobs,
+        images,
     };
     generate(kind, ckpt, &cfg, ids, &g)
+}
+
+/// Checks a text prompt's image markup against the `--image` count: the model's markup once per
+/// image, or (with --chat and no markup at all) the markups put before the user text.
+fn with_image_markup(
+    ckpt: &Checkpoint,
+    given: Prompt,
+    images: usize,
+    chat: bool,
+) -> Result<Prompt> {
+    if images == 0 {
+        return Ok(given);
+    }
+    let model_type = ckpt
+        .config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?");
+    let Some(markup) = dayone_engine::vision::image_markup(model_type) else {
+        return Err(usage(format!(
+            "--image: model_type {model_type} takes no images"
+        )));
+    };
+    let Prompt::Text(text) = given else {
+        return Ok(given);
+    };
+    match text.matches(markup).count() {
+        0 if chat => Ok(Prompt::Text(format!("{}{text}", markup.repeat(images)))),
+        n if n == images => Ok(Prompt::Text(text)),
+        n => Err(usage(format!(
+            "{images} --image file(s) but the prompt has the image markup {n} time(s): put `{markup}` once per image where it belongs (or use --chat to put the images before the text)"
+        ))),
+    }
 }
 
 /// What one completion produced.
@@ -176,6 +224,8 @@ struct GenOptions {
     n: usize,
     stops: Vec<String>,
     logprobs: Option<usize>,
+    /// `--image` files, decoded.
+    images: Vec<std::sync::Arc<dayone_engine::vision::RgbImage>>,
 }
 
 fn generate(
@@ -205,6 +255,7 @@ fn generate(
         params.logprobs = g.logprobs;
         let request = Request {
             report_prefill: true,
+            images: g.images.clone(),
             ..Request::new(ids.clone(), params)
         };
         let tx = tx.clone();

@@ -9,6 +9,7 @@
 mod chat;
 mod completions;
 mod errors;
+mod media;
 mod metrics;
 mod parsers;
 mod protocol;
@@ -67,6 +68,10 @@ pub struct ServeArgs {
     /// Most alternatives per token for `top_logprobs` / `logprobs` (vLLM's --max-logprobs).
     #[arg(long, default_value_t = 20, value_parser = crate::parse::non_negative, allow_negative_numbers = true)]
     pub max_logprobs: usize,
+    /// Directory under which chat `image_url` parts may name local files (`file:///…`); without
+    /// it only `data:` URLs are accepted (remote http(s) URLs never are: nothing is fetched).
+    #[arg(long, value_name = "DIR")]
+    pub allowed_local_media_path: Option<std::path::PathBuf>,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = 30, value_parser = crate::parse::non_negative, allow_negative_numbers = true)]
     pub shutdown_timeout: usize,
@@ -176,6 +181,20 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_logprobs: a.max_logprobs,
         created: now_unix(),
         max_body: a.max_body_mb << 20,
+        image_markup: ckpt
+            .config
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .and_then(dayone_engine::vision::image_markup),
+        allowed_local_media_path: match &a.allowed_local_media_path {
+            Some(p) => Some(p.canonicalize().map_err(|e| {
+                usage(format!(
+                    "--allowed-local-media-path {}: {e}",
+                    p.display()
+                ))
+            })?),
+            None => None,
+        },
     };
     // The state lives as long as the process: handlers and runs borrow it as `&'static`.
     let state: &'static AppState = Box::leak(Box::new(AppState::new(settings)));

@@ -15,7 +15,10 @@ use dayone_backend::{Backend, DType, HostTensor, StepMeta, TensorInfo};
 use std::time::Instant;
 
 mod follow;
+mod media;
 mod paging;
+
+pub use media::EncoderCacheStats;
 
 use follow::{Command, Mirror};
 
@@ -220,6 +223,8 @@ pub struct Engine<B: Backend> {
     mirror: Option<Mirror>,
     /// `(weight bytes, cache bytes)` of each rank (one entry on one device).
     rank_memory: Vec<(u64, u64)>,
+    /// The vision tower, encoder cache and requests' image spans ([`media`]).
+    media: media::Media<B>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -282,6 +287,7 @@ impl<B: Backend> Engine<B> {
                 context_parallel_min_tokens: cfg.context_parallel_min_tokens,
             },
         )?;
+        let media = media::Media::load(&backend, &config, ckpt, cfg.dtype)?;
         let act = backend.activation_dtype(cfg.dtype);
         // Every kernel the steps may launch, now: a compile at first use would stall a step.
         let t_compile = Instant::now();
@@ -437,6 +443,7 @@ impl<B: Backend> Engine<B> {
             ));
         }
         Ok(Self {
+            media,
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
             activation_dtype: act,
@@ -768,8 +775,15 @@ impl<B: Backend> Engine<B> {
             .filter(|c| c.wants_logits)
             .map(|c| c.index)
             .collect();
+        let seq_ids: Vec<u64> = chunks
+            .iter()
+            .map(|c| self.scheduler.running[c.index].id)
+            .collect();
+        let splice = self.media.splice(&chunks, &seq_ids, &meta.query_start)?;
         let meta = b.upload_meta(meta)?;
-        let logits = self.model.forward(b, &ids, &meta, &self.cache, None)?;
+        let logits =
+            self.model
+                .forward_spliced(b, &ids, splice.as_ref(), &meta, &self.cache, None)?;
         let greedy = want.iter().all(|&i| {
             let seq = &self.scheduler.running[i];
             seq.params.is_greedy() && seq.params.logprobs.is_none() && seq.processor.is_none()
@@ -846,6 +860,10 @@ impl<B: Backend> Engine<B> {
             self.share_tokens(Some(&tokens))?;
         }
         self.advance(&chunks)?;
+        if self.accepts_images() {
+            let sched = &self.scheduler;
+            self.media.retain(|id| sched.sequence(id).is_some());
+        }
         let ctx = self.max_context;
         let now = Instant::now();
         let mut events = Vec::with_capacity(want.len());

@@ -50,7 +50,7 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
             "this model has no chat template (tokenizer_config.json or chat_template.jinja): use /v1/completions",
         )
     })?;
-    let messages = normalize_messages(&chat.messages)?;
+    let (messages, images) = normalize_messages(&chat.messages, settings)?;
     let parser = parser_choice(loaded, &chat)?;
     let mut vars = chat.chat_template_kwargs.clone().unwrap_or_default();
     if let Some(tools) = &chat.tools {
@@ -74,13 +74,14 @@ async fn run(state: &'static AppState, body: &[u8]) -> Result<Response, ApiError
     } else {
         "max_tokens"
     };
-    let spec = common.spec(
+    let mut spec = common.spec(
         prompt,
         loaded.handle.model_info().max_context,
         settings,
         field,
         None,
     )?;
+    spec.images = images;
     let logprobs = match (chat.logprobs.unwrap_or(false), chat.top_logprobs) {
         (false, Some(k)) if k > 0 => {
             return Err(ApiError::bad_field(
@@ -180,9 +181,14 @@ fn parser_choice(loaded: &Loaded, chat: &ChatFields) -> Result<ParserChoice, Api
 }
 
 /// Checks each message and shapes it for templates: `content` as a string (text parts
-/// joined), tool-call `arguments` parsed into objects (templates print them with `tojson`, as
-/// vLLM passes them), `reasoning` renamed `reasoning_content`.
-fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
+/// joined; each `image_url` part becomes the model's image markup, its image decoded and
+/// returned in order), tool-call `arguments` parsed into objects (templates print them with
+/// `tojson`, as vLLM passes them), `reasoning` renamed `reasoning_content`.
+fn normalize_messages(
+    messages: &[Value],
+    settings: &super::state::Settings,
+) -> Result<(Value, Vec<std::sync::Arc<dayone_engine::vision::RgbImage>>), ApiError> {
+    let mut images = Vec::new();
     if messages.is_empty() {
         return Err(ApiError::bad_field(
             "messages",
@@ -219,6 +225,18 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
                 for (k, p) in parts.iter().enumerate() {
                     match (p.get("type").and_then(Value::as_str), p.get("text")) {
                         (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        (Some("image_url"), _) if settings.image_markup.is_some() => {
+                            let field = at(&format!(".content[{k}].image_url.url"));
+                            let url = p
+                                .pointer("/image_url/url")
+                                .or_else(|| p.get("image_url").filter(|u| u.is_string()))
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| {
+                                    ApiError::bad_field(&field, "image_url.url must be a string")
+                                })?;
+                            images.push(super::media::load_image_url(url, settings, &field)?);
+                            text.push_str(settings.image_markup.unwrap_or_default());
+                        }
                         (Some(kind), _) if kind != "text" => {
                             return Err(ApiError::bad_field(
                                 &at(&format!(".content[{k}]")),
@@ -261,7 +279,7 @@ fn normalize_messages(messages: &[Value]) -> Result<Value, ApiError> {
         }
         out.push(Value::Object(obj));
     }
-    Ok(Value::Array(out))
+    Ok((Value::Array(out), images))
 }
 
 /// Chat's chunk spelling.

@@ -135,6 +135,8 @@ pub struct GenSpec {
     pub json_object: bool,
     /// `logit_bias`, checked: (token id, bias).
     pub logit_bias: Vec<(u32, f32)>,
+    /// Images of the prompt (chat `image_url` parts), in placeholder order.
+    pub images: Vec<std::sync::Arc<dayone_engine::vision::RgbImage>>,
 }
 
 fn range(name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32, ApiError> {
@@ -312,6 +314,7 @@ impl Common {
             cache_salt: self.cache_salt.clone(),
             json_object,
             logit_bias,
+            images: Vec::new(),
         })
     }
 }
@@ -349,6 +352,8 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
+            image_markup: None,
+            allowed_local_media_path: None,
             model_name: "m".into(),
             root: "m".into(),
             api_key: None,

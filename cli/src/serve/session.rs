@@ -252,6 +252,7 @@ impl Run {
                 report_prefill: false,
                 return_logits: false,
                 prompt_logprobs: None,
+                images: spec.images.clone(),
             };
             let tx = tx.clone();
             // On the engine thread: forwards without blocking; `false` once the run is gone.
@@ -369,9 +370,13 @@ impl Run {
             StreamEvent::Finished {
                 reason,
                 cached_tokens,
+                prompt_tokens,
                 ..
             } => {
                 self.usage.cached_tokens = self.usage.cached_tokens.max(cached_tokens);
+                // The engine's count: a chat prompt's image placeholders as the tokens they
+                // became (never below the ids sent, so several prompts keep their sum).
+                self.usage.prompt_tokens = self.usage.prompt_tokens.max(prompt_tokens);
                 self.guard.ids[i].1 = true;
                 self.finish(i, reason).map(Some)
             }

@@ -27,6 +27,11 @@ pub struct Settings {
     pub created: u64,
     /// Largest request body, bytes (413 above it).
     pub max_body: usize,
+    /// The model's image markup ([`dayone_engine::vision::image_markup`]); `None`: text only.
+    pub image_markup: Option<&'static str>,
+    /// Local image files (`file://` URLs) are read only under this directory
+    /// (`--allowed-local-media-path`, canonical); `None`: refused.
+    pub allowed_local_media_path: Option<std::path::PathBuf>,
 }
 
 /// The loaded model: the engine handle and what turns text into ids and back.

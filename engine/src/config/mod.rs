@@ -3,15 +3,19 @@
 mod deepseek_v3;
 mod glm5_next;
 mod gpt_oss;
+mod kimi_k25;
 mod kimi_linear;
 mod llama;
+mod moonvit;
 pub(crate) mod rope;
 
 pub use deepseek_v3::DeepseekV3Config;
 pub use glm5_next::{Glm5LayerKind, Glm5LinearAttnConfig, Glm5NextConfig};
 pub use gpt_oss::{GptOssConfig, GPT_OSS_ALPHA};
+pub use kimi_k25::KimiK25Config;
 pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
 pub use llama::LlamaConfig;
+pub use moonvit::MoonVitConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
 
 use anyhow::{bail, Context, Result};
@@ -91,6 +95,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "kimi_linear",
     "glm5_next",
     "gpt_oss",
+    "kimi_k25",
 ];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
@@ -115,6 +120,9 @@ pub enum ModelConfig {
     /// sliding-window and full layers, YaRN; MoE with a biased softmax-top-k router and
     /// MXFP4 experts.
     GptOss(GptOssConfig),
+    /// `model_type: "kimi_k25"` (Kimi-K2.5): a MoonViT vision tower and projector in front of a
+    /// `deepseek_v3` text model.
+    KimiK25(Box<KimiK25Config>),
 }
 
 impl ModelConfig {
@@ -144,6 +152,7 @@ impl ModelConfig {
             ModelConfig::KimiLinear(c) => &c.model_type,
             ModelConfig::Glm5Next(c) => &c.model_type,
             ModelConfig::GptOss(c) => &c.model_type,
+            ModelConfig::KimiK25(c) => &c.model_type,
         }
     }
 
@@ -161,6 +170,7 @@ impl ModelConfig {
             ModelConfig::KimiLinear(c) => c.max_position_embeddings,
             ModelConfig::Glm5Next(c) => c.max_position_embeddings,
             ModelConfig::GptOss(c) => c.max_position_embeddings,
+            ModelConfig::KimiK25(c) => c.text.max_position_embeddings,
         }
     }
 
@@ -174,6 +184,7 @@ impl ModelConfig {
             // Plus the multi-token-prediction layer stored after them.
             ModelConfig::Glm5Next(c) => c.num_hidden_layers + 1,
             ModelConfig::GptOss(c) => c.num_hidden_layers,
+            ModelConfig::KimiK25(c) => c.text.num_hidden_layers + c.text.num_nextn_predict_layers,
         }
     }
 
@@ -185,6 +196,7 @@ impl ModelConfig {
             ModelConfig::KimiLinear(c) => c.vocab_size,
             ModelConfig::Glm5Next(c) => c.vocab_size,
             ModelConfig::GptOss(c) => c.vocab_size,
+            ModelConfig::KimiK25(c) => c.text.vocab_size,
         }
     }
 }

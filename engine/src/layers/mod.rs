@@ -17,6 +17,7 @@ mod norm;
 mod parallel;
 mod pooled_indexer;
 mod rope;
+pub mod vision;
 
 pub use attention::{Attention, AttentionShape};
 pub use block::{Block, BlockFfn, BlockMixer, BlockResidual};

@@ -10,6 +10,7 @@ pub(crate) mod gguf_tokenizer;
 mod hf_dir;
 mod safetensors;
 mod split;
+mod text_view;
 
 use crate::tokenizer::Tokenizer;
 use anyhow::Result;
@@ -27,6 +28,7 @@ pub use self::gguf_quant::dequantize;
 pub use self::hf_dir::{open_hf_dir, read_assets};
 pub use self::safetensors::SafetensorsSource;
 pub use self::split::Split;
+pub use self::text_view::TextModelView;
 
 /// Where a checkpoint's tensors come from. Names are Hugging Face names
 /// (`model.layers.0.self_attn.q_proj.weight`), whatever the file format.

@@ -633,14 +633,41 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
         ids: &B::Tensor,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
+        trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor> {
+        self.forward_spliced(b, ids, None, meta, cache, trace)
+    }
+
+    fn forward_spliced(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        splice: Option<&super::EmbedSplice>,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &KvCache<B>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
+        let splice = splice.filter(|s| !s.rows.is_empty());
         if let Some(cp) = &self.cp {
             if let Some(step) = cp.plan(b, meta)? {
+                if splice.is_some() {
+                    bail!("image inputs are not supported under context parallelism yet");
+                }
                 return self.forward_cp(b, ids, &step, cache, trace);
             }
         }
         let mut h = self.head.embed(b, ids)?;
+        if let Some(s) = splice {
+            // The placeholders' embedding rows give way to the spliced rows (transformers'
+            // `masked_scatter` of the image features).
+            let dt = dayone_backend::TensorInfo::dtype(&h);
+            let values = dayone_backend::HostTensor::from_f32_as(
+                s.values.shape.clone(),
+                &s.values.to_f32(),
+                dt,
+            )?;
+            b.write_rows(&h, &s.rows, &values)?;
+        }
         if let Some(t) = trace.as_deref_mut() {
             t.push(h.clone());
         }

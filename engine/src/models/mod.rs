@@ -8,6 +8,7 @@ mod deepseek_v3;
 mod deepseek_v32;
 mod glm5_next;
 mod gpt_oss;
+mod kimi_k25;
 mod kimi_linear;
 mod llama;
 mod qwen2;
@@ -45,6 +46,34 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         cache: &KvCache<B>,
         trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor>;
+
+    /// [`CausalLm::forward`] with some embedding rows replaced ([`EmbedSplice`]: image rows at
+    /// their placeholders). The default refuses a splice (a text-only model) and otherwise runs
+    /// [`CausalLm::forward`].
+    fn forward_spliced(
+        &self,
+        b: &B,
+        ids: &B::Tensor,
+        splice: Option<&EmbedSplice>,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &KvCache<B>,
+        trace: Option<&mut Vec<B::Tensor>>,
+    ) -> Result<B::Tensor> {
+        if splice.is_some_and(|s| !s.rows.is_empty()) {
+            anyhow::bail!("this model takes no image inputs");
+        }
+        self.forward(b, ids, meta, cache, trace)
+    }
+}
+
+/// Embedding rows of one step replaced by precomputed rows (the projected image features at
+/// their placeholder tokens); the decoder sees embeddings, never pixels.
+#[derive(Clone, Debug)]
+pub struct EmbedSplice {
+    /// Step rows (indices into the step's `[N]` tokens) to replace, `[K]`.
+    pub rows: Vec<u32>,
+    /// The replacement rows `[K, D]`, any float dtype (converted to the activation dtype).
+    pub values: dayone_backend::HostTensor,
 }
 
 /// How a model is built beyond its checkpoint.
@@ -75,7 +104,16 @@ pub fn load_model<B: Backend>(
 ) -> Result<(Box<dyn CausalLm<B>>, u64)> {
     crate::loader::warn_layers_beyond(ckpt.tensors.as_ref(), config.stored_layers());
     let context = options.parallel.context.clone();
-    let mut w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype)
+    // A multimodal checkpoint's text model, seen under plain HF names.
+    let text_view;
+    let tensors: &dyn crate::loader::TensorSource = match config {
+        ModelConfig::KimiK25(_) => {
+            text_view = crate::loader::TextModelView::new(ckpt.tensors.as_ref());
+            &text_view
+        }
+        _ => ckpt.tensors.as_ref(),
+    };
+    let mut w = WeightLoader::new(b, tensors, dtype)
         .with_parallel(options.parallel)
         .with_mla_expanded(options.mla_expanded_min_tokens)
         .with_keep_quantized(options.keep_quantized);

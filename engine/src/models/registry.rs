@@ -6,7 +6,9 @@
 //! plus that row here.
 
 use super::decoder::ModelPlan;
-use super::{deepseek_v3, deepseek_v32, glm5_next, gpt_oss, kimi_linear, llama, qwen2, qwen3};
+use super::{
+    deepseek_v3, deepseek_v32, glm5_next, gpt_oss, kimi_k25, kimi_linear, llama, qwen2, qwen3,
+};
 use crate::config::ModelConfig;
 use anyhow::{Context, Result};
 
@@ -31,6 +33,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     kimi_linear::ARCH,
     glm5_next::ARCH,
     gpt_oss::ARCH,
+    kimi_k25::ARCH,
 ];
 
 /// The row that loads `model_type`, if any.

@@ -36,6 +36,9 @@ pub struct Request {
     /// (`k ≥ vocab_size`: all). Such a request skips the prefix cache (a cached prefix has no
     /// logits) and its prompt may fill the whole context window ([`crate::Engine::add_request_scored`]).
     pub prompt_logprobs: Option<usize>,
+    /// Images of the prompt, one per image placeholder of the model (Kimi: `<|media_pad|>`) in
+    /// `prompt`, in order ([`crate::Engine::add_request_with_images`]). Decoded RGB, shared.
+    pub images: Vec<Arc<crate::vision::RgbImage>>,
 }
 
 /// A [`LogitsProcessor`] travelling with a [`Request`] to the engine thread, which takes it
@@ -72,6 +75,7 @@ impl Request {
             report_prefill: false,
             return_logits: false,
             prompt_logprobs: None,
+            images: Vec::new(),
         }
     }
 }

@@ -72,6 +72,26 @@ pub(crate) trait Stepper {
         extra: ExtraKeys,
         prompt_logprobs: Option<usize>,
     ) -> Result<u64>;
+    /// [`Stepper::add_request`] for a prompt with images ([`Engine::add_request_with_images`]);
+    /// the default takes none.
+    fn add_request_images(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        extra: ExtraKeys,
+        prompt_logprobs: Option<usize>,
+        images: &[crate::vision::RgbImage],
+    ) -> Result<u64> {
+        if !images.is_empty() {
+            anyhow::bail!("this model takes no image inputs");
+        }
+        self.add_request(prompt, params, extra, prompt_logprobs)
+    }
+    /// The prompt length of unfinished request `id` as the engine holds it (image placeholders
+    /// expanded); `None` when unknown.
+    fn prompt_len(&self, _id: u64) -> Option<usize> {
+        None
+    }
     /// One step; with `logits`, each [`Produced`] carries its logits row.
     fn step(&mut self, logits: bool) -> Result<Vec<Produced>>;
     /// [`Engine::trace_prefill`] (the engine is idle).
@@ -95,6 +115,25 @@ impl<B: Backend> Stepper for Engine<B> {
         prompt_logprobs: Option<usize>,
     ) -> Result<u64> {
         Engine::add_request_scored(self, prompt, params, extra, prompt_logprobs)
+    }
+    fn add_request_images(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        extra: ExtraKeys,
+        prompt_logprobs: Option<usize>,
+        images: &[crate::vision::RgbImage],
+    ) -> Result<u64> {
+        if images.is_empty() {
+            return Engine::add_request_scored(self, prompt, params, extra, prompt_logprobs);
+        }
+        if prompt_logprobs.is_some() {
+            anyhow::bail!("prompt_logprobs with images is not supported");
+        }
+        Engine::add_request_with_images(self, prompt, params, extra, images)
+    }
+    fn prompt_len(&self, id: u64) -> Option<usize> {
+        Engine::prompt_len(self, id)
     }
     fn step(&mut self, logits: bool) -> Result<Vec<Produced>> {
         // Logits rows come from `capture_logits`; a setting of the engine's own is kept.
@@ -345,11 +384,14 @@ impl<S: Stepper> EngineLoop<S> {
             ..Default::default()
         };
         let processor = request.processor.take();
-        let id = self.engine.add_request(
+        let images: Vec<crate::vision::RgbImage> =
+            request.images.iter().map(|i| i.as_ref().clone()).collect();
+        let id = self.engine.add_request_images(
             request.prompt,
             request.params,
             extra,
             request.prompt_logprobs,
+            &images,
         )?;
         if let Some(p) = processor {
             if let Err(e) = self.engine.set_logits_processor(id, p) {
@@ -365,7 +407,8 @@ impl<S: Stepper> EngineLoop<S> {
                 return_logits: request.return_logits,
                 arrival,
                 first_token: None,
-                prompt_tokens,
+                // Image placeholders count as the tokens they became.
+                prompt_tokens: self.engine.prompt_len(id).unwrap_or(prompt_tokens),
                 cached_tokens: 0,
                 generated: 0,
                 prompt_logprobs: None,

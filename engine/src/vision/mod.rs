@@ -3,8 +3,27 @@
 //! knows a backend, the scheduler or the decoder.
 
 pub mod decode;
+pub mod encoder_cache;
 pub mod pillow_resize;
 pub mod preprocess;
 
 pub use decode::{decode_image, ImageError, RgbImage, MAX_IMAGE_PIXELS};
+
+/// The prompt text that stands for one image, by `model_type`: Kimi-K2.5's
+/// `<|media_begin|>image<|media_content|><|media_pad|><|media_end|>` (vLLM
+/// `get_placeholder_str`); its `<|media_pad|>` is the placeholder the engine expands. `None` for
+/// models without a vision tower.
+pub fn image_markup(model_type: &str) -> Option<&'static str> {
+    match model_type {
+        "kimi_k25" => Some("<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"),
+        _ => None,
+    }
+}
+
+/// Reads and decodes an image file ([`decode_image`]); errors name the file.
+pub fn load_image_file(path: &std::path::Path) -> anyhow::Result<RgbImage> {
+    use anyhow::Context;
+    let bytes = std::fs::read(path).with_context(|| format!("reading image {}", path.display()))?;
+    decode_image(&bytes).with_context(|| format!("image {}", path.display()))
+}
 pub use preprocess::{preprocess, ImageProcessorConfig, PreprocessedImage};
