@@ -8,14 +8,19 @@
 //! indexer's part (its projections, key norm/RoPE/cache write and `dsa_topk`), and the two
 //! attention kernels alone; per token per sequence is the step time divided by the batch.
 //!
+//! With `--prefill-chunk N`, each context is instead a prompt of that many tokens prefilled in
+//! chunks of `N` (one sequence): the whole prompt's time through the layer dense (expanded MLA
+//! prefill, `layers::MlaExpanded`, where the backend has the kernel; else absorbed) and sparse
+//! (every query attends only to its top-k keys: no dense pass), the issue-[10] crossover.
+//!
 //! Usage: `dsa-bench [--backend cuda|wgsl|cpu] [--contexts 8192,32768,131072] [--batch 1]
-//!         [--heads 128] [--index-topk 2048] [--iters 20] [--json]`
+//!         [--heads 128] [--index-topk 2048] [--iters 20] [--prefill-chunk N] [--json]`
 
 use anyhow::{bail, Result};
 use clap::Parser;
 use dayone_backend::conformance::Rng;
 use dayone_backend::{Backend, DType, HostTensor, RopeStyle, StepMeta};
-use dayone_engine::layers::{DsaIndexer, Linear, Mla, MlaShape, RmsNorm, Rope};
+use dayone_engine::layers::{DsaIndexer, Linear, Mla, MlaExpanded, MlaShape, RmsNorm, Rope};
 use std::time::Instant;
 
 /// Command-line flags.
@@ -40,6 +45,10 @@ struct Args {
     /// Timed calls per measurement (after one warm-up).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     iters: u64,
+    /// Prefill each context as a prompt in chunks of this many tokens instead of timing a
+    /// decode step.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -121,8 +130,120 @@ fn layer<B: Backend>(b: &B, a: &Args, rng: &mut Rng, dt: DType) -> Result<Mla<B>
         o_proj: dayone_engine::layers::RowLinear::single(lin(up(&[HIDDEN, h * V_DIM], 0.01)?)),
         scale: 1.0 / ((NOPE + ROPE) as f32).sqrt(),
         indexer: Some(indexer),
-        expanded: None,
+        expanded: Some(MlaExpanded {
+            w_q: lin(up(&[h * (NOPE + ROPE), Q_LORA], 0.03)?),
+            w_k: lin(up(&[h * (NOPE + ROPE), KV_LORA + ROPE], 0.05)?),
+            w_v: lin(up(&[h * V_DIM, KV_LORA + ROPE], 0.05)?),
+            min_tokens: 256,
+            any_backend: false,
+        }),
     })
+}
+
+/// Prefill step of one sequence: `n` new tokens at positions `start .. start + n`, blocks of
+/// `bs` tokens in order.
+fn prefill_meta(start: usize, n: usize, bs: usize) -> StepMeta {
+    let len = start + n;
+    let max_blocks = len.div_ceil(bs);
+    StepMeta {
+        positions: (start as u32..len as u32).collect(),
+        token_seq: vec![0; n],
+        slot_mapping: (start as u32..len as u32).collect(),
+        block_tables: (0..max_blocks as u32).collect(),
+        seq_lens: vec![len as u32],
+        query_start: vec![0, n as u32],
+        logit_rows: vec![n as u32 - 1],
+        state_slots: vec![0],
+        max_blocks,
+        block_size: bs,
+        max_seq_len: len,
+    }
+}
+
+/// Seconds to prefill a `ctx`-token prompt in chunks of `chunk` through the layer, dense
+/// (`keys: None`) or sparse.
+fn prefill_time<B: Backend>(
+    b: &B,
+    mla: &Mla<B>,
+    rope: &Rope<B>,
+    x: &B::Tensor,
+    ctx: usize,
+    chunk: usize,
+    (cache, keys): (&B::Tensor, Option<&B::Tensor>),
+) -> Result<f64> {
+    b.synchronize()?;
+    let t0 = Instant::now();
+    let mut start = 0;
+    while start < ctx {
+        let n = chunk;
+        let meta = b.upload_meta(prefill_meta(start, n, 64))?;
+        mla.forward(b, x, Some(rope), &meta, cache, keys)?;
+        start += n;
+    }
+    b.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// `--prefill-chunk`: dense vs sparse prefill of whole prompts.
+fn run_prefill<B: Backend>(
+    b: &B,
+    a: &Args,
+    mla: &mut Mla<B>,
+    rope: &Rope<B>,
+    chunk: usize,
+    rng: &mut Rng,
+    dt: DType,
+) -> Result<()> {
+    let bs = 64;
+    if !a.json {
+        println!(
+            "DeepSeek-V3.2 attention layer on {}: prefill in chunks of {chunk}, {} heads, top-{}; {dt}; seconds per prompt",
+            b.name(), a.heads, a.index_topk
+        );
+        println!(
+            "{:>8} {:>12} {:>10} {:>8}",
+            "prompt", "dense (s)", "sparse (s)", "speedup"
+        );
+    }
+    let x = b.upload(&filled(&[chunk, HIDDEN], rng, 1.0, dt)?)?;
+    for &ctx in &a.contexts {
+        if ctx % chunk != 0 {
+            bail!("--contexts {ctx} must be a multiple of --prefill-chunk {chunk}");
+        }
+        let blocks = ctx.div_ceil(bs);
+        let cache = b.upload(&filled(&[blocks, bs, KV_LORA + ROPE], rng, 1.0, dt)?)?;
+        let keys = b.upload(&filled(&[blocks, bs, INDEX_DIM], rng, 1.0, dt)?)?;
+        let ix = mla.indexer.take().expect("indexer");
+        let mut dense = f64::MAX;
+        for _ in 0..a.iters {
+            dense = dense.min(prefill_time(b, mla, rope, &x, ctx, chunk, (&cache, None))?);
+        }
+        mla.indexer = Some(ix);
+        let mut sparse = f64::MAX;
+        for _ in 0..a.iters {
+            sparse = sparse.min(prefill_time(
+                b,
+                mla,
+                rope,
+                &x,
+                ctx,
+                chunk,
+                (&cache, Some(&keys)),
+            )?);
+        }
+        if a.json {
+            println!(
+                "{{\"prompt\":{ctx},\"chunk\":{chunk},\"dense_s\":{dense:.4},\"sparse_s\":{sparse:.4},\"backend\":\"{}\"}}",
+                b.name()
+            );
+        } else {
+            println!(
+                "{ctx:>8} {dense:>12.3} {sparse:>10.3} {:>7.2}×",
+                dense / sparse
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Decode step of `batch` sequences, each at position `ctx` (so `ctx + 1` keys), contiguous
@@ -167,6 +288,9 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         .map(|i| 10000f32.powf(-2.0 * i as f32 / ROPE as f32))
         .collect();
     let rope = Rope::new(&b, &inv_freq, RopeStyle::Interleaved, 1.0)?;
+    if let Some(chunk) = a.prefill_chunk {
+        return run_prefill(&b, a, &mut mla, &rope, chunk, &mut rng, dt);
+    }
     let bs = 64;
     if !a.json {
         println!(

@@ -1,6 +1,8 @@
 //! The [`Backend`] trait: the tensor ops a decoder needs, at the level of fused layer ops.
 
-use crate::{DType, DeviceStepMeta, HostTensor, QuantTensor, StepMeta};
+use crate::{
+    DType, DeviceStepMeta, DeviceVarlenMeta, HostTensor, QuantTensor, StepMeta, VarlenResult,
+};
 use anyhow::Result;
 
 /// Shape and dtype of a device tensor.
@@ -281,6 +283,35 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "write_cache is not implemented on the {} backend",
             self.name()
         )
+    }
+
+    /// Whether [`Backend::attention_varlen`] runs natively (not through the host default) for
+    /// this activation dtype and head dims; the engine takes the expanded MLA prefill only then
+    /// unless told otherwise.
+    fn attention_varlen_native(&self, _dtype: DType, _dk: usize, _dv: usize) -> bool {
+        false
+    }
+
+    /// Attention of `q` over one contiguous key segment (FlashAttention-2's varlen form; layout
+    /// and masking in [`crate::VarlenMeta`], maths in [`crate::varlen::attention_varlen`]),
+    /// continuing a `prior` softmax state when given (`o` `[N, H, Dv]` f32, `lse` `[N, H]` f32,
+    /// as returned in [`VarlenResult::State`]). `q` `[N, H, Dk]`, `k` `[M, Hkv, Dk]`, `v`
+    /// `[M, Hkv, Dv]` in one float dtype; `final_out` asks for [`VarlenResult::Final`] (`[N, H,
+    /// Dv]` in `q`'s dtype, rows that saw no key are 0), else the state to pass to the next
+    /// segment. The default computes on the host through the reference (download, f64, upload):
+    /// correct everywhere, fast nowhere.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_varlen(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        meta: &DeviceVarlenMeta<Self::Tensor>,
+        scale: f32,
+        prior: Option<(&Self::Tensor, &Self::Tensor)>,
+        final_out: bool,
+    ) -> Result<VarlenResult<Self::Tensor>> {
+        crate::varlen::attention_varlen_on_host(self, q, k, v, meta, scale, prior, final_out)
     }
 
     /// Causal multi-head attention over a paged latent cache with one shared KV row per token

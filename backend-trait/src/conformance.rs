@@ -152,6 +152,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     check_many_row_ops(b)?;
     check_host_rows(b)?;
     crate::conformance_quant::check_quant(b)?;
+    crate::conformance_varlen::check_attention_varlen(b)?;
     crate::conformance_vision::check_gelu(b)?;
     crate::conformance_invariance::check_batch_invariance(b)?;
     Ok(())

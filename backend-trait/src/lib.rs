@@ -17,6 +17,7 @@ pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};
 pub use host_rows::{HostMem, HostRow};
 pub use quant::{QuantFormat, QuantHost, QuantTensor};
+pub use varlen::{DeviceVarlenMeta, VarlenMeta, VarlenResult};
 
 pub mod comm;
 pub mod comm_tcp;
@@ -24,6 +25,7 @@ pub mod conformance;
 pub mod conformance_ext;
 pub mod conformance_invariance;
 pub mod conformance_quant;
+pub mod conformance_varlen;
 pub mod conformance_vision;
 pub mod cpu;
 pub mod host_rows;
@@ -32,3 +34,4 @@ pub mod reference;
 #[cfg(test)]
 mod reference_tests;
 pub mod rows;
+pub mod varlen;

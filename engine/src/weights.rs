@@ -15,7 +15,7 @@ pub struct WeightLoader<'a, B: Backend> {
     loaded: Cell<usize>,
     progress: Option<&'a dyn Fn(usize, usize)>,
     parallel: Parallel<B>,
-    mla_expanded: Option<usize>,
+    mla_prefill: crate::layers::MlaPrefill,
     bytes: Cell<u64>,
     keep_quantized: bool,
     workspaces: std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>>,
@@ -31,7 +31,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             loaded: Cell::new(0),
             progress: None,
             parallel: Parallel::single(),
-            mla_expanded: None,
+            mla_prefill: crate::layers::MlaPrefill::Absorbed,
             bytes: Cell::new(0),
             keep_quantized: true,
             workspaces: Default::default(),
@@ -125,9 +125,10 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         Ok(t)
     }
 
-    /// MLA layers also load their expanded-form weights, used from this many new tokens a step.
-    pub fn with_mla_expanded(mut self, min_tokens: Option<usize>) -> Self {
-        self.mla_expanded = min_tokens;
+    /// Which form MLA layers compute prefill in; unless `Absorbed`, they also load their
+    /// expanded-form weights.
+    pub fn with_mla_prefill(mut self, mode: crate::layers::MlaPrefill) -> Self {
+        self.mla_prefill = mode;
         self
     }
 
@@ -136,9 +137,9 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         self.bytes.get()
     }
 
-    /// See [`WeightLoader::with_mla_expanded`].
-    pub fn mla_expanded(&self) -> Option<usize> {
-        self.mla_expanded
+    /// See [`WeightLoader::with_mla_prefill`].
+    pub fn mla_prefill(&self) -> crate::layers::MlaPrefill {
+        self.mla_prefill
     }
 
     /// Loads this rank's slices of a model split by `parallel` (layers read it through

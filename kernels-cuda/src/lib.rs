@@ -44,8 +44,8 @@ use anyhow::{anyhow, bail, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
-    AttentionOptions, Backend, DType, DeviceStepMeta, ExpertOptions, HostRow, HostTensor,
-    MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo,
+    AttentionOptions, Backend, DType, DeviceStepMeta, DeviceVarlenMeta, ExpertOptions, HostRow,
+    HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo, VarlenResult,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
@@ -68,6 +68,8 @@ mod basic;
 pub mod comm;
 mod dsa;
 mod ext;
+mod flash;
+pub use flash::FlashVariant;
 mod host_rows;
 mod invariant;
 mod kda;
@@ -454,6 +456,7 @@ impl CudaBackend {
             || name.starts_with("kda_chunk")
             || name.starts_with("dsa_score_mma")
             || name.starts_with("gemm_inv_mma")
+            || name.starts_with("flash_attn")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
@@ -730,6 +733,23 @@ impl Backend for CudaBackend {
         scale: f32,
     ) -> Result<CudaTensor> {
         self.attention(q, k_cache, v_cache, meta, scale)
+    }
+
+    fn attention_varlen(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        meta: &DeviceVarlenMeta<CudaTensor>,
+        scale: f32,
+        prior: Option<(&CudaTensor, &CudaTensor)>,
+        final_out: bool,
+    ) -> Result<VarlenResult<CudaTensor>> {
+        self.attention_varlen_with(q, k, v, meta, scale, prior, final_out, None)
+    }
+
+    fn attention_varlen_native(&self, dtype: DType, dk: usize, dv: usize) -> bool {
+        self.varlen_native(dtype, dk, dv)
     }
 
     fn head_linear(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {

@@ -35,6 +35,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("attention_ext", include_str!("../kernels/attention_ext.cu")),
     ("moe_ext", include_str!("../kernels/moe_ext.cu")),
     ("gemm_inv", include_str!("../kernels/gemm_inv.cu")),
+    ("flash_attn", include_str!("../kernels/flash_attn.cu")),
 ];
 
 /// The full source NVRTC compiles for a family: the common header, then the family's file.

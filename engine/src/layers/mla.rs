@@ -161,7 +161,18 @@ impl<B: Backend> Mla<B> {
                 uv[(hh * dv + i) * l..(hh * dv + i + 1) * l].copy_from_slice(&kvb[src..src + l]);
             }
         }
-        let expanded = match w.mla_expanded() {
+        // Auto: only where the backend runs the expanded attention natively (else the weights
+        // would sit unused).
+        let act = w.backend().activation_dtype(w.dtype());
+        let native = w
+            .backend()
+            .attention_varlen_native(act, dn + s.rope_dim, dv);
+        let any_backend = matches!(w.mla_prefill(), super::MlaPrefill::Expanded { .. });
+        let expanded = match w
+            .mla_prefill()
+            .min_tokens()
+            .filter(|_| native || any_backend)
+        {
             Some(min_tokens) => {
                 let (wq, wk, wv) =
                     super::mla_expanded::expanded_weights(&q, &kvb, (h, dn, s.rope_dim, dv, l))?;
@@ -176,6 +187,7 @@ impl<B: Backend> Mla<B> {
                     w_k: up(wk)?,
                     w_v: up(wv)?,
                     min_tokens,
+                    any_backend,
                 })
             }
             None => None,
@@ -289,7 +301,7 @@ impl<B: Backend> Mla<B> {
         } else {
             selected.clone().flatten()
         };
-        let o = if attend.is_none() && self.expands(meta) {
+        let o = if attend.is_none() && self.expands(b, &cq, meta) {
             self.expanded_attention(b, &cq, rope, meta, cache)?
         } else {
             let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;

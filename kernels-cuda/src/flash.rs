@@ -1,0 +1,214 @@
+//! `attention_varlen` on tensor cores (`kernels/flash_attn.cu`): FlashAttention-2-style prefill
+//! attention over one contiguous key segment, continuing a softmax state.
+
+use crate::{check_dtype, dtype_suffix, to_u32, CudaBackend, CudaTensor};
+use anyhow::{bail, Result};
+use dayone_backend::{DType, DeviceVarlenMeta, VarlenResult};
+
+/// Keys per tile of `flash_attn_*` (the kernel's FA_BN).
+const BN: usize = 64;
+
+/// A compiled shape of `flash_attn_*`: `wm` m-tiles of 16 query rows per warp, `nw` warps; a
+/// block owns `16 · wm · nw` query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashVariant {
+    /// 16-row m-tiles per warp (1 or 2).
+    pub wm: usize,
+    /// Warps per block.
+    pub nw: usize,
+}
+
+impl FlashVariant {
+    /// Every variant the kernel file instantiates for head dims other than 256/256 (which has
+    /// only the first: two m-tiles of 256-wide O would not fit the registers).
+    pub const ALL: [FlashVariant; 3] = [
+        FlashVariant { wm: 1, nw: 8 },
+        FlashVariant { wm: 2, nw: 4 },
+        FlashVariant { wm: 2, nw: 8 },
+    ];
+
+    fn rows(self) -> usize {
+        16 * self.wm * self.nw
+    }
+}
+
+/// The (hd_k, hd_v) pairs `flash_attn_*` is instantiated for: Llama-style 64/64 and 128/128,
+/// DeepSeek / Kimi expanded MLA 192/128, glm5_next's NoPE MLA 256/256.
+pub(crate) fn flash_dims(dk: usize, dv: usize) -> bool {
+    matches!((dk, dv), (64, 64) | (128, 128) | (192, 128) | (256, 256))
+}
+
+/// The variant used for these head dims: `DAYONE_FLASH_VARIANT` (`m1w8`, `m2w4`, `m2w8`) where
+/// the kernel has it, else the measured default (docs/perf.md, issue [10]).
+pub(crate) fn flash_default(dk: usize, dv: usize) -> FlashVariant {
+    static FROM_ENV: std::sync::OnceLock<Option<FlashVariant>> = std::sync::OnceLock::new();
+    let env = *FROM_ENV.get_or_init(|| {
+        let v = std::env::var("DAYONE_FLASH_VARIANT").ok()?;
+        FlashVariant::ALL
+            .into_iter()
+            .find(|f| format!("m{}w{}", f.wm, f.nw) == v)
+    });
+    match (env, dk, dv) {
+        (_, 256, 256) => FlashVariant::ALL[0],
+        (Some(v), _, _) => v,
+        // H200, 2026-12-02: 221 vs 191 (m1w8) and 147 (m2w4) TFLOP/s at 128K tokens.
+        (None, 192, _) => FlashVariant { wm: 2, nw: 8 },
+        // 213 vs 199 (m2w8) and 173 (m1w8) TFLOP/s at 128K tokens (128/128).
+        (None, _, _) => FlashVariant { wm: 2, nw: 4 },
+    }
+}
+
+/// Dynamic shared memory of one block: Q tile, two K tiles, two V tiles (rows padded by 8),
+/// then the block's position range (two u32, padded to 16 bytes).
+pub(crate) fn flash_smem_bytes(dk: usize, dv: usize, elem: usize, var: FlashVariant) -> usize {
+    (var.rows() * (dk + 8) + 2 * BN * (dk + 8) + 2 * BN * (dv + 8)) * elem + 16
+}
+
+impl CudaBackend {
+    /// Whether [`CudaBackend::attention_varlen_impl`] runs on the device for these shapes.
+    pub(crate) fn varlen_native(&self, dtype: DType, dk: usize, dv: usize) -> bool {
+        dtype != DType::F32
+            && flash_dims(dk, dv)
+            && flash_smem_bytes(dk, dv, 2, flash_default(dk, dv))
+                <= self.info.max_smem_optin as usize
+    }
+
+    /// [`dayone_backend::Backend::attention_varlen`] with an explicit kernel variant (`None`:
+    /// the default for the head dims); benchmarks compare the variants through it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_with(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        meta: &DeviceVarlenMeta<CudaTensor>,
+        scale: f32,
+        prior: Option<(&CudaTensor, &CudaTensor)>,
+        final_out: bool,
+        variant: Option<FlashVariant>,
+    ) -> Result<VarlenResult<CudaTensor>> {
+        const OP: &str = "attention_varlen";
+        let sfx = dtype_suffix(OP, q.dtype)?;
+        if q.shape.len() != 3 || k.shape.len() != 3 || v.shape.len() != 3 {
+            bail!(
+                "{OP}: q must be [N, H, Dk], k [M, Hkv, Dk], v [M, Hkv, Dv]; got {:?}, {:?}, {:?}",
+                q.shape,
+                k.shape,
+                v.shape
+            );
+        }
+        let (n, h, dk) = (q.shape[0], q.shape[1], q.shape[2]);
+        let (m, hkv, dv) = (k.shape[0], k.shape[1], v.shape[2]);
+        if k.shape[2] != dk || v.shape[..2] != [m, hkv] {
+            bail!(
+                "{OP}: k must be [M, Hkv, {dk}] and v [M, Hkv, Dv], got {:?} and {:?}",
+                k.shape,
+                v.shape
+            );
+        }
+        check_dtype(OP, "k", k, q.dtype)?;
+        check_dtype(OP, "v", v, q.dtype)?;
+        if hkv == 0 || h % hkv != 0 {
+            bail!("{OP}: query heads H = {h} must be a multiple of key heads Hkv = {hkv}");
+        }
+        if !self.varlen_native(q.dtype, dk, dv) {
+            // f32 or other head dims: the host reference (correct, slow), as the trait's default.
+            return dayone_backend::varlen::attention_varlen_on_host(
+                self, q, k, v, meta, scale, prior, final_out,
+            );
+        }
+        let var = variant.unwrap_or_else(|| flash_default(dk, dv));
+        if (dk, dv) == (256, 256) && var != FlashVariant::ALL[0]
+            || !FlashVariant::ALL.contains(&var)
+        {
+            bail!("{OP}: no kernel variant {var:?} for hd_k = {dk}, hd_v = {dv}");
+        }
+        let smem = flash_smem_bytes(dk, dv, 2, var);
+        if smem > self.info.max_smem_optin as usize {
+            bail!(
+                "{OP}: variant {var:?} needs {smem} bytes of shared memory, the device allows {}",
+                self.info.max_smem_optin
+            );
+        }
+        let hm = &meta.host;
+        hm.check(OP, n, m)?;
+        if let Some((po, pl)) = prior {
+            if po.dtype != DType::F32
+                || po.shape != [n, h, dv]
+                || pl.dtype != DType::F32
+                || pl.shape != [n, h]
+            {
+                bail!(
+                    "{OP}: the prior state must be o [{n}, {h}, {dv}] f32 and lse [{n}, {h}] f32, \
+                     got {:?} {} and {:?} {}",
+                    po.shape,
+                    po.dtype,
+                    pl.shape,
+                    pl.dtype
+                );
+            }
+        }
+        let s = hm.num_seqs();
+        if s > 65535 || h > 65535 {
+            bail!("{OP}: at most 65535 sequences and heads per call, got {s} and {h}");
+        }
+        self.bind()?;
+        let (out, out_o, out_lse) = if final_out {
+            (Some(self.alloc(vec![n, h, dv], q.dtype)?), None, None)
+        } else {
+            (
+                None,
+                Some(self.alloc(vec![n, h, dv], DType::F32)?),
+                Some(self.alloc(vec![n, h], DType::F32)?),
+            )
+        };
+        let max_q = hm
+            .query_start
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
+        if n > 0 && max_q > 0 {
+            let name = format!("flash_attn_{sfx}_k{dk}_v{dv}_m{}w{}", var.wm, var.nw);
+            let f = self.func("flash_attn", sfx, &name)?;
+            let ptr = |t: Option<&CudaTensor>| t.map_or(0u64, |t| t.device_ptr());
+            let (hu, hkvu) = (to_u32(OP, "H", h)?, to_u32(OP, "Hkv", hkv)?);
+            let scale_log2 = scale * std::f32::consts::LOG2_E;
+            let causal = hm.causal as u32;
+            self.launch(
+                OP,
+                &f,
+                (
+                    to_u32(OP, "query tiles", max_q.div_ceil(var.rows()))?,
+                    hu,
+                    s as u32,
+                ),
+                (32 * var.nw as u32, 1, 1),
+                smem as u32,
+                kparams![
+                    q.device_ptr(),
+                    k.device_ptr(),
+                    v.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.key_start.device_ptr(),
+                    meta.key_pos0.device_ptr(),
+                    meta.positions.device_ptr(),
+                    ptr(prior.map(|p| p.0)),
+                    ptr(prior.map(|p| p.1)),
+                    ptr(out.as_ref()),
+                    ptr(out_o.as_ref()),
+                    ptr(out_lse.as_ref()),
+                    hu,
+                    hkvu,
+                    scale_log2,
+                    causal
+                ],
+            )?;
+        }
+        Ok(match (out, out_o, out_lse) {
+            (Some(o), _, _) => VarlenResult::Final(o),
+            (None, Some(o), Some(lse)) => VarlenResult::State { o, lse },
+            _ => unreachable!("one of the two outputs is allocated"),
+        })
+    }
+}
