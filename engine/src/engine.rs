@@ -2,6 +2,7 @@
 
 use crate::cache::KvCache;
 use crate::config::ModelConfig;
+use crate::layers::MlaPrefill;
 use crate::loader::Checkpoint;
 use crate::metrics::{EngineMetrics, FinishedRequest, MetricsSnapshot, Preemption};
 use crate::models::{load_model, CausalLm};
@@ -69,10 +70,10 @@ pub struct EngineConfig {
     /// whole on every rank instead of being split (decode, short prompts).
     #[serde(default = "context_parallel_min_tokens")]
     pub context_parallel_min_tokens: usize,
-    /// MLA layers compute steps of at least this many new tokens in the expanded form
-    /// ([`crate::layers::MlaExpanded`]); `None`: always the absorbed form. Default from
-    /// `DAYONE_MLA_PREFILL=expanded` (and `DAYONE_MLA_EXPANDED_MIN_TOKENS`, default 256).
-    pub mla_expanded_min_tokens: Option<usize>,
+    /// Which form MLA layers compute prefill steps in ([`MlaPrefill`]); default from
+    /// `DAYONE_MLA_PREFILL` (`auto`, `absorbed` or `expanded`) and
+    /// `DAYONE_MLA_EXPANDED_MIN_TOKENS` (default 256), else `auto`.
+    pub mla_prefill: MlaPrefill,
     /// Decode block-quantized weights to `dtype` at load instead of keeping their low-bit
     /// codes on the device (`--dequantize-at-load`).
     #[serde(default)]
@@ -84,17 +85,17 @@ pub struct EngineConfig {
     pub batch_invariant: bool,
 }
 
-/// `DAYONE_MLA_PREFILL=expanded` (from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens, default
-/// 256) or `absorbed` (the default until the expanded form is measured on each backend).
-fn mla_expanded_from_env() -> Option<usize> {
-    match std::env::var("DAYONE_MLA_PREFILL").ok()?.as_str() {
-        "expanded" => Some(
-            std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(256),
-        ),
-        _ => None,
+/// `DAYONE_MLA_PREFILL` = `absorbed`, `expanded` or `auto` (the default; anything else is
+/// `auto` too), from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens (default 256).
+fn mla_prefill_from_env() -> MlaPrefill {
+    let min_tokens = std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(MlaPrefill::DEFAULT_MIN_TOKENS);
+    match std::env::var("DAYONE_MLA_PREFILL").as_deref() {
+        Ok("absorbed") => MlaPrefill::Absorbed,
+        Ok("expanded") => MlaPrefill::Expanded { min_tokens },
+        _ => MlaPrefill::Auto { min_tokens },
     }
 }
 
@@ -139,7 +140,7 @@ impl Default for EngineConfig {
             expert_parallel_size: 1,
             context_parallel_size: 1,
             context_parallel_min_tokens: context_parallel_min_tokens(),
-            mla_expanded_min_tokens: mla_expanded_from_env(),
+            mla_prefill: mla_prefill_from_env(),
             dequantize_at_load: false,
             batch_invariant: false,
         }
@@ -282,7 +283,7 @@ impl<B: Backend> Engine<B> {
             progress,
             crate::models::LoadOptions {
                 parallel,
-                mla_expanded_min_tokens: cfg.mla_expanded_min_tokens,
+                mla_prefill: cfg.mla_prefill,
                 keep_quantized: !cfg.dequantize_at_load,
                 context_parallel_min_tokens: cfg.context_parallel_min_tokens,
             },

@@ -27,7 +27,7 @@ pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnec
 pub use kda::{Kda, KdaShape};
 pub use linear::{Linear, Weight};
 pub use mla::{Mla, MlaShape, MlaSparse, Selection};
-pub use mla_expanded::MlaExpanded;
+pub use mla_expanded::{MlaExpanded, MlaPrefill};
 pub use mlp::{clamped_swiglu, Mlp};
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use moe_quant::{ExpertWorkspace, QuantExperts};

@@ -80,8 +80,8 @@ pub struct EmbedSplice {
 pub struct LoadOptions<B: Backend> {
     /// This rank's split ([`crate::parallel::Parallel::single`] on one device).
     pub parallel: crate::parallel::Parallel<B>,
-    /// MLA's expanded prefill from this many new tokens ([`crate::EngineConfig`]).
-    pub mla_expanded_min_tokens: Option<usize>,
+    /// Which form MLA prefill takes ([`crate::EngineConfig::mla_prefill`]).
+    pub mla_prefill: crate::layers::MlaPrefill,
     /// Keep block-quantized weights in their low-bit form ([`WeightLoader::with_keep_quantized`]).
     pub keep_quantized: bool,
     /// Under context parallelism (`parallel.context`), the smallest step that is split
@@ -115,7 +115,7 @@ pub fn load_model<B: Backend>(
     };
     let mut w = WeightLoader::new(b, tensors, dtype)
         .with_parallel(options.parallel)
-        .with_mla_expanded(options.mla_expanded_min_tokens)
+        .with_mla_prefill(options.mla_prefill)
         .with_keep_quantized(options.keep_quantized);
     if let Some(p) = progress {
         w = w.with_progress(p);
