@@ -73,6 +73,31 @@ impl CudaBackend {
                 <= self.info.max_smem_optin as usize
     }
 
+    /// Registers per thread and local-memory (spill) bytes per thread of the `flash_attn` kernel
+    /// for `dtype`, head dims and `variant`: what the compiler gave it, for benchmarks.
+    pub fn flash_kernel_resources(
+        &self,
+        dtype: DType,
+        (dk, dv): (usize, usize),
+        variant: FlashVariant,
+    ) -> Result<(i32, i32)> {
+        use cudarc::driver::sys::CUfunction_attribute as A;
+        let sfx = dtype_suffix("flash_attn", dtype)?;
+        let name = format!(
+            "flash_attn_{sfx}_k{dk}_v{dv}_m{}w{}",
+            variant.wm, variant.nw
+        );
+        let f = self.func("flash_attn", sfx, &name)?;
+        let get = |a| {
+            f.get_attribute(a)
+                .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))
+        };
+        Ok((
+            get(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            get(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        ))
+    }
+
     /// [`dayone_backend::Backend::attention_varlen`] with an explicit kernel variant (`None`:
     /// the default for the head dims); benchmarks compare the variants through it.
     #[allow(clippy::too_many_arguments)]

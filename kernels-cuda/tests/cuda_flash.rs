@@ -89,6 +89,13 @@ fn bench_flash_attention() {
     let Some(b) = backend("bench_flash_attention") else {
         return;
     };
+    for (dk, dv) in [(64usize, 64usize), (128, 128), (192, 128), (256, 256)] {
+        for var in FlashVariant::ALL {
+            if let Ok((regs, local)) = b.flash_kernel_resources(DType::BF16, (dk, dv), var) {
+                println!("flash_attn k{dk}_v{dv} m{}w{}: {regs} registers, {local} B local memory per thread", var.wm, var.nw);
+            }
+        }
+    }
     let h = 32usize;
     for (dk, dv) in [(192usize, 128usize), (128, 128)] {
         for n in [8192usize, 32768, 131072] {

@@ -188,13 +188,16 @@ fn segment_layout(m: &StepMeta, seg: &[(usize, usize, usize)]) -> (Vec<u32>, Var
 
 impl<B: Backend> Mla<B> {
     /// Whether this step's attention takes the expanded form: enough new tokens, and a native
-    /// kernel for `cq`'s dtype unless [`MlaPrefill::Expanded`] asked for every backend.
+    /// kernel for `cq`'s dtype unless [`MlaPrefill::Expanded`] asked for every backend. `Auto`
+    /// never expands in batch-invariant mode, where a token's result must not depend on how many
+    /// tokens share its step (the form is chosen by that count).
     pub(super) fn expands(&self, b: &B, cq: &B::Tensor, meta: &DeviceStepMeta<B::Tensor>) -> bool {
         let s = self.shape;
         self.expanded.as_ref().is_some_and(|e| {
             meta.host.num_tokens() >= e.min_tokens
                 && (e.any_backend
-                    || b.attention_varlen_native(cq.dtype(), s.nope_dim + s.rope_dim, s.v_dim))
+                    || !b.batch_invariant()
+                        && b.attention_varlen_native(cq.dtype(), s.nope_dim + s.rope_dim, s.v_dim))
         })
     }
 
