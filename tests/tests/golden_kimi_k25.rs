@@ -30,9 +30,9 @@ fn config() -> Result<MoonVitConfig> {
 }
 
 /// Encodes every image case and compares each recorded intermediate.
-fn check_encoder<B: Backend>(b: B, dtype: DType) -> Result<()> {
+fn check_encoder<B: Backend>(b: B, dtype: DType, model: &str) -> Result<()> {
     let cfg = config()?;
-    let src = SafetensorsSource::open_dir(&fixture("kimi_k25_tiny"))?;
+    let src = SafetensorsSource::open_dir(&fixture(model))?;
     let dtype = b.activation_dtype(dtype);
     let loader = WeightLoader::new(&b, &src, dtype);
     let vit = MoonVit::load(&loader, &cfg)?;
@@ -148,8 +148,8 @@ fn run<B: Backend>(
 /// Every reference case (images and text only) through the engine: the last prompt row's
 /// logits and the greedy tokens, with prefill chunks of `chunk` tokens (small chunks cut through
 /// the images' placeholder runs).
-fn check_generate<B: Backend>(b: B, dtype: DType, chunk: usize) -> Result<()> {
-    let mut e = engine(b, "kimi_k25_tiny", engine_config(dtype, chunk))?;
+fn check_generate<B: Backend>(b: B, dtype: DType, chunk: usize, model: &str) -> Result<()> {
+    let mut e = engine(b, model, engine_config(dtype, chunk))?;
     ensure!(e.accepts_images() && e.image_placeholder() == Some(PAD));
     for case in reference()["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
@@ -261,13 +261,17 @@ fn check_bad_requests<B: Backend>(b: B) -> Result<()> {
 }
 
 on_every_backend! {
-    generate_f32 => |mk: fn() -> _| check_generate(mk(), DType::F32, 512);
-    generate_chunked_f32 => |mk: fn() -> _| check_generate(mk(), DType::F32, 5);
-    generate_bf16 => |mk: fn() -> _| check_generate(mk(), DType::BF16, 512);
+    generate_f32 => |mk: fn() -> _| check_generate(mk(), DType::F32, 512, "kimi_k25_tiny");
+    generate_chunked_f32 => |mk: fn() -> _| check_generate(mk(), DType::F32, 5, "kimi_k25_tiny");
+    generate_bf16 => |mk: fn() -> _| check_generate(mk(), DType::BF16, 512, "kimi_k25_tiny");
     caches => |mk: fn() -> _| check_caches(mk());
     bad_requests => |mk: fn() -> _| check_bad_requests(mk());
-    encoder_f32 => |mk: fn() -> _| check_encoder(mk(), DType::F32);
-    encoder_bf16 => |mk: fn() -> _| check_encoder(mk(), DType::BF16);
+    encoder_f32 => |mk: fn() -> _| check_encoder(mk(), DType::F32, "kimi_k25_tiny");
+    encoder_bf16 => |mk: fn() -> _| check_encoder(mk(), DType::BF16, "kimi_k25_tiny");
+    // The same weights under transformers 5's in-memory names (q/k rows permuted for rotate-half
+    // RoPE, fused experts, `model.language_model.*`).
+    encoder_hf_names => |mk: fn() -> _| check_encoder(mk(), DType::F32, "kimi_k25_tiny_hf");
+    generate_hf_names => |mk: fn() -> _| check_generate(mk(), DType::F32, 512, "kimi_k25_tiny_hf");
     gelu_ops => |mk: fn() -> _| dayone_backend::conformance_vision::check_gelu(&mk());
 }
 

@@ -5,7 +5,10 @@
 //! 1. patch embed: `x = W·vec(patch) + b` (the stride-p conv as a linear over `(c, py, px)`);
 //! 2. `x += P(h, w)`, the learned table bicubically resampled ([`super::pos_emb`]);
 //! 3. blocks (pre-LN, eps 1e-5): `x += Wo·attn(rope(q), rope(k), v) + bo`, bidirectional within
-//!    each image; `x += fc1(gelu_tanh(fc0(LN1(x))))`;
+//!    each image ([`Backend::attention_varlen`] with a non-causal [`VarlenMeta`], one sequence per
+//!    image: FlashAttention's varlen form, as vLLM runs the tower; on the device where the
+//!    backend has a kernel for the head dim, else the host reference);
+//!    `x += fc1(gelu_tanh(fc0(LN1(x))))`;
 //! 4. final LayerNorm; 2×2 merge (each merged token = its 4 patches `(0,0),(0,1),(1,0),(1,1)`
 //!    concatenated); projector `out(gelu(in(LN(x))))` with exact erf-GELU.
 //!
@@ -15,13 +18,13 @@
 //! frequencies zero — a rotation by 0 is exactly the identity. transformers-5 checkpoints store
 //! q/k rows permuted for rotate-half RoPE; they are permuted back at load.
 
-use super::attention::attention_within_images;
 use super::pos_emb::resample_table;
 use crate::config::MoonVitConfig;
 use crate::vision::PreprocessedImage;
 use crate::weights::WeightLoader;
 use anyhow::{bail, ensure, Result};
-use dayone_backend::{Backend, DType, HostTensor, RopeStyle};
+use dayone_backend::VarlenResult;
+use dayone_backend::{varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle, VarlenMeta};
 
 /// Where a checkpoint keeps the vision tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,7 +284,7 @@ impl<B: Backend> MoonVit<B> {
         let n: usize = images.iter().map(|im| im.num_patches()).sum();
         let mut pixels = Vec::with_capacity(n * 3 * p * p);
         let mut pos = Vec::with_capacity(n * c);
-        let (mut rows, mut cols) = (Vec::new(), Vec::new());
+        let (mut rows, mut cols, mut within) = (Vec::new(), Vec::new(), Vec::new());
         let mut starts = vec![0u32];
         let mut merge_ids = Vec::with_capacity(n);
         let mut offset = 0usize;
@@ -309,6 +312,7 @@ impl<B: Backend> MoonVit<B> {
                 for col in 0..w {
                     rows.push(r as u32);
                     cols.push(col as u32);
+                    within.push((r * w + col) as u32);
                 }
             }
             for r in 0..h / mh {
@@ -334,7 +338,18 @@ impl<B: Backend> MoonVit<B> {
         )?;
         trace("patch_embed", &x)?;
         let (rows, cols) = (up_u32(&rows)?, up_u32(&cols)?);
-        let starts: Vec<usize> = starts.iter().map(|&s| s as usize).collect();
+        let meta = upload_varlen(
+            b,
+            VarlenMeta {
+                query_start: starts.clone(),
+                key_start: starts,
+                key_pos0: vec![0; images.len()],
+                positions: within,
+                causal: false,
+            },
+            n,
+            n,
+        )?;
         let scale = 1.0 / (hd as f32).sqrt();
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = b.layer_norm(&x, &blk.norm0.w, &blk.norm0.b, 1e-5)?;
@@ -360,7 +375,10 @@ impl<B: Backend> MoonVit<B> {
             let q = rope2d(b.linear(&h, &blk.q.w, Some(&blk.q.b))?)?;
             let k = rope2d(b.linear(&h, &blk.k.w, Some(&blk.k.b))?)?;
             let v = b.reshape(&b.linear(&h, &blk.v.w, Some(&blk.v.b))?, &[n, heads, hd])?;
-            let o = attention_within_images(b, &q, &k, &v, &starts, scale)?;
+            let o = match b.attention_varlen(&q, &k, &v, &meta, scale, None, true)? {
+                VarlenResult::Final(o) => o,
+                VarlenResult::State { .. } => bail!("attention_varlen returned a state"),
+            };
             let o = b.linear(&b.reshape(&o, &[n, c])?, &blk.o.w, Some(&blk.o.b))?;
             x = b.add(&x, &o)?;
             let h = b.layer_norm(&x, &blk.norm1.w, &blk.norm1.b, 1e-5)?;
