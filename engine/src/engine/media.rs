@@ -188,6 +188,10 @@ impl<B: Backend> Engine<B> {
         if images.is_empty() {
             return self.add_request_with(prompt, params, extra_keys);
         }
+        if self.mirror.is_some() {
+            // The spliced rows live on rank 0 only; the other ranks would embed placeholders.
+            bail!("image inputs are not supported with several ranks (tensor or context parallelism) yet");
+        }
         let b = &self.backend;
         let Some(v) = self.media.vision.as_mut() else {
             bail!(
