@@ -293,3 +293,56 @@ fn config_reads_original_names_first() {
     let e = MoonVitConfig::from_json(&v, "x").unwrap_err().to_string();
     assert!(e.contains("mm_projector_type"), "{e}");
 }
+
+/// Two ranks (tensor parallel, threads on the CPU backend): rank 0 refuses a request with images
+/// (its spliced rows would not reach rank 1) and still serves text.
+#[test]
+fn several_ranks_refuse_images() {
+    use dayone_backend::comm::{thread_group, HostComm, HostGroup};
+    use dayone_backend::cpu::CpuBackend;
+    use dayone_engine::parallel::{Distributed, Parallel};
+    use std::sync::Arc;
+    let handles: Vec<_> = thread_group(2, std::time::Duration::from_secs(60))
+        .into_iter()
+        .map(|g| {
+            std::thread::spawn(move || -> Result<()> {
+                let group: Arc<dyn HostGroup> = Arc::new(g);
+                let rank = group.rank();
+                let dist = Distributed {
+                    parallel: Parallel::new(Arc::new(HostComm::new(group.clone())), 1)?,
+                    group,
+                    done: None,
+                    memory_shared_by: 2,
+                };
+                let ckpt = dayone_engine::loader::open(&fixture("kimi_k25_tiny"))?;
+                let cfg = EngineConfig {
+                    tensor_parallel_size: 2,
+                    ..engine_config(DType::F32, 512)
+                };
+                let mut e = Engine::new_distributed(CpuBackend, &ckpt, &cfg, None, Some(dist))?;
+                if rank == 0 {
+                    let img = load_image("rgb_100x73.png");
+                    let err = e
+                        .add_request_with_images(
+                            vec![1, PAD, 5],
+                            greedy(2),
+                            ExtraKeys::default(),
+                            &[img],
+                        )
+                        .unwrap_err()
+                        .to_string();
+                    ensure!(err.contains("several ranks"), "{err}");
+                    e.add_request(vec![1, 2, 3], greedy(2))?;
+                    let done = e.run_to_completion()?;
+                    ensure!(done.len() == 1 && done[0].1.len() == 2, "{done:?}");
+                } else {
+                    e.follow()?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("rank panicked").unwrap();
+    }
+}
