@@ -296,6 +296,18 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
         "context_window": ctx,
         "vocab_size": cfg.vocab_size(),
         "layers": spec.layers.len(),
+        "vision": match &cfg {
+            ModelConfig::KimiK25(k) => json!({
+                "tower": "MoonViT",
+                "layers": k.vision.num_layers,
+                "hidden_size": k.vision.hidden_size,
+                "heads": k.vision.num_heads,
+                "patch_size": k.vision.patch_size,
+                "merge_kernel": [k.vision.merge_kernel.0, k.vision.merge_kernel.1],
+                "image_placeholder_id": k.media_placeholder_token_id,
+            }),
+            _ => Value::Null,
+        },
         "hidden_size": ckpt.config.get("hidden_size").cloned().unwrap_or(Value::Null),
         "layer_types": layer_types(&cfg, &spec),
         "cache_bytes_per_token": {
@@ -372,6 +384,22 @@ pub fn run(a: InfoArgs) -> Result<()> {
     row("layers", format!("{}", u("layers")))?;
     for t in j["layer_types"].as_array().into_iter().flatten() {
         row("", format!("  {}", t.as_str().unwrap_or("")))?;
+    }
+    if let Some(v) = j["vision"].as_object() {
+        let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        row(
+            "vision",
+            format!(
+                "MoonViT, {} blocks of width {} ({} heads), {}-pixel patches merged {}×{}; images at token {}",
+                n("layers"),
+                n("hidden_size"),
+                n("heads"),
+                n("patch_size"),
+                v["merge_kernel"][0],
+                v["merge_kernel"][1],
+                n("image_placeholder_id")
+            ),
+        )?;
     }
     let cbt = &j["cache_bytes_per_token"];
     row(

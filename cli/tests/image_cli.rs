@@ -157,3 +157,18 @@ fn bad_images_and_counts_are_refused() {
         "takes no images",
     );
 }
+
+#[test]
+fn info_shows_the_vision_tower() {
+    let out = dayone(&["info", "-m", &model(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["model_type"], "kimi_k25");
+    assert_eq!(j["vision"]["layers"], 2);
+    assert_eq!(j["vision"]["hidden_size"], 64);
+    assert_eq!(j["vision"]["image_placeholder_id"], 250);
+}
