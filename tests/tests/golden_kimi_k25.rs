@@ -31,11 +31,25 @@ fn config() -> Result<MoonVitConfig> {
 
 /// Encodes every image case and compares each recorded intermediate.
 fn check_encoder<B: Backend>(b: B, dtype: DType, model: &str) -> Result<()> {
+    check_encoder_at(b, dtype, model, None)
+}
+
+/// [`check_encoder`] with the attention run at head width `attn_dim` (zero-padded heads) when
+/// given, as CUDA does for head dims its kernel lacks.
+fn check_encoder_at<B: Backend>(
+    b: B,
+    dtype: DType,
+    model: &str,
+    attn_dim: Option<usize>,
+) -> Result<()> {
     let cfg = config()?;
     let src = SafetensorsSource::open_dir(&fixture(model))?;
     let dtype = b.activation_dtype(dtype);
     let loader = WeightLoader::new(&b, &src, dtype);
-    let vit = MoonVit::load(&loader, &cfg)?;
+    let vit = match attn_dim {
+        Some(d) => MoonVit::load_with_attention_dim(&loader, &cfg, d)?,
+        None => MoonVit::load(&loader, &cfg)?,
+    };
     let pcfg = ImageProcessorConfig::default();
     let reference = reference();
     let mut checked = 0;
@@ -271,6 +285,9 @@ on_every_backend! {
     // The same weights under transformers 5's in-memory names (q/k rows permuted for rotate-half
     // RoPE, fused experts, `model.language_model.*`).
     encoder_hf_names => |mk: fn() -> _| check_encoder(mk(), DType::F32, "kimi_k25_tiny_hf");
+    // Heads of 16 run as 32 wide with zero dims (the CUDA route for K2.5's 72 → 128).
+    encoder_padded_heads => |mk: fn() -> _| check_encoder_at(mk(), DType::F32, "kimi_k25_tiny", Some(32));
+    encoder_padded_heads_hf_names => |mk: fn() -> _| check_encoder_at(mk(), DType::F32, "kimi_k25_tiny_hf", Some(32));
     generate_hf_names => |mk: fn() -> _| check_generate(mk(), DType::F32, 512, "kimi_k25_tiny_hf");
     gelu_ops => |mk: fn() -> _| dayone_backend::conformance_vision::check_gelu(&mk());
 }

@@ -90,9 +90,13 @@ pub struct MoonVit<B: Backend> {
     pre_norm: Norm<B::Tensor>,
     proj_in: Affine<B::Tensor>,
     proj_out: Affine<B::Tensor>,
-    /// `[hd/2]` f32: column frequencies on even pairs, 0 on odd.
+    /// Head width the attention runs at: the head dim, or a wider one the backend has an
+    /// attention kernel for (extra dims are zero in q, k, v and in `Wo`'s columns, so the
+    /// scores and outputs are unchanged).
+    attn_dim: usize,
+    /// `[attn_dim/2]` f32: column frequencies on even pairs, 0 on odd (and on padded pairs).
     inv_freq_col: B::Tensor,
-    /// `[hd/2]` f32: row frequencies on odd pairs, 0 on even.
+    /// `[attn_dim/2]` f32: row frequencies on odd pairs, 0 on even.
     inv_freq_row: B::Tensor,
 }
 
@@ -113,13 +117,76 @@ fn unpermute_rope_rows(rows: &[f32], heads: usize, hd: usize, cols: usize) -> Ve
     out
 }
 
+/// `w` `[heads·hd, cols]` with every head widened to `pad ≥ hd` rows, the new rows zero.
+fn pad_head_rows(w: &[f32], heads: usize, hd: usize, pad: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; heads * pad * cols];
+    for h in 0..heads {
+        out[h * pad * cols..(h * pad + hd) * cols]
+            .copy_from_slice(&w[h * hd * cols..(h + 1) * hd * cols]);
+    }
+    out
+}
+
+/// `w` `[rows, heads·hd]` with every head's columns widened to `pad ≥ hd`, the new ones zero.
+fn pad_head_cols(w: &[f32], rows: usize, heads: usize, hd: usize, pad: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * heads * pad];
+    for r in 0..rows {
+        for h in 0..heads {
+            let (d, s) = ((r * heads + h) * pad, (r * heads + h) * hd);
+            out[d..d + hd].copy_from_slice(&w[s..s + hd]);
+        }
+    }
+    out
+}
+
 impl<B: Backend> MoonVit<B> {
-    /// Loads the tower and projector from `loader` (either naming; see module docs).
+    /// Loads the tower and projector from `loader` (either naming; see module docs). The
+    /// attention runs at the head dim when the backend has a varlen attention kernel for it
+    /// ([`Backend::attention_varlen_native`]), else at the smallest wider one it has (K2.5's
+    /// 72 → 128 on CUDA), else on the backend's fallback at the head dim.
     ///
     /// Errors name the checkpoint and the missing or mis-shaped tensor.
     pub fn load(loader: &WeightLoader<'_, B>, cfg: &MoonVitConfig) -> Result<Self> {
+        let hd = cfg.head_dim();
+        let b = loader.backend();
+        let act = b.activation_dtype(loader.dtype());
+        let attn_dim = if b.attention_varlen_native(act, hd, hd) {
+            hd
+        } else {
+            [64, 128, 192, 256]
+                .into_iter()
+                .find(|&d| d >= hd && b.attention_varlen_native(act, d, d))
+                .unwrap_or(hd)
+        };
+        Self::load_with_attention_dim(loader, cfg, attn_dim)
+    }
+
+    /// [`MoonVit::load`] with the attention at head width `attn_dim` (≥ the head dim, even).
+    pub fn load_with_attention_dim(
+        loader: &WeightLoader<'_, B>,
+        cfg: &MoonVitConfig,
+        attn_dim: usize,
+    ) -> Result<Self> {
         let (c, f, p) = (cfg.hidden_size, cfg.intermediate_size, cfg.patch_size);
         let (heads, hd) = (cfg.num_heads, cfg.head_dim());
+        ensure!(
+            attn_dim >= hd && attn_dim.is_multiple_of(2),
+            "vision attention width {attn_dim} must be even and at least the head dim {hd}"
+        );
+        let wide = heads * attn_dim;
+        // q, k, v rows (and biases) per head widened to `attn_dim`; `Wo` columns likewise.
+        let widen = |w: &[f32], bias: &[f32]| -> Result<Affine<B::Tensor>> {
+            Ok(Affine {
+                w: loader.upload(HostTensor::from_f32(
+                    vec![wide, c],
+                    &pad_head_rows(w, heads, hd, attn_dim, c),
+                )?)?,
+                b: loader.upload(HostTensor::from_f32(
+                    vec![wide],
+                    &pad_head_rows(bias, heads, hd, attn_dim, 1),
+                )?)?,
+            })
+        };
         let naming = if loader.has("vision_tower.encoder.blocks.0.wqkv.weight")
             || loader.has("vision_tower.patch_embed.pos_emb.weight")
         {
@@ -176,39 +243,28 @@ impl<B: Backend> MoonVit<B> {
                     let bias = loader
                         .host_f32(&format!("{b}.wqkv.bias"), &[3 * c])?
                         .to_f32();
-                    let part = |j: usize| -> Result<Affine<B::Tensor>> {
-                        Ok(Affine {
-                            w: loader.upload(HostTensor::from_f32(
-                                vec![c, c],
-                                &w[j * c * c..(j + 1) * c * c],
-                            )?)?,
-                            b: loader.upload(HostTensor::from_f32(
-                                vec![c],
-                                &bias[j * c..(j + 1) * c],
-                            )?)?,
-                        })
-                    };
+                    let part =
+                        |j: usize| widen(&w[j * c * c..(j + 1) * c * c], &bias[j * c..(j + 1) * c]);
                     (part(0)?, part(1)?, part(2)?)
                 }
                 Naming::Transformers => {
-                    let permuted = |name: &str| -> Result<Affine<B::Tensor>> {
+                    let load = |name: &str, permuted: bool| -> Result<Affine<B::Tensor>> {
                         let w = loader.host_f32(&format!("{b}.attn.{name}.weight"), &[c, c])?;
                         let bias = loader.host_f32(&format!("{b}.attn.{name}.bias"), &[c])?;
-                        Ok(Affine {
-                            w: loader.upload(HostTensor::from_f32(
-                                vec![c, c],
-                                &unpermute_rope_rows(&w.to_f32(), heads, hd, c),
-                            )?)?,
-                            b: loader.upload(HostTensor::from_f32(
-                                vec![c],
-                                &unpermute_rope_rows(&bias.to_f32(), heads, hd, 1),
-                            )?)?,
-                        })
+                        let (w, bias) = (w.to_f32(), bias.to_f32());
+                        if permuted {
+                            widen(
+                                &unpermute_rope_rows(&w, heads, hd, c),
+                                &unpermute_rope_rows(&bias, heads, hd, 1),
+                            )
+                        } else {
+                            widen(&w, &bias)
+                        }
                     };
                     (
-                        permuted("q_proj")?,
-                        permuted("k_proj")?,
-                        affine(&format!("{b}.attn.v_proj"), c, c)?,
+                        load("q_proj", true)?,
+                        load("k_proj", true)?,
+                        load("v_proj", false)?,
                     )
                 }
             };
@@ -221,7 +277,17 @@ impl<B: Backend> MoonVit<B> {
                 q,
                 k,
                 v,
-                o: affine(&format!("{b}.{}", names[1]), c, c)?,
+                o: {
+                    let o = format!("{b}.{}", names[1]);
+                    let w = loader.host_f32(&format!("{o}.weight"), &[c, c])?.to_f32();
+                    Affine {
+                        w: loader.upload(HostTensor::from_f32(
+                            vec![c, wide],
+                            &pad_head_cols(&w, c, heads, hd, attn_dim),
+                        )?)?,
+                        b: loader.get(&format!("{o}.bias"), &[c])?,
+                    }
+                },
                 norm1: norm(&format!("{b}.{}", names[2]), c)?,
                 fc0: affine(&format!("{b}.{}", names[3]), f, c)?,
                 fc1: affine(&format!("{b}.{}", names[4]), c, f)?,
@@ -233,8 +299,8 @@ impl<B: Backend> MoonVit<B> {
         // f_i = θ^(−4i/hd) for i < hd/4, computed in f32 as transformers does
         // (`1 / base ** (arange(0, hd/2, 2) / (hd/2))`).
         let half = hd / 2;
-        let mut col = vec![0f32; half];
-        let mut row = vec![0f32; half];
+        let mut col = vec![0f32; attn_dim / 2];
+        let mut row = vec![0f32; attn_dim / 2];
         for i in 0..hd / 4 {
             let fi = 1.0 / cfg.rope_theta.powf((2 * i) as f32 / half as f32);
             col[2 * i] = fi;
@@ -251,8 +317,9 @@ impl<B: Backend> MoonVit<B> {
             pre_norm: norm(&pre, c)?,
             proj_in: affine(&lin1, m, m)?,
             proj_out: affine(&lin2, cfg.text_hidden_size, m)?,
-            inv_freq_col: backend.upload(&HostTensor::from_f32(vec![half], &col)?)?,
-            inv_freq_row: backend.upload(&HostTensor::from_f32(vec![half], &row)?)?,
+            attn_dim,
+            inv_freq_col: backend.upload(&HostTensor::from_f32(vec![attn_dim / 2], &col)?)?,
+            inv_freq_row: backend.upload(&HostTensor::from_f32(vec![attn_dim / 2], &row)?)?,
         })
     }
 
@@ -350,16 +417,18 @@ impl<B: Backend> MoonVit<B> {
             n,
             n,
         )?;
+        // The true head dim's scale, whatever width the attention runs at.
         let scale = 1.0 / (hd as f32).sqrt();
+        let ad = self.attn_dim;
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = b.layer_norm(&x, &blk.norm0.w, &blk.norm0.b, 1e-5)?;
             let rope2d = |t: B::Tensor| -> Result<B::Tensor> {
-                let t = b.reshape(&t, &[n, heads, hd])?;
+                let t = b.reshape(&t, &[n, heads, ad])?;
                 let t = b.rope(
                     &t,
                     &cols,
                     &self.inv_freq_col,
-                    hd,
+                    ad,
                     RopeStyle::Interleaved,
                     1.0,
                 )?;
@@ -367,19 +436,19 @@ impl<B: Backend> MoonVit<B> {
                     &t,
                     &rows,
                     &self.inv_freq_row,
-                    hd,
+                    ad,
                     RopeStyle::Interleaved,
                     1.0,
                 )
             };
             let q = rope2d(b.linear(&h, &blk.q.w, Some(&blk.q.b))?)?;
             let k = rope2d(b.linear(&h, &blk.k.w, Some(&blk.k.b))?)?;
-            let v = b.reshape(&b.linear(&h, &blk.v.w, Some(&blk.v.b))?, &[n, heads, hd])?;
+            let v = b.reshape(&b.linear(&h, &blk.v.w, Some(&blk.v.b))?, &[n, heads, ad])?;
             let o = match b.attention_varlen(&q, &k, &v, &meta, scale, None, true)? {
                 VarlenResult::Final(o) => o,
                 VarlenResult::State { .. } => bail!("attention_varlen returned a state"),
             };
-            let o = b.linear(&b.reshape(&o, &[n, c])?, &blk.o.w, Some(&blk.o.b))?;
+            let o = b.linear(&b.reshape(&o, &[n, heads * ad])?, &blk.o.w, Some(&blk.o.b))?;
             x = b.add(&x, &o)?;
             let h = b.layer_norm(&x, &blk.norm1.w, &blk.norm1.b, 1e-5)?;
             let h = b.gelu(
