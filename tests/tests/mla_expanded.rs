@@ -59,5 +59,5 @@ on_every_backend! {
     kimi_linear => |mk| golden(mk, "kimi_linear_tiny");
     deepseek_v32_dense => |mk| golden(mk, "deepseek_v32_dense");
     deepseek_v3_wide => |mk| golden(mk, "deepseek_v3_wide");
-    deepseek_v3_wide_auto => |mk| golden_auto(mk);
+    deepseek_v3_wide_auto => golden_auto;
 }
