@@ -98,7 +98,12 @@ fn bench_flash_attention() {
     }
     let h = 32usize;
     for (dk, dv) in [(192usize, 128usize), (128, 128)] {
-        for n in [8192usize, 32768, 131072] {
+        // FLASH_BENCH_N: the lengths, comma-separated (default 8192,32768,131072).
+        let lens: Vec<usize> = std::env::var("FLASH_BENCH_N")
+            .ok()
+            .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![8192, 32768, 131072]);
+        for &n in &lens {
             let mut rng = Rng::new(5);
             // Values in [-1, 1): scores stay moderate at any length.
             let q = b
