@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if [[ " $steps " == *" flash "* ]]; then
   DAYONE_CUDA_BENCH=1 .bin/test-kernels-cuda-cuda_flash --test-threads 1 --nocapture 2>&1 | tee "$OUT/flash.log" | grep -E "flash_attn|test result|panicked|FAILED"
   # The fastest variant at the longest 192/128 length, for the model runs below.
-  best=$(grep -E "N 131072 .*hd_k 192 " "$OUT/flash.log" | sed -E 's/.* (m[0-9]w[0-9]): .* ([0-9.]+) TFLOP.*/\2 \1/' | sort -n | tail -1 | cut -d' ' -f2)
+  best=$(grep -E "N 131072 .*hd_k 192 " "$OUT/flash.log" | sed -E 's/.* (m[0-9]w[0-9](s1)?): .* ([0-9.]+) TFLOP.*/\3 \1/' | sort -n | tail -1 | cut -d' ' -f2)
   export DAYONE_FLASH_VARIANT=${DAYONE_FLASH_VARIANT:-$best}
   echo "flash variant for the model runs: $DAYONE_FLASH_VARIANT" | tee -a "$OUT/flash.log"
   .bin/test-kernels-cuda-cuda_conformance conformance_suite --test-threads 1 2>&1 | tee "$OUT/conformance.log" | grep -E "test result|panicked|Error" | head -5

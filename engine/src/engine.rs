@@ -86,16 +86,25 @@ pub struct EngineConfig {
 }
 
 /// `DAYONE_MLA_PREFILL` = `absorbed`, `expanded` or `auto` (the default; anything else is
-/// `auto` too), from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens (default 256).
+/// `auto` with a warning), from `DAYONE_MLA_EXPANDED_MIN_TOKENS` new tokens (default 256).
 fn mla_prefill_from_env() -> MlaPrefill {
-    let min_tokens = std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(MlaPrefill::DEFAULT_MIN_TOKENS);
+    let min_tokens = match std::env::var("DAYONE_MLA_EXPANDED_MIN_TOKENS") {
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            tracing::warn!("DAYONE_MLA_EXPANDED_MIN_TOKENS={v:?} is not a token count; using 256");
+            MlaPrefill::DEFAULT_MIN_TOKENS
+        }),
+        Err(_) => MlaPrefill::DEFAULT_MIN_TOKENS,
+    };
     match std::env::var("DAYONE_MLA_PREFILL").as_deref() {
         Ok("absorbed") => MlaPrefill::Absorbed,
         Ok("expanded") => MlaPrefill::Expanded { min_tokens },
-        _ => MlaPrefill::Auto { min_tokens },
+        Ok("auto") | Err(_) => MlaPrefill::Auto { min_tokens },
+        Ok(other) => {
+            tracing::warn!(
+                "DAYONE_MLA_PREFILL={other:?} is not auto, absorbed or expanded; using auto"
+            );
+            MlaPrefill::Auto { min_tokens }
+        }
     }
 }
 

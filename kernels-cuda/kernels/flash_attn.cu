@@ -38,28 +38,22 @@ template <> struct FaMma<f16> {
     }
 };
 
-template <typename T, int DK, int DV, int THREADS>
-__device__ __forceinline__ void fa_load_kv(T* sk, T* sv, const T* __restrict__ k,
-                                           const T* __restrict__ v, u32 krow0, u32 kb, u32 kend,
-                                           u32 hkv, u32 kvh, u32 tid) {
-    constexpr int QS = DK + 8, VS = DV + 8, KC = DK / 8, VC = DV / 8;
+// One tile of 64 key rows of width D (a head's K or V rows) into shared memory (row stride D + 8);
+// rows past `kend` are zero-filled.
+template <typename T, int D, int THREADS>
+__device__ __forceinline__ void fa_load_rows(T* dst, const T* __restrict__ src, u32 krow0, u32 kb,
+                                             u32 kend, u32 hkv, u32 kvh, u32 tid) {
+    constexpr int C = D / 8;
 #pragma unroll 4
-    for (u32 e = tid; e < FA_BN * KC; e += THREADS) {
-        const u32 j = e / KC, c = (e % KC) * 8, key = kb + j;
+    for (u32 e = tid; e < FA_BN * C; e += THREADS) {
+        const u32 j = e / C, c = (e % C) * 8, key = kb + j;
         const bool ok = key < kend;
-        const T* src = k + ((u64)(krow0 + (ok ? key : 0u)) * hkv + kvh) * DK + c;
-        cp_async16(smem_addr(sk + j * QS + c), src, ok ? 16u : 0u);
-    }
-#pragma unroll 4
-    for (u32 e = tid; e < FA_BN * VC; e += THREADS) {
-        const u32 j = e / VC, c = (e % VC) * 8, key = kb + j;
-        const bool ok = key < kend;
-        const T* src = v + ((u64)(krow0 + (ok ? key : 0u)) * hkv + kvh) * DV + c;
-        cp_async16(smem_addr(sv + j * VS + c), src, ok ? 16u : 0u);
+        const T* p = src + ((u64)(krow0 + (ok ? key : 0u)) * hkv + kvh) * D + c;
+        cp_async16(smem_addr(dst + j * (D + 8) + c), p, ok ? 16u : 0u);
     }
 }
 
-template <typename T, int DK, int DV, int WM, int NW>
+template <typename T, int DK, int DV, int WM, int NW, int STAGES>
 __device__ __forceinline__ void fa_impl(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const u32* __restrict__ qstart, const u32* __restrict__ kstart, const u32* __restrict__ kpos0,
@@ -70,11 +64,11 @@ __device__ __forceinline__ void fa_impl(
     constexpr int FA_BM = BM;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);  // [BM][QS]
-    T* sk = sq + FA_BM * QS;                 // [2][BN][QS]
-    T* sv = sk + 2 * FA_BN * QS;             // [2][BN][VS]
+    T* sk = sq + FA_BM * QS;                 // [STAGES][BN][QS]
+    T* sv = sk + STAGES * FA_BN * QS;        // [STAGES][BN][VS]
     // The block's smallest and largest query position (dynamic memory: a static __shared__
     // would lower the dynamic limit the host raises to the device's maximum).
-    u32* s_pm = reinterpret_cast<u32*>(sv + 2 * FA_BN * VS);
+    u32* s_pm = reinterpret_cast<u32*>(sv + STAGES * FA_BN * VS);
 
     const u32 s = blockIdx.z, head = blockIdx.y;
     const u32 qtile = gridDim.x - 1 - blockIdx.x;
@@ -116,7 +110,10 @@ __device__ __forceinline__ void fa_impl(
         kfree = pmin < kp0 ? 0u : min(nkeys, pmin - kp0 + 1u);
     }
     const u32 ntiles = (kend + FA_BN - 1) / FA_BN;
-    if (ntiles > 0) fa_load_kv<T, DK, DV, THREADS>(sk, sv, k, v, krow0, 0u, kend, hkv, kvh, tid);
+    if (ntiles > 0) {
+        fa_load_rows<T, DK, THREADS>(sk, k, krow0, 0u, kend, hkv, kvh, tid);
+        if (STAGES == 2) fa_load_rows<T, DV, THREADS>(sv, v, krow0, 0u, kend, hkv, kvh, tid);
+    }
     cp_async_commit();
 
     // This thread's rows: m-tile mt, half i → row w·16·WM + mt·16 + g + 8·i.
@@ -136,19 +133,9 @@ __device__ __forceinline__ void fa_impl(
         for (int j = 0; j < NT; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
     }
 
-    for (u32 it = 0; it < ntiles; it++) {
-        cp_async_wait<0>();
-        __syncthreads();  // tile `it` visible to all; every warp is done with tile it − 1
-        if (it + 1 < ntiles) {
-            const u32 nb = (it + 1) & 1;
-            fa_load_kv<T, DK, DV, THREADS>(sk + nb * FA_BN * QS, sv + nb * FA_BN * VS, k, v, krow0,
-                                  (it + 1) * FA_BN, kend, hkv, kvh, tid);
-            cp_async_commit();
-        }
-        const T* skb = sk + (it & 1) * FA_BN * QS;
-        const T* svb = sv + (it & 1) * FA_BN * VS;
-
-        float sc[WM][8][4];
+    float sc[WM][8][4];
+    // S = Q·Kᵀ for this warp's rows × the tile's 64 keys.
+    auto scores = [&](const T* skb) {
 #pragma unroll
         for (int mt = 0; mt < WM; mt++)
 #pragma unroll
@@ -172,6 +159,9 @@ __device__ __forceinline__ void fa_impl(
                 }
             }
         }
+    };
+    // Scale, mask (diagonal and tail tiles only), online softmax; P left in `sc`.
+    auto softmax = [&](u32 it) {
         const u32 kb = it * FA_BN;
         const bool masked = kb + FA_BN > kfree;
 #pragma unroll
@@ -216,6 +206,8 @@ __device__ __forceinline__ void fa_impl(
                     l[mt][i] += p;
                 }
         }
+    };
+    auto pv = [&](const T* svb) {
         // O += P·V, P re-packed from the S accumulators as A fragments (16 keys per step).
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -238,6 +230,46 @@ __device__ __forceinline__ void fa_impl(
                     FaMma<T>::run(o[mt][2 * jd + 1], a[mt], b2, b3);
                 }
             }
+        }
+    };
+
+    if (STAGES == 2) {
+        // K and V of tile it + 1 load while tile it is computed.
+        for (u32 it = 0; it < ntiles; it++) {
+            cp_async_wait<0>();
+            __syncthreads();  // tile it visible to all; every warp is done with tile it − 1
+            if (it + 1 < ntiles) {
+                const u32 nb = (it + 1) & 1;
+                fa_load_rows<T, DK, THREADS>(sk + nb * FA_BN * QS, k, krow0, (it + 1) * FA_BN, kend,
+                                             hkv, kvh, tid);
+                fa_load_rows<T, DV, THREADS>(sv + nb * FA_BN * VS, v, krow0, (it + 1) * FA_BN, kend,
+                                             hkv, kvh, tid);
+                cp_async_commit();
+            }
+            scores(sk + (it & 1) * FA_BN * QS);
+            softmax(it);
+            pv(sv + (it & 1) * FA_BN * VS);
+        }
+    } else {
+        // One K and one V buffer (FlashAttention-2's schedule): V of tile it loads during
+        // Q·Kᵀ, K of tile it + 1 during the softmax and P·V.
+        for (u32 it = 0; it < ntiles; it++) {
+            cp_async_wait<0>();
+            __syncthreads();  // K of tile it visible; every warp is done with V of tile it − 1
+            fa_load_rows<T, DV, THREADS>(sv, v, krow0, it * FA_BN, kend, hkv, kvh, tid);
+            cp_async_commit();
+            scores(sk);
+            __syncthreads();  // every warp is done with K of tile it
+            const bool more = it + 1 < ntiles;
+            if (more) {
+                fa_load_rows<T, DK, THREADS>(sk, k, krow0, (it + 1) * FA_BN, kend, hkv, kvh, tid);
+                cp_async_commit();
+            }
+            softmax(it);
+            if (more) cp_async_wait<1>();
+            else cp_async_wait<0>();
+            __syncthreads();  // V of tile it visible
+            pv(sv);
         }
     }
 
@@ -284,20 +316,26 @@ __device__ __forceinline__ void fa_impl(
     }
 }
 
-// Entry points flash_attn_{dtype}_k{DK}_v{DV}_m{WM}w{NW}.
-#define FLASH_ATTN(S, T, DK, DV, WM, NW)                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * NW, 1)                                      \
-        flash_attn_##S##_k##DK##_v##DV##_m##WM##w##NW(                                            \
+// Entry points flash_attn_{dtype}_k{DK}_v{DV}_m{WM}w{NW}[s1]: WM m-tiles per warp, NW warps,
+// double-buffered K/V (or single-buffered: "s1", two blocks per multiprocessor).
+#define FLASH_ATTN_K(S, T, DK, DV, WM, NW, STAGES, MINB, SFX)                                     \
+    extern "C" __global__ void __launch_bounds__(32 * NW, MINB)                                   \
+        flash_attn_##S##_k##DK##_v##DV##_m##WM##w##NW##SFX(                                       \
             const T* q, const T* k, const T* v, const u32* qstart, const u32* kstart,             \
             const u32* kpos0, const u32* positions, const float* prior_o, const float* prior_lse, \
             T* out, float* out_o, float* out_lse, u32 h, u32 hkv, float scale_log2, u32 causal) { \
         grid_dep_wait();                                                                          \
-        fa_impl<T, DK, DV, WM, NW>(q, k, v, qstart, kstart, kpos0, positions, prior_o, prior_lse, \
-                                   out, out_o, out_lse, h, hkv, scale_log2, causal);              \
+        fa_impl<T, DK, DV, WM, NW, STAGES>(q, k, v, qstart, kstart, kpos0, positions, prior_o,    \
+                                           prior_lse, out, out_o, out_lse, h, hkv, scale_log2,    \
+                                           causal);                                               \
     }
-// Variants (launch.rs / flash.rs pick one): 8 warps × 16 rows; 4 warps × 32 rows; 8 × 32 rows.
+#define FLASH_ATTN(S, T, DK, DV, WM, NW) FLASH_ATTN_K(S, T, DK, DV, WM, NW, 2, 1, )
+// Variants (flash.rs picks one per head dims): 8 warps × 16 rows; 4 × 32; 8 × 32 (one block per
+// multiprocessor); 4 × 16 and 4 × 32 single-buffered (two blocks); 4 × 16 single-buffered (three).
 #define FLASH_ATTN_DIMS(S, T, DK, DV)                                                             \
-    FLASH_ATTN(S, T, DK, DV, 1, 8) FLASH_ATTN(S, T, DK, DV, 2, 4) FLASH_ATTN(S, T, DK, DV, 2, 8)
+    FLASH_ATTN(S, T, DK, DV, 1, 8) FLASH_ATTN(S, T, DK, DV, 2, 4) FLASH_ATTN(S, T, DK, DV, 2, 8)  \
+    FLASH_ATTN_K(S, T, DK, DV, 1, 4, 2, 2, ) FLASH_ATTN_K(S, T, DK, DV, 2, 4, 1, 2, s1)            \
+    FLASH_ATTN_K(S, T, DK, DV, 1, 4, 1, 3, s1)
 #define FLASH_ATTN_ALL(S, T)                                                                      \
     FLASH_ATTN_DIMS(S, T, 64, 64) FLASH_ATTN_DIMS(S, T, 128, 128)                                  \
     FLASH_ATTN_DIMS(S, T, 192, 128) FLASH_ATTN(S, T, 256, 256, 1, 8)

@@ -8,27 +8,43 @@ use dayone_backend::{DType, DeviceVarlenMeta, VarlenResult};
 /// Keys per tile of `flash_attn_*` (the kernel's FA_BN).
 const BN: usize = 64;
 
-/// A compiled shape of `flash_attn_*`: `wm` m-tiles of 16 query rows per warp, `nw` warps; a
-/// block owns `16 · wm · nw` query rows.
+/// A compiled shape of `flash_attn_*`: `wm` m-tiles of 16 query rows per warp, `nw` warps (a
+/// block owns `16 · wm · nw` query rows), `stages` K/V buffers (2: double-buffered; 1:
+/// FlashAttention-2's single-buffered schedule, small enough for two blocks per multiprocessor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashVariant {
     /// 16-row m-tiles per warp (1 or 2).
     pub wm: usize,
     /// Warps per block.
     pub nw: usize,
+    /// K/V tile buffers (1 or 2).
+    pub stages: usize,
 }
 
 impl FlashVariant {
+    const fn new(wm: usize, nw: usize, stages: usize) -> Self {
+        FlashVariant { wm, nw, stages }
+    }
+
     /// Every variant the kernel file instantiates for head dims other than 256/256 (which has
     /// only the first: two m-tiles of 256-wide O would not fit the registers).
-    pub const ALL: [FlashVariant; 3] = [
-        FlashVariant { wm: 1, nw: 8 },
-        FlashVariant { wm: 2, nw: 4 },
-        FlashVariant { wm: 2, nw: 8 },
+    pub const ALL: [FlashVariant; 6] = [
+        FlashVariant::new(1, 8, 2),
+        FlashVariant::new(2, 4, 2),
+        FlashVariant::new(2, 8, 2),
+        FlashVariant::new(1, 4, 2),
+        FlashVariant::new(2, 4, 1),
+        FlashVariant::new(1, 4, 1),
     ];
 
     fn rows(self) -> usize {
         16 * self.wm * self.nw
+    }
+
+    /// The kernel-name suffix, also the value `DAYONE_FLASH_VARIANT` takes: `m2w8`, `m2w4s1`, ….
+    pub fn name(self) -> String {
+        let s1 = if self.stages == 1 { "s1" } else { "" };
+        format!("m{}w{}{s1}", self.wm, self.nw)
     }
 }
 
@@ -38,30 +54,28 @@ pub(crate) fn flash_dims(dk: usize, dv: usize) -> bool {
     matches!((dk, dv), (64, 64) | (128, 128) | (192, 128) | (256, 256))
 }
 
-/// The variant used for these head dims: `DAYONE_FLASH_VARIANT` (`m1w8`, `m2w4`, `m2w8`) where
+/// The variant used for these head dims: `DAYONE_FLASH_VARIANT` (a [`FlashVariant::name`]) where
 /// the kernel has it, else the measured default (docs/perf.md, issue [10]).
 pub(crate) fn flash_default(dk: usize, dv: usize) -> FlashVariant {
     static FROM_ENV: std::sync::OnceLock<Option<FlashVariant>> = std::sync::OnceLock::new();
     let env = *FROM_ENV.get_or_init(|| {
         let v = std::env::var("DAYONE_FLASH_VARIANT").ok()?;
-        FlashVariant::ALL
-            .into_iter()
-            .find(|f| format!("m{}w{}", f.wm, f.nw) == v)
+        FlashVariant::ALL.into_iter().find(|f| f.name() == v)
     });
     match (env, dk, dv) {
         (_, 256, 256) => FlashVariant::ALL[0],
         (Some(v), _, _) => v,
         // H200, 2026-12-02: 221 vs 191 (m1w8) and 147 (m2w4) TFLOP/s at 128K tokens.
-        (None, 192, _) => FlashVariant { wm: 2, nw: 8 },
+        (None, 192, _) => FlashVariant::new(2, 8, 2),
         // 213 vs 199 (m2w8) and 173 (m1w8) TFLOP/s at 128K tokens (128/128).
-        (None, _, _) => FlashVariant { wm: 2, nw: 4 },
+        (None, _, _) => FlashVariant::new(2, 4, 2),
     }
 }
 
-/// Dynamic shared memory of one block: Q tile, two K tiles, two V tiles (rows padded by 8),
-/// then the block's position range (two u32, padded to 16 bytes).
+/// Dynamic shared memory of one block: Q tile, `stages` K tiles and V tiles (rows padded by
+/// 8), then the block's position range (two u32, padded to 16 bytes).
 pub(crate) fn flash_smem_bytes(dk: usize, dv: usize, elem: usize, var: FlashVariant) -> usize {
-    (var.rows() * (dk + 8) + 2 * BN * (dk + 8) + 2 * BN * (dv + 8)) * elem + 16
+    (var.rows() * (dk + 8) + var.stages * BN * (dk + 8 + dv + 8)) * elem + 16
 }
 
 impl CudaBackend {
@@ -83,10 +97,7 @@ impl CudaBackend {
     ) -> Result<(i32, i32)> {
         use cudarc::driver::sys::CUfunction_attribute as A;
         let sfx = dtype_suffix("flash_attn", dtype)?;
-        let name = format!(
-            "flash_attn_{sfx}_k{dk}_v{dv}_m{}w{}",
-            variant.wm, variant.nw
-        );
+        let name = format!("flash_attn_{sfx}_k{dk}_v{dv}_{}", variant.name());
         let f = self.func("flash_attn", sfx, &name)?;
         let get = |a| {
             f.get_attribute(a)
@@ -194,7 +205,7 @@ impl CudaBackend {
             .max()
             .unwrap_or(0);
         if n > 0 && max_q > 0 {
-            let name = format!("flash_attn_{sfx}_k{dk}_v{dv}_m{}w{}", var.wm, var.nw);
+            let name = format!("flash_attn_{sfx}_k{dk}_v{dv}_{}", var.name());
             let f = self.func("flash_attn", sfx, &name)?;
             let ptr = |t: Option<&CudaTensor>| t.map_or(0u64, |t| t.device_ptr());
             let (hu, hkvu) = (to_u32(OP, "H", h)?, to_u32(OP, "Hkv", hkv)?);

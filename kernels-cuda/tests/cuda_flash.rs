@@ -92,7 +92,10 @@ fn bench_flash_attention() {
     for (dk, dv) in [(64usize, 64usize), (128, 128), (192, 128), (256, 256)] {
         for var in FlashVariant::ALL {
             if let Ok((regs, local)) = b.flash_kernel_resources(DType::BF16, (dk, dv), var) {
-                println!("flash_attn k{dk}_v{dv} m{}w{}: {regs} registers, {local} B local memory per thread", var.wm, var.nw);
+                println!(
+                    "flash_attn k{dk}_v{dv} {}: {regs} registers, {local} B local memory per thread",
+                    var.name()
+                );
             }
         }
     }
@@ -128,9 +131,8 @@ fn bench_flash_attention() {
                 let pairs = n as f64 * (n as f64 + 1.0) / 2.0;
                 let flops = 2.0 * h as f64 * (dk + dv) as f64 * pairs;
                 println!(
-                    "flash_attn bf16 causal N {n} H {h} hd_k {dk} hd_v {dv} m{}w{}: {ms:.3} ms, {:.1} TFLOP/s",
-                    var.wm,
-                    var.nw,
+                    "flash_attn bf16 causal N {n} H {h} hd_k {dk} hd_v {dv} {}: {ms:.3} ms, {:.1} TFLOP/s",
+                    var.name(),
                     flops / (ms as f64 * 1e-3) / 1e12
                 );
             }

@@ -240,7 +240,11 @@ fn normalize_messages(
                         (Some(kind), _) if kind != "text" => {
                             return Err(ApiError::bad_field(
                                 &at(&format!(".content[{k}]")),
-                                format!("content part type '{kind}' is not supported by this model (text only)"),
+                                if settings.image_markup.is_some() {
+                                    format!("content part type '{kind}' is not supported: use \"text\" or \"image_url\"")
+                                } else {
+                                    format!("content part type '{kind}' is not supported by this model (text only)")
+                                },
                             ))
                         }
                         _ => {

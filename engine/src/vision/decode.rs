@@ -119,6 +119,13 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage, ImageError> {
             limit: MAX_IMAGE_PIXELS,
         });
     }
+    if format == ImageFormat::Jpeg && !jpeg_has_end(bytes) {
+        // zune-jpeg fills a truncated scan with grey; PIL refuses it ("image file is truncated").
+        return Err(ImageError::Corrupt {
+            format: name,
+            message: "no end-of-image marker after the last scan (truncated file)".into(),
+        });
+    }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     let mut limits = Limits::default();
     // 16-bit RGBA is the widest layout the three decoders produce.
@@ -126,6 +133,14 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage, ImageError> {
     reader.limits(limits);
     let img = reader.decode().map_err(corrupt)?;
     Ok(to_rgb_on_white(&img))
+}
+
+/// Whether a JPEG's end-of-image marker (FF D9) follows its last start-of-scan marker (FF DA):
+/// inside entropy-coded data a 0xFF byte is always followed by 0x00 or a restart marker, so an
+/// FF D9 there is the real end, and a thumbnail's EOI (in an APP segment) comes before any scan.
+fn jpeg_has_end(bytes: &[u8]) -> bool {
+    let last = |m: u8| bytes.windows(2).rposition(|w| w == [0xFF, m]);
+    matches!((last(0xDA), last(0xD9)), (Some(sos), Some(eoi)) if eoi > sos)
 }
 
 /// RGB of `img`; with an alpha channel, `PIL.Image.alpha_composite(white, img)` then RGB.
