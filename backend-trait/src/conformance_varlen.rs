@@ -16,6 +16,10 @@ struct Seq {
     k1: u32,
 }
 
+const fn seq(q0: u32, nq: u32, k0: u32, k1: u32) -> Seq {
+    Seq { q0, nq, k0, k1 }
+}
+
 /// Head dims to check: the ones the backend runs natively, else a small odd pair (host default).
 fn dims<B: Backend>(b: &B, dt: DType) -> Vec<(usize, usize)> {
     let native: Vec<_> = [(64, 64), (128, 128), (192, 128), (256, 256)]
@@ -71,24 +75,9 @@ fn check_case<B: Backend>(b: &B, dt: DType, dk: usize, dv: usize) -> Result<()> 
     // Whole contexts: seq 0 has 200 queries at 100..300 over keys 0..300; seq 1 five queries at
     // 50..55 and no key in this call; seq 2 70 queries at 1000..1070 over keys 900..1070.
     let seqs = [
-        Seq {
-            q0: 100,
-            nq: 200,
-            k0: 0,
-            k1: 300,
-        },
-        Seq {
-            q0: 50,
-            nq: 5,
-            k0: 0,
-            k1: 0,
-        },
-        Seq {
-            q0: 1000,
-            nq: 70,
-            k0: 900,
-            k1: 1070,
-        },
+        seq(100, 200, 0, 300),
+        seq(50, 5, 0, 0),
+        seq(1000, 70, 900, 1070),
     ];
     let n: usize = seqs.iter().map(|s| s.nq as usize).sum();
     let m: usize = seqs.iter().map(|s| (s.k1 - s.k0) as usize).sum();
@@ -133,44 +122,14 @@ fn check_case<B: Backend>(b: &B, dt: DType, dk: usize, dv: usize) -> Result<()> 
     // first's state continued by the second equals the one-segment result.
     let halves = [
         [
-            Seq {
-                q0: 100,
-                nq: 200,
-                k0: 0,
-                k1: 130,
-            },
-            Seq {
-                q0: 50,
-                nq: 5,
-                k0: 0,
-                k1: 0,
-            },
-            Seq {
-                q0: 1000,
-                nq: 70,
-                k0: 900,
-                k1: 950,
-            },
+            seq(100, 200, 0, 130),
+            seq(50, 5, 0, 0),
+            seq(1000, 70, 900, 950),
         ],
         [
-            Seq {
-                q0: 100,
-                nq: 200,
-                k0: 130,
-                k1: 300,
-            },
-            Seq {
-                q0: 50,
-                nq: 5,
-                k0: 0,
-                k1: 0,
-            },
-            Seq {
-                q0: 1000,
-                nq: 70,
-                k0: 950,
-                k1: 1070,
-            },
+            seq(100, 200, 130, 300),
+            seq(50, 5, 0, 0),
+            seq(1000, 70, 950, 1070),
         ],
     ];
     let rows = |s: &[Seq; 3]| -> Vec<usize> {
