@@ -56,10 +56,17 @@ pub struct BenchArgs {
     /// long-context curves) into this .svg or .png file.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
+    /// Load nothing and run nothing: read the reports of earlier `bench --json` runs (one JSON
+    /// object per line; several files' lines may be concatenated) and write their --csv / --plot.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub from_json: Option<std::path::PathBuf>,
 }
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(f) = &a.from_json {
+        return replot(f, &a);
+    }
     let (batches, prompts) = (a.batch.clone(), a.prompt_len.clone());
     let runs: Vec<(usize, usize)> = match (batches.len(), prompts.len()) {
         (_, 1) => batches.iter().map(|&b| (b, prompts[0])).collect(),
@@ -227,6 +234,55 @@ fn bench(
         crate::bench_plot::write_plot(f, &reports, &title)?;
     }
     handle.shutdown(Duration::from_secs(1));
+    Ok(())
+}
+
+/// `--from-json`: the CSV and the plot of saved reports, ordered by prompt length.
+fn replot(f: &std::path::Path, a: &BenchArgs) -> Result<()> {
+    if a.csv.is_none() && a.plot.is_none() {
+        return Err(crate::usage::usage(
+            "--from-json needs --csv FILE or --plot FILE (it only redraws saved reports)",
+        ));
+    }
+    let text = std::fs::read_to_string(f)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", f.display()))?;
+    let mut reports = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            anyhow::anyhow!(
+                "{} line {}: not a `bench --json` report: {e}",
+                f.display(),
+                i + 1
+            )
+        })?;
+        if v.get("prompt_len")
+            .and_then(serde_json::Value::as_u64)
+            .is_none()
+        {
+            anyhow::bail!(
+                "{} line {}: not a `bench --json` report (no prompt_len)",
+                f.display(),
+                i + 1
+            );
+        }
+        reports.push(v);
+    }
+    if reports.is_empty() {
+        anyhow::bail!("{} holds no reports", f.display());
+    }
+    reports.sort_by_key(|r| r["prompt_len"].as_u64());
+    if let Some(out) = &a.csv {
+        crate::bench_plot::write_csv(out, &reports)?;
+    }
+    if let Some(out) = &a.plot {
+        let field = |k: &str| reports[0][k].as_str().unwrap_or("?").to_string();
+        let model = crate::progress::short_path(std::path::Path::new(&field("model")));
+        crate::bench_plot::write_plot(out, &reports, &format!("{model} on {}", field("backend")))?;
+    }
     Ok(())
 }
 

@@ -955,4 +955,31 @@ fn bench_sweeps_prompt_lengths_into_a_csv_and_a_chart() {
     );
     let o = run(&["bench", "-m", m.to_str().unwrap(), "--prompt-len", "2X"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+    // --from-json redraws saved reports (here in reverse order, as from two calls) without a model.
+    let saved = dir.path().join("runs.jsonl");
+    let lines: Vec<&str> = out.lines().rev().collect();
+    std::fs::write(&saved, lines.join("\n") + "\n").unwrap();
+    let csv2 = dir.path().join("c2.csv");
+    let o = run(&[
+        "bench",
+        "--from-json",
+        saved.to_str().unwrap(),
+        "--csv",
+        csv2.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert_eq!(std::fs::read_to_string(&csv2).unwrap(), table);
+    let o = run(&["bench", "--from-json", saved.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "nothing to write: {}", text(&o).1);
+    std::fs::write(&saved, "{\"prompt_len\": 5}\nnot json\n").unwrap();
+    let o = run(&[
+        "bench",
+        "--from-json",
+        saved.to_str().unwrap(),
+        "--csv",
+        csv2.to_str().unwrap(),
+    ]);
+    let err = text(&o).1;
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("line 2"), "{err}");
 }

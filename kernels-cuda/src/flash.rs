@@ -65,10 +65,10 @@ pub(crate) fn flash_default(dk: usize, dv: usize) -> FlashVariant {
     match (env, dk, dv) {
         (_, 256, 256) => FlashVariant::ALL[0],
         (Some(v), _, _) => v,
-        // H200, 2026-12-02: 221 vs 191 (m1w8) and 147 (m2w4) TFLOP/s at 128K tokens.
-        (None, 192, _) => FlashVariant::new(2, 8, 2),
-        // 213 vs 199 (m2w8) and 173 (m1w8) TFLOP/s at 128K tokens (128/128).
-        (None, _, _) => FlashVariant::new(2, 4, 2),
+        // H200, 2026-12-02 (docs/perf.md): FlashAttention-2's single-buffered schedule with two
+        // blocks per SM, 235 TFLOP/s at 128K tokens (192/128; m2w8 220, m1w8 193) and 215 at
+        // 32K (128/128; m2w4 210).
+        (None, _, _) => FlashVariant::new(2, 4, 1),
     }
 }
 

@@ -211,7 +211,13 @@ fn check_generate<B: Backend>(b: B, dtype: DType, chunk: usize, model: &str) -> 
 /// The same image twice hits the encoder cache and the prefix cache (past the image); a
 /// different image with the same placeholder count misses both, and its output differs.
 fn check_caches<B: Backend>(b: B) -> Result<()> {
-    let mut e = engine(b, "kimi_k25_tiny", engine_config(DType::F32, 512))?;
+    // Bit for bit across a cache hit: batch-invariant kernels, as the other parity tests (CUDA's
+    // default kernels may sum a prefix-hit step's rows in another order).
+    let cfg = EngineConfig {
+        batch_invariant: true,
+        ..engine_config(DType::F32, 512)
+    };
+    let mut e = engine(b, "kimi_k25_tiny", cfg)?;
     let img = load_image("rgb_100x73.png");
     let mut other = img.clone();
     for v in other.data.iter_mut().step_by(7) {
@@ -257,7 +263,13 @@ fn check_caches<B: Backend>(b: B) -> Result<()> {
 
 /// Bad image requests get errors naming the problem, and the engine keeps serving.
 fn check_bad_requests<B: Backend>(b: B) -> Result<()> {
-    let mut e = engine(b, "kimi_k25_tiny", engine_config(DType::F32, 512))?;
+    // Bit for bit across a cache hit: batch-invariant kernels, as the other parity tests (CUDA's
+    // default kernels may sum a prefix-hit step's rows in another order).
+    let cfg = EngineConfig {
+        batch_invariant: true,
+        ..engine_config(DType::F32, 512)
+    };
+    let mut e = engine(b, "kimi_k25_tiny", cfg)?;
     let img = load_image("rgb_100x73.png");
     let err = e
         .add_request_with_images(
