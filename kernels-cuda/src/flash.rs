@@ -244,7 +244,7 @@ impl CudaBackend {
         Ok(match (out, out_o, out_lse) {
             (Some(o), _, _) => VarlenResult::Final(o),
             (None, Some(o), Some(lse)) => VarlenResult::State { o, lse },
-            _ => unreachable!("one of the two outputs is allocated"),
+            _ => bail!("{OP}: no output was allocated"),
         })
     }
 }

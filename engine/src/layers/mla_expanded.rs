@@ -212,7 +212,9 @@ impl<B: Backend> Mla<B> {
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &B::Tensor,
     ) -> Result<B::Tensor> {
-        let e = self.expanded.as_ref().expect("checked by expands");
+        let Some(e) = self.expanded.as_ref() else {
+            anyhow::bail!("this MLA layer has no expanded-form weights (MlaPrefill::Absorbed)");
+        };
         let s = self.shape;
         let (h, dn, r, dv) = (s.heads, s.nope_dim, s.rope_dim, s.v_dim);
         let n = meta.host.num_tokens();
