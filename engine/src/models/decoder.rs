@@ -586,23 +586,29 @@ impl<B: Backend> Decoder<B> {
         })
     }
 
-    /// The steps of `ids` through the blocks on this rank's slice `cp` of the step; the logits
-    /// rows and the trace are gathered from every rank, so they are the whole step's.
-    fn forward_cp(
+    /// The embedded step `h` through the blocks and the head: on one device (`cp: None`, `meta`
+    /// the step's), or on this rank's slice of a context-parallel step (`meta` = `cp.local`),
+    /// whose trace rows and logits rows are gathered from every rank so they are the whole step's.
+    fn run_blocks(
         &self,
         b: &B,
-        ids: &B::Tensor,
-        cp: &CpStep<B>,
+        mut h: B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
+        cp: Option<&CpStep<B>>,
         mut trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
-        let mut h = self.head.embed(b, &cp.local_ids(b, ids)?)?;
+        let gather = |x: B::Tensor| match cp {
+            Some(cp) => cp.gather_tokens(b, &x),
+            None => Ok(x),
+        };
         if let Some(t) = trace.as_deref_mut() {
-            t.push(cp.gather_tokens(b, &h)?);
+            t.push(gather(h.clone())?);
         }
         if let Some(n) = self.streams {
             h = expand_streams(b, &h, n)?;
         }
+        // The one-stream view of `h` (the streams' mean with hyper-connections).
         let view = |h: &B::Tensor| -> Result<B::Tensor> {
             match self.streams {
                 Some(n) => mean_streams(b, h, n),
@@ -611,14 +617,18 @@ impl<B: Backend> Decoder<B> {
         };
         let mut sel = None;
         for (i, block) in self.blocks.iter().enumerate() {
-            h = block.forward(b, &h, &cp.local, cache, i, &mut sel, Some(cp))?;
+            h = block.forward(b, &h, meta, cache, i, &mut sel, cp)?;
             if trace.is_some() {
-                let all = cp.gather_tokens(b, &view(&h)?)?;
+                let all = gather(view(&h)?)?;
                 self.head
                     .trace(b, trace.as_deref_mut(), &all, i, self.blocks.len())?;
             }
         }
-        cp.gather_logits(b, &self.head.logits(b, &view(&h)?, &cp.local)?)
+        let logits = self.head.logits(b, &view(&h)?, meta)?;
+        match cp {
+            Some(cp) => cp.gather_logits(b, &logits),
+            None => Ok(logits),
+        }
     }
 }
 
@@ -645,7 +655,7 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
         splice: Option<&super::EmbedSplice>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
-        mut trace: Option<&mut Vec<B::Tensor>>,
+        trace: Option<&mut Vec<B::Tensor>>,
     ) -> Result<B::Tensor> {
         let splice = splice.filter(|s| !s.rows.is_empty());
         if let Some(cp) = &self.cp {
@@ -653,10 +663,11 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
                 if splice.is_some() {
                     bail!("image inputs are not supported under context parallelism yet");
                 }
-                return self.forward_cp(b, ids, &step, cache, trace);
+                let h = self.head.embed(b, &step.local_ids(b, ids)?)?;
+                return self.run_blocks(b, h, &step.local, cache, Some(&step), trace);
             }
         }
-        let mut h = self.head.embed(b, ids)?;
+        let h = self.head.embed(b, ids)?;
         if let Some(s) = splice {
             // The placeholders' embedding rows give way to the spliced rows (transformers'
             // `masked_scatter` of the image features).
@@ -668,27 +679,6 @@ impl<B: Backend> CausalLm<B> for Decoder<B> {
             )?;
             b.write_rows(&h, &s.rows, &values)?;
         }
-        if let Some(t) = trace.as_deref_mut() {
-            t.push(h.clone());
-        }
-        if let Some(n) = self.streams {
-            h = expand_streams(b, &h, n)?;
-        }
-        // The one-stream view of `h` (the streams' mean with hyper-connections).
-        let view = |h: &B::Tensor| -> Result<B::Tensor> {
-            match self.streams {
-                Some(n) => mean_streams(b, h, n),
-                None => Ok(h.clone()),
-            }
-        };
-        let mut sel = None;
-        for (i, block) in self.blocks.iter().enumerate() {
-            h = block.forward(b, &h, meta, cache, i, &mut sel, None)?;
-            if trace.is_some() {
-                self.head
-                    .trace(b, trace.as_deref_mut(), &view(&h)?, i, self.blocks.len())?;
-            }
-        }
-        self.head.logits(b, &view(&h)?, meta)
+        self.run_blocks(b, h, meta, cache, None, trace)
     }
 }
