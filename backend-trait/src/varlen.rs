@@ -107,7 +107,11 @@ pub fn attention_varlen(
     prior: Option<(&HostTensor, &HostTensor)>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     const OP: &str = "attention_varlen";
-    let (n, h, dk, m, hkv, dv) = check_shapes(q, k, v)?;
+    let (n, h, dk, m, hkv, dv) = check_shapes(
+        (&q.shape, q.dtype),
+        (&k.shape, k.dtype),
+        (&v.shape, v.dtype),
+    )?;
     meta.check(OP, n, m)?;
     let (qv, kv, vv) = (q.to_f32(), k.to_f32(), v.to_f32());
     let mut out = vec![0f32; n * h * dv];
@@ -154,11 +158,7 @@ pub fn attention_varlen(
         }
     }
     if let Some((po, pl)) = prior {
-        ensure!(
-            po.dtype == DType::F32 && po.shape == [n, h, dv] && pl.dtype == DType::F32 && pl.shape == [n, h],
-            "{OP}: the prior state must be o [{n}, {h}, {dv}] f32 and lse [{n}, {h}] f32, got {:?} {:?} and {:?} {:?}",
-            po.shape, po.dtype, pl.shape, pl.dtype
-        );
+        check_prior((&po.shape, po.dtype), (&pl.shape, pl.dtype), (n, h, dv))?;
         merge_states(&mut out, &mut lse, &po.to_f32(), &pl.to_f32(), dv);
     }
     Ok((out, lse))
@@ -182,40 +182,48 @@ pub fn merge_states(o: &mut [f32], lse: &mut [f32], po: &[f32], pl: &[f32], dv: 
     }
 }
 
-/// Shapes `(N, H, Dk, M, Hkv, Dv)` of a varlen call, checked.
+/// Shapes `(N, H, Dk, M, Hkv, Dv)` of a varlen call from `q`, `k`, `v` (shape, dtype), checked:
+/// `[N, H, Dk]`, `[M, Hkv, Dk]`, `[M, Hkv, Dv]` in one float dtype, `Hkv` dividing `H`.
 pub fn check_shapes(
-    q: &HostTensor,
-    k: &HostTensor,
-    v: &HostTensor,
+    q: (&[usize], DType),
+    k: (&[usize], DType),
+    v: (&[usize], DType),
 ) -> Result<(usize, usize, usize, usize, usize, usize)> {
     const OP: &str = "attention_varlen";
+    let ((qs, qd), (ks, kd), (vs, vd)) = (q, k, v);
     ensure!(
-        q.shape.len() == 3 && k.shape.len() == 3 && v.shape.len() == 3,
-        "{OP}: q must be [N, H, Dk], k [M, Hkv, Dk], v [M, Hkv, Dv]; got {:?}, {:?}, {:?}",
-        q.shape,
-        k.shape,
-        v.shape
+        qs.len() == 3 && ks.len() == 3 && vs.len() == 3,
+        "{OP}: q must be [N, H, Dk], k [M, Hkv, Dk], v [M, Hkv, Dv]; got {qs:?}, {ks:?}, {vs:?}"
     );
-    let (n, h, dk) = (q.shape[0], q.shape[1], q.shape[2]);
-    let (m, hkv) = (k.shape[0], k.shape[1]);
+    let (n, h, dk) = (qs[0], qs[1], qs[2]);
+    let (m, hkv) = (ks[0], ks[1]);
     ensure!(
-        k.shape[2] == dk && v.shape[..2] == [m, hkv],
-        "{OP}: k must be [M, Hkv, {dk}] and v [M, Hkv, Dv], got {:?} and {:?}",
-        k.shape,
-        v.shape
+        ks[2] == dk && vs[..2] == [m, hkv],
+        "{OP}: k must be [M, Hkv, {dk}] and v [M, Hkv, Dv], got {ks:?} and {vs:?}"
     );
     ensure!(
         hkv > 0 && h % hkv == 0,
         "{OP}: query heads H = {h} must be a multiple of key heads Hkv = {hkv}"
     );
     ensure!(
-        q.dtype.is_float() && k.dtype == q.dtype && v.dtype == q.dtype,
-        "{OP}: q, k and v must share one float dtype, got {:?}, {:?}, {:?}",
-        q.dtype,
-        k.dtype,
-        v.dtype
+        qd.is_float() && kd == qd && vd == qd,
+        "{OP}: q, k and v must share one float dtype, got {qd:?}, {kd:?}, {vd:?}"
     );
-    Ok((n, h, dk, m, hkv, v.shape[2]))
+    Ok((n, h, dk, m, hkv, vs[2]))
+}
+
+/// Checks a prior state `(o, lse)` (shape, dtype each) against `[N, H, Dv]` f32 and `[N, H]` f32.
+pub fn check_prior(
+    (os, od): (&[usize], DType),
+    (ls, ld): (&[usize], DType),
+    (n, h, dv): (usize, usize, usize),
+) -> Result<()> {
+    ensure!(
+        od == DType::F32 && os == [n, h, dv] && ld == DType::F32 && ls == [n, h],
+        "attention_varlen: the prior state must be o [{n}, {h}, {dv}] f32 and lse [{n}, {h}] f32, \
+         got {os:?} {od:?} and {ls:?} {ld:?}"
+    );
+    Ok(())
 }
 
 /// Uploads a [`VarlenMeta`] (checked against `n` query and `m` key rows) for `b`.
@@ -225,13 +233,28 @@ pub fn upload_varlen<B: crate::Backend>(
     n: usize,
     m: usize,
 ) -> Result<DeviceVarlenMeta<B::Tensor>> {
+    let up = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
+    let queries = (up(&meta.query_start)?, up(&meta.positions)?);
+    upload_varlen_keys(b, meta, queries, n, m)
+}
+
+/// [`upload_varlen`] for queries whose `query_start` and `positions` are already on the device
+/// (the step's [`crate::DeviceStepMeta`]; they must hold `meta`'s values): only the key ranges
+/// travel.
+pub fn upload_varlen_keys<B: crate::Backend>(
+    b: &B,
+    meta: VarlenMeta,
+    (query_start, positions): (B::Tensor, B::Tensor),
+    n: usize,
+    m: usize,
+) -> Result<DeviceVarlenMeta<B::Tensor>> {
     meta.check("attention_varlen", n, m)?;
     let up = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
     Ok(DeviceVarlenMeta {
-        query_start: up(&meta.query_start)?,
+        query_start,
         key_start: up(&meta.key_start)?,
         key_pos0: up(&meta.key_pos0)?,
-        positions: up(&meta.positions)?,
+        positions,
         host: meta,
     })
 }
@@ -255,7 +278,11 @@ pub fn attention_varlen_on_host<B: crate::Backend>(
         Some((o, l)) => Some((b.download(o)?, b.download(l)?)),
         None => None,
     };
-    let (n, h, _, _, _, dv) = check_shapes(&qh, &kh, &vh)?;
+    let (n, h, _, _, _, dv) = check_shapes(
+        (&qh.shape, qh.dtype),
+        (&kh.shape, kh.dtype),
+        (&vh.shape, vh.dtype),
+    )?;
     let (o, lse) = attention_varlen(
         &qh,
         &kh,

@@ -317,7 +317,7 @@ __device__ __forceinline__ void fa_impl(
 }
 
 // Entry points flash_attn_{dtype}_k{DK}_v{DV}_m{WM}w{NW}[s1]: WM m-tiles per warp, NW warps,
-// double-buffered K/V (or single-buffered: "s1", two blocks per multiprocessor).
+// double-buffered K/V (or single-buffered: "s1"), at least MINB blocks per multiprocessor.
 #define FLASH_ATTN_K(S, T, DK, DV, WM, NW, STAGES, MINB, SFX)                                     \
     extern "C" __global__ void __launch_bounds__(32 * NW, MINB)                                   \
         flash_attn_##S##_k##DK##_v##DV##_m##WM##w##NW##SFX(                                       \
@@ -329,16 +329,15 @@ __device__ __forceinline__ void fa_impl(
                                            prior_lse, out, out_o, out_lse, h, hkv, scale_log2,    \
                                            causal);                                               \
     }
-#define FLASH_ATTN(S, T, DK, DV, WM, NW) FLASH_ATTN_K(S, T, DK, DV, WM, NW, 2, 1, )
-// Variants (flash.rs picks one per head dims): 8 warps × 16 rows; 4 × 32; 8 × 32 (one block per
-// multiprocessor); 4 × 16 and 4 × 32 single-buffered (two blocks); 4 × 16 single-buffered (three).
+// Two variants (flash.rs): 8 warps × 16 rows, double-buffered, one block per multiprocessor (the
+// only one for 256/256, whose O would not fit twice in registers); 4 warps × 32 rows,
+// single-buffered, two blocks per multiprocessor (the default: fastest on the H200, docs/perf.md,
+// which also records four variants measured slower and removed).
 #define FLASH_ATTN_DIMS(S, T, DK, DV)                                                             \
-    FLASH_ATTN(S, T, DK, DV, 1, 8) FLASH_ATTN(S, T, DK, DV, 2, 4) FLASH_ATTN(S, T, DK, DV, 2, 8)  \
-    FLASH_ATTN_K(S, T, DK, DV, 1, 4, 2, 2, ) FLASH_ATTN_K(S, T, DK, DV, 2, 4, 1, 2, s1)            \
-    FLASH_ATTN_K(S, T, DK, DV, 1, 4, 1, 3, s1)
+    FLASH_ATTN_K(S, T, DK, DV, 1, 8, 2, 1, ) FLASH_ATTN_K(S, T, DK, DV, 2, 4, 1, 2, s1)
 #define FLASH_ATTN_ALL(S, T)                                                                      \
     FLASH_ATTN_DIMS(S, T, 64, 64) FLASH_ATTN_DIMS(S, T, 128, 128)                                  \
-    FLASH_ATTN_DIMS(S, T, 192, 128) FLASH_ATTN(S, T, 256, 256, 1, 8)
+    FLASH_ATTN_DIMS(S, T, 192, 128) FLASH_ATTN_K(S, T, 256, 256, 1, 8, 2, 1, )
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 FLASH_ATTN_ALL(bf16, bf16)
 #endif

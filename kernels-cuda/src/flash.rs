@@ -1,9 +1,9 @@
 //! `attention_varlen` on tensor cores (`kernels/flash_attn.cu`): FlashAttention-2-style prefill
 //! attention over one contiguous key segment, continuing a softmax state.
 
-use crate::{check_dtype, dtype_suffix, to_u32, CudaBackend, CudaTensor};
+use crate::{dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
-use dayone_backend::{DType, DeviceVarlenMeta, VarlenResult};
+use dayone_backend::{varlen, DType, DeviceVarlenMeta, VarlenResult};
 
 /// Keys per tile of `flash_attn_*` (the kernel's FA_BN).
 const BN: usize = 64;
@@ -26,16 +26,9 @@ impl FlashVariant {
         FlashVariant { wm, nw, stages }
     }
 
-    /// Every variant the kernel file instantiates for head dims other than 256/256 (which has
-    /// only the first: two m-tiles of 256-wide O would not fit the registers).
-    pub const ALL: [FlashVariant; 6] = [
-        FlashVariant::new(1, 8, 2),
-        FlashVariant::new(2, 4, 2),
-        FlashVariant::new(2, 8, 2),
-        FlashVariant::new(1, 4, 2),
-        FlashVariant::new(2, 4, 1),
-        FlashVariant::new(1, 4, 1),
-    ];
+    /// The variants the kernel file instantiates: `m1w8` (also the only one for 256/256: two
+    /// m-tiles of 256-wide O would not fit the registers) and `m2w4s1`, the default.
+    pub const ALL: [FlashVariant; 2] = [FlashVariant::new(1, 8, 2), FlashVariant::new(2, 4, 1)];
 
     fn rows(self) -> usize {
         16 * self.wm * self.nw
@@ -125,33 +118,15 @@ impl CudaBackend {
     ) -> Result<VarlenResult<CudaTensor>> {
         const OP: &str = "attention_varlen";
         let sfx = dtype_suffix(OP, q.dtype)?;
-        if q.shape.len() != 3 || k.shape.len() != 3 || v.shape.len() != 3 {
-            bail!(
-                "{OP}: q must be [N, H, Dk], k [M, Hkv, Dk], v [M, Hkv, Dv]; got {:?}, {:?}, {:?}",
-                q.shape,
-                k.shape,
-                v.shape
-            );
-        }
-        let (n, h, dk) = (q.shape[0], q.shape[1], q.shape[2]);
-        let (m, hkv, dv) = (k.shape[0], k.shape[1], v.shape[2]);
-        if k.shape[2] != dk || v.shape[..2] != [m, hkv] {
-            bail!(
-                "{OP}: k must be [M, Hkv, {dk}] and v [M, Hkv, Dv], got {:?} and {:?}",
-                k.shape,
-                v.shape
-            );
-        }
-        check_dtype(OP, "k", k, q.dtype)?;
-        check_dtype(OP, "v", v, q.dtype)?;
-        if hkv == 0 || h % hkv != 0 {
-            bail!("{OP}: query heads H = {h} must be a multiple of key heads Hkv = {hkv}");
-        }
+        let (n, h, dk, m, _, dv) = varlen::check_shapes(
+            (&q.shape, q.dtype),
+            (&k.shape, k.dtype),
+            (&v.shape, v.dtype),
+        )?;
+        let hkv = k.shape[1];
         if !self.varlen_native(q.dtype, dk, dv) {
             // f32 or other head dims: the host reference (correct, slow), as the trait's default.
-            return dayone_backend::varlen::attention_varlen_on_host(
-                self, q, k, v, meta, scale, prior, final_out,
-            );
+            return varlen::attention_varlen_on_host(self, q, k, v, meta, scale, prior, final_out);
         }
         let var = variant.unwrap_or_else(|| flash_default(dk, dv));
         if (dk, dv) == (256, 256) && var != FlashVariant::ALL[0]
@@ -169,20 +144,7 @@ impl CudaBackend {
         let hm = &meta.host;
         hm.check(OP, n, m)?;
         if let Some((po, pl)) = prior {
-            if po.dtype != DType::F32
-                || po.shape != [n, h, dv]
-                || pl.dtype != DType::F32
-                || pl.shape != [n, h]
-            {
-                bail!(
-                    "{OP}: the prior state must be o [{n}, {h}, {dv}] f32 and lse [{n}, {h}] f32, \
-                     got {:?} {} and {:?} {}",
-                    po.shape,
-                    po.dtype,
-                    pl.shape,
-                    pl.dtype
-                );
-            }
+            varlen::check_prior((&po.shape, po.dtype), (&pl.shape, pl.dtype), (n, h, dv))?;
         }
         let s = hm.num_seqs();
         if s > 65535 || h > 65535 {

@@ -20,7 +20,7 @@
 
 use super::{Linear, Mla};
 use anyhow::Result;
-use dayone_backend::varlen::upload_varlen;
+use dayone_backend::varlen::upload_varlen_keys;
 use dayone_backend::{
     Backend, DeviceStepMeta, HostTensor, StepMeta, TensorInfo, VarlenMeta, VarlenResult,
 };
@@ -238,7 +238,9 @@ impl<B: Backend> Mla<B> {
             let lat = b.embedding(&flat, &ids)?;
             let k = b.reshape(&e.w_k.forward(b, &lat)?, &[m, h, r + dn])?;
             let v = b.reshape(&e.w_v.forward(b, &lat)?, &[m, h, dv])?;
-            let vm = upload_varlen(b, layout, n, m)?;
+            // The step's query offsets and positions are on the device already.
+            let queries = (meta.query_start.clone(), meta.positions.clone());
+            let vm = upload_varlen_keys(b, layout, queries, n, m)?;
             let prior = state.as_ref().map(|(o, l)| (o, l));
             match b.attention_varlen(&q, &k, &v, &vm, self.scale, prior, i == last)? {
                 VarlenResult::Final(o) => return Ok(o),
