@@ -34,7 +34,7 @@ impl FlashVariant {
         16 * self.wm * self.nw
     }
 
-    /// The kernel-name suffix, also the value `DAYONE_FLASH_VARIANT` takes: `m2w8`, `m2w4s1`, ….
+    /// The kernel-name suffix, also the value `DAYONE_FLASH_VARIANT` takes: `m1w8` or `m2w4s1`.
     pub fn name(self) -> String {
         let s1 = if self.stages == 1 { "s1" } else { "" };
         format!("m{}w{}{s1}", self.wm, self.nw)
@@ -59,8 +59,8 @@ pub(crate) fn flash_default(dk: usize, dv: usize) -> FlashVariant {
         (_, 256, 256) => FlashVariant::ALL[0],
         (Some(v), _, _) => v,
         // H200, 2026-12-02 (docs/perf.md): FlashAttention-2's single-buffered schedule with two
-        // blocks per SM, 235 TFLOP/s at 128K tokens (192/128; m2w8 220, m1w8 193) and 215 at
-        // 32K (128/128; m2w4 210).
+        // blocks per SM: 235 TFLOP/s at 128K tokens for 192/128 (m1w8 193), 215 at 32K for
+        // 128/128 (m1w8 177).
         (None, _, _) => FlashVariant::new(2, 4, 1),
     }
 }
