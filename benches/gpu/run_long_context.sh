@@ -40,11 +40,11 @@ if [[ " $steps " == *" kimi "* ]]; then
   prompts=${KIMI_PROMPT:-8K,32K,128K}
   n=$(echo "$prompts" | tr ',' '\n' | wc -l)
   batches=$(yes 1 | head -n "$n" | paste -sd,)
-  .bin/dayone bench --backend cuda --model /tmp/kimi48b --batch "$batches" --prompt-len "$prompts" \
+  DAYONE_LOG=${DAYONE_LOG:-info} .bin/dayone bench --backend cuda --model /tmp/kimi48b --batch "$batches" --prompt-len "$prompts" \
     --gen-len 16 --max-batched-tokens ${KIMI_CHUNK:-16384} --kv-cache-tokens ${KIMI_KV:-1048576} \
-    --csv "$OUT/kimi_curves.csv" --json 2>/tmp/kimi_err.log | tee -a "$OUT/kimi48b.jsonl"
-  kill $smi
-  grep -vE "^\s*$" /tmp/kimi_err.log | tail -8
+    --csv "$OUT/kimi_curves.csv" --json 2>"$OUT/kimi_err.log" | tee -a "$OUT/kimi48b.jsonl"
+  kill $smi 2>/dev/null
+  grep -vE "^\s*$" "$OUT/kimi_err.log" | tail -8; echo "bench done: $(date -u)"
   echo "peak GPU memory MiB: $(sort -n /tmp/kimi_mem.csv | tail -1)"
 fi
 

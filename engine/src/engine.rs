@@ -284,6 +284,7 @@ impl<B: Backend> Engine<B> {
             // Before anything is computed, and before the recurrent split alignment is read.
             backend.set_batch_invariant(true)?;
         }
+        let t_load = Instant::now();
         let (model, weight_bytes) = load_model(
             &backend,
             &config,
@@ -297,6 +298,12 @@ impl<B: Backend> Engine<B> {
                 context_parallel_min_tokens: cfg.context_parallel_min_tokens,
             },
         )?;
+        let secs = t_load.elapsed().as_secs_f64();
+        tracing::info!(
+            "weights loaded: {:.2} GB in {secs:.1} s ({:.2} GB/s)",
+            weight_bytes as f64 / 1e9,
+            weight_bytes as f64 / 1e9 / secs.max(1e-9)
+        );
         let media = media::Media::load(&backend, &config, ckpt, cfg.dtype)?;
         let act = backend.activation_dtype(cfg.dtype);
         // Every kernel the steps may launch, now: a compile at first use would stall a step.

@@ -19,6 +19,8 @@ pub struct WeightLoader<'a, B: Backend> {
     bytes: Cell<u64>,
     keep_quantized: bool,
     workspaces: std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>>,
+    /// Host buffers of stacked weights, kept for the next layer's stacks.
+    buffers: std::cell::RefCell<Vec<Vec<u8>>>,
 }
 
 impl<'a, B: Backend> WeightLoader<'a, B> {
@@ -35,6 +37,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             bytes: Cell::new(0),
             keep_quantized: true,
             workspaces: Default::default(),
+            buffers: Default::default(),
         }
     }
 
@@ -295,9 +298,39 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         self.upload_exact(convert(host, DType::F32)?)
     }
 
+    /// An empty host buffer with room for `bytes`, reused from an earlier
+    /// [`WeightLoader::upload_stacked`] where one is large enough (each layer's expert stacks are
+    /// gigabytes; a fresh allocation would page-fault all of them in again).
+    pub fn stack_buffer(&self, bytes: usize) -> Vec<u8> {
+        let mut pool = self.buffers.borrow_mut();
+        match pool.iter().position(|b| b.capacity() >= bytes) {
+            Some(i) => {
+                let mut b = pool.swap_remove(i);
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(bytes),
+        }
+    }
+
+    /// Uploads a stack assembled in a [`WeightLoader::stack_buffer`] (`data` in the storage
+    /// dtype, `shape` its dimensions) and keeps the buffer for the next stack.
+    ///
+    /// Errors: `data` not holding `shape` elements of the storage dtype; a failed upload.
+    pub fn upload_stacked(&self, shape: Vec<usize>, data: Vec<u8>) -> Result<B::Tensor> {
+        let host = HostTensor::new(shape, self.dtype, data)?;
+        let t = self.upload_ref(&host)?;
+        self.buffers.borrow_mut().push(host.data);
+        Ok(t)
+    }
+
     /// Uploads a host tensor as it is (its dtype kept) and advances the progress count.
     fn upload_exact(&self, host: HostTensor) -> Result<B::Tensor> {
-        let t = self.backend.upload(&host)?;
+        self.upload_ref(&host)
+    }
+
+    fn upload_ref(&self, host: &HostTensor) -> Result<B::Tensor> {
+        let t = self.backend.upload(host)?;
         self.loaded.set(self.loaded.get() + 1);
         self.bytes.set(self.bytes.get() + host.data.len() as u64);
         if let Some(p) = self.progress {

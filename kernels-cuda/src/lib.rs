@@ -65,6 +65,7 @@ macro_rules! kparams {
 
 mod attention;
 mod basic;
+mod bulk_upload;
 pub mod comm;
 mod dsa;
 mod ext;
@@ -118,6 +119,8 @@ pub struct CudaBackend {
     pool: Arc<Pool>,
     blas: Mutex<CudaBlas>,
     staging: Mutex<Staging>,
+    /// Pinned double buffer of large uploads (weights), allocated at the first one.
+    bulk: Mutex<bulk_upload::BulkUpload>,
     /// Pinned staging of `read_rows`/`write_rows` calls with several runs of rows.
     rows_staging: Mutex<rows::RowStaging>,
     kernels: Kernels,
@@ -252,6 +255,7 @@ impl CudaBackend {
             mma_attention,
             pdl,
             staging,
+            bulk: Mutex::new(bulk_upload::BulkUpload::new()),
             rows_staging: Mutex::new(rows::RowStaging::new()),
             kernels: Kernels {
                 target,
@@ -611,12 +615,8 @@ impl Backend for CudaBackend {
                 )?;
             } else {
                 drop(st);
-                // SAFETY: the buffer holds `want` bytes; pageable source memory is staged by
-                // the driver before the call returns.
-                unsafe {
-                    dr::memcpy_htod_async(t.device_ptr(), &host.data, self.stream.cu_stream())
-                }
-                .map_err(drv("host-to-device copy"))?;
+                let mut bulk = self.bulk.lock().unwrap_or_else(|p| p.into_inner());
+                bulk.upload(&self.ctx, &self.stream, t.device_ptr(), &host.data)?;
             }
         }
         Ok(t)

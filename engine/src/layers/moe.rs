@@ -84,14 +84,6 @@ fn expert_prefix<B: Backend>(w: &WeightLoader<B>, p: &str, spellings: &[&str]) -
     }
 }
 
-/// Stacks equal-shaped host tensors along a new leading dimension.
-fn stack(parts: &[HostTensor]) -> Result<HostTensor> {
-    let mut shape = vec![parts.len()];
-    shape.extend_from_slice(&parts[0].shape);
-    let data = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-    HostTensor::new(shape, parts[0].dtype, data)
-}
-
 impl<B: Backend> Moe<B> {
     /// Loads `{prefix}.gate.weight`, `{prefix}.gate.e_score_correction_bias` (optional), the experts —
     /// either per expert (`{prefix}.experts.{e}.{gate,up,down}_proj.weight`, as DeepSeek ships them)
@@ -157,30 +149,38 @@ impl<B: Backend> Moe<B> {
             let one = w.backend().zeros(&[1, 1, 1], w.dtype())?;
             (one.clone(), one)
         } else {
+            // Each expert's rows are appended to one buffer per stack (one copy out of the
+            // file map; a 48B-A3B checkpoint moves ≈ 90 GB through here).
             let full = s.expert_dim;
-            let mut gu = Vec::with_capacity(e);
-            let mut dn = Vec::with_capacity(e);
+            let es = w.dtype().size();
+            let mut gu = w.stack_buffer(e * 2 * f * d * es);
+            let mut dn = w.stack_buffer(e * d * f * es);
             for i in 0..e {
                 let p = format!("{prefix}.experts.{}", e0 + i);
                 let name = |spellings: &[&str]| expert_prefix(w, &p, spellings);
                 let g = w.host_weight_split(&name(names.gate)?, full, d, width)?;
                 let u = w.host_weight_split(&name(names.up)?, full, d, width)?;
-                gu.push(HostTensor::new(
-                    vec![2 * f, d],
-                    g.dtype,
-                    [g.data, u.data].concat(),
-                )?);
-                dn.push(w.host_weight_split(
-                    &name(names.down)?,
-                    d,
-                    full,
-                    Split { dim: 1, ..width },
-                )?);
+                let dw =
+                    w.host_weight_split(&name(names.down)?, d, full, Split { dim: 1, ..width })?;
+                let (gu0, dn0) = (gu.len(), dn.len());
+                gu.extend_from_slice(&g.data);
+                gu.extend_from_slice(&u.data);
+                dn.extend_from_slice(&dw.data);
                 if limit.is_some() {
-                    split.push((w.upload(gu[i].clone())?, w.upload(dn[i].clone())?));
+                    split.push((
+                        w.upload(HostTensor::new(
+                            vec![2 * f, d],
+                            g.dtype,
+                            gu[gu0..].to_vec(),
+                        )?)?,
+                        w.upload(HostTensor::new(vec![d, f], dw.dtype, dn[dn0..].to_vec())?)?,
+                    ));
                 }
             }
-            (w.upload(stack(&gu)?)?, w.upload(stack(&dn)?)?)
+            (
+                w.upload_stacked(vec![e, 2 * f, d], gu)?,
+                w.upload_stacked(vec![e, d, f], dn)?,
+            )
         };
         let shared = if s.shared_dim > 0 {
             Some(
