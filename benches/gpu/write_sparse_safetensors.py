@@ -16,6 +16,12 @@ import sys
 import numpy as np
 
 
+def tiled(pool: np.ndarray, start: int, n: int) -> np.ndarray:
+    """`n` values of `pool` from `start` on, wrapping around."""
+    rolled = np.concatenate([pool[start:], pool[:start]])
+    return np.tile(rolled, -(-n // len(pool)))[:n]
+
+
 def main() -> None:
     layout, out = sys.argv[1], sys.argv[2]
     d = json.load(open(layout))
@@ -31,6 +37,9 @@ def main() -> None:
     raw += b" " * ((8 - len(raw) % 8) % 8)
     path = os.path.join(out, "model.safetensors")
     rng = np.random.default_rng(0)
+    # Large tensors take windows of one pool of 2^24 normal values at random offsets: as random
+    # as routing and gates need, and the write runs at disk speed instead of the generator's.
+    pool = rng.standard_normal(1 << 24, dtype=np.float32)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
@@ -47,7 +56,7 @@ def main() -> None:
             elif name.endswith(("dt_bias", "e_score_correction_bias")):
                 v = 0.01 * rng.standard_normal(n)
             else:
-                v = 0.02 * rng.standard_normal(n, dtype=np.float32)
+                v = 0.02 * tiled(pool, int(rng.integers(len(pool))), n)
             v = v.astype(np.float32)
             if t["dtype"] == "BF16":
                 v = (v.view(np.uint32) >> 16).astype(np.uint16)
