@@ -117,13 +117,22 @@ impl<B: Backend> Moe<B> {
         let (gate_up, down) = if w.has(&fused) {
             let full = s.expert_dim;
             let gu = w.host_split(&fused, &[e_all, 2 * full, d], mine)?;
-            let gu = Split { dim: 1, ..width }.grouped(2).apply(&gu)?;
+            // `apply` of a whole split copies; a rank holding every column keeps the buffer.
+            let gu = if width.is_whole() {
+                gu
+            } else {
+                Split { dim: 1, ..width }.grouped(2).apply(&gu)?
+            };
             let dn = w.host_split(
                 &format!("{prefix}.experts.down_proj"),
                 &[e_all, d, full],
                 mine,
             )?;
-            let dn = Split { dim: 2, ..width }.apply(&dn)?;
+            let dn = if width.is_whole() {
+                dn
+            } else {
+                Split { dim: 2, ..width }.apply(&dn)?
+            };
             if limit.is_some() {
                 let es = gu.dtype.size();
                 for i in 0..e {
