@@ -1,13 +1,22 @@
 //! GGUF files (llama.cpp): metadata → HF config, tensors dequantized to f32 with HF names.
 //!
-//! Architectures: `llama`, `qwen2` (q/k/v biases) and `qwen3` (per-head q/k norms, explicit head
-//! width): `{arch}.*` metadata becomes the HF config of that `model_type`, `blk.N.*` tensors get
-//! HF names.
+//! Architectures: `llama`, `mistral3`, `qwen2` (q/k/v biases) and `qwen3` (per-head q/k norms,
+//! explicit head width): `{arch}.*` metadata becomes the HF config of that `model_type`, `blk.N.*`
+//! tensors get HF names.
 //!
-//! For the `llama` architecture only, llama.cpp's converter stores the rows of `attn_q`/`attn_k`
-//! (weights and biases) permuted for its interleaved RoPE; [`unpermute_rows`] puts them back in
-//! the Hugging Face (half-split RoPE) order. Qwen2/Qwen3 tensors are stored unpermuted (llama.cpp
-//! runs them with its NeoX, i.e. half-split, RoPE).
+//! Mistral: llama.cpp has no `mistral` architecture. `convert_hf_to_gguf.py` writes a
+//! `MistralForCausalLM` as `llama` (its `LlamaModel` is registered for that class) and the text
+//! model of a `Mistral3ForConditionalGeneration` (Mistral Small 3.x) as `mistral3`; both keep the
+//! llama layout. A `llama` file carrying `llama.attention.sliding_window` (gguf-py's
+//! `Keys.Attention.SLIDING_WINDOW`; the converter itself drops HF's `sliding_window`) and every
+//! `mistral3` file become the HF `mistral` model, with that window on every layer (HF
+//! `MistralConfig.sliding_window`; none when the key is absent or 0). A `llama` file without the
+//! key stays `llama` (full causal attention), which is what llama.cpp runs for it too.
+//!
+//! For the `llama` and `mistral3` architectures, llama.cpp's converter stores the rows of
+//! `attn_q`/`attn_k` (weights and biases) permuted for its interleaved RoPE; [`unpermute_rows`]
+//! puts them back in the Hugging Face (half-split RoPE) order. Qwen2/Qwen3 tensors are stored
+//! unpermuted (llama.cpp runs them with its NeoX, i.e. half-split, RoPE).
 
 use super::gguf_file::{GgmlType, GgufFile, GgufTensorInfo, MetaValue};
 use super::gguf_quant::dequantize;
@@ -21,11 +30,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Architectures whose metadata and tensor names are mapped to HF form.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "mistral3", "qwen2", "qwen3"];
 
-/// Whether llama.cpp permuted this architecture's q/k rows (only `llama`).
+/// Whether llama.cpp permuted this architecture's q/k rows (`llama` and `mistral3`: its
+/// converter's `LlamaModel.permute`, `undo_permute = True`).
 fn permutes_qk(arch: &str) -> bool {
-    arch == "llama"
+    matches!(arch, "llama" | "mistral3")
 }
 
 /// Opens a `.gguf` file as a [`Checkpoint`].
@@ -77,8 +87,13 @@ pub fn checkpoint_from_gguf(file: GgufFile) -> Result<Checkpoint> {
         ),
     };
     if !SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        let hint = if arch.starts_with("mistral") {
+            " (llama.cpp writes Mistral models as `llama` or `mistral3`)"
+        } else {
+            ""
+        };
         bail!(
-            "{}: general.architecture = \"{arch}\" is not supported (supported: {})",
+            "{}: general.architecture = \"{arch}\" is not supported (supported: {}){hint}",
             path.display(),
             SUPPORTED_ARCHITECTURES.join(", ")
         );
@@ -180,10 +195,46 @@ fn clean_f32(x: f64) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
-/// The HF `config.json` equivalent of a llama, qwen2 or qwen3 GGUF's metadata (`model_type` is
-/// the architecture).
+/// The HF `model_type` of a file of architecture `m.arch`, and its Mistral sliding window: `mistral`
+/// for `mistral3` and for a `llama` file with `llama.attention.sliding_window` (see the module
+/// docs); otherwise the architecture itself. Errors name the key when the file asks for attention
+/// the HF `mistral` model does not have (a per-layer window pattern, llama-4 temperature scaling).
+fn model_type_and_window(m: &Meta) -> Result<(&'static str, Option<u64>)> {
+    let path = m.file.path.display();
+    match m.arch {
+        "llama" | "mistral3" => {
+            // A per-layer window pattern or a (nonzero) llama-4 attention temperature (Ministral 3)
+            // would change the attention; refuse rather than run something else.
+            for key in [
+                "attention.sliding_window_pattern",
+                "attention.temperature_scale",
+            ] {
+                if m.opt(key).is_some_and(|v| v.as_f64() != Some(0.0)) {
+                    bail!(
+                        "{path}: metadata {} is not supported for the {} architecture \
+                         (dayone maps it onto Hugging Face's llama/mistral, which has no such attention)",
+                        m.key(key),
+                        m.arch
+                    );
+                }
+            }
+            let window = m.opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+            Ok(match (m.arch, window) {
+                ("llama", None) => ("llama", None),
+                (_, w) => ("mistral", w),
+            })
+        }
+        "qwen2" => Ok(("qwen2", None)),
+        "qwen3" => Ok(("qwen3", None)),
+        other => bail!("{path}: no Hugging Face model_type for the GGUF architecture \"{other}\""),
+    }
+}
+
+/// The HF `config.json` equivalent of a llama, mistral3, qwen2 or qwen3 GGUF's metadata
+/// (`model_type`: see [`model_type_and_window`]).
 fn hf_config(m: &Meta) -> Result<Value> {
     let f = m.file;
+    let (model_type, window) = model_type_and_window(m)?;
     let hidden = m.uint("embedding_length")?;
     let n_head = m.uint("attention.head_count")?;
     if n_head == 0 || !hidden.is_multiple_of(n_head) {
@@ -219,13 +270,17 @@ fn hf_config(m: &Meta) -> Result<Value> {
         },
     };
     let mut c = Map::new();
-    let class = match m.arch {
+    let class = match model_type {
         "qwen2" => "Qwen2ForCausalLM",
         "qwen3" => "Qwen3ForCausalLM",
+        "mistral" => "MistralForCausalLM",
         _ => "LlamaForCausalLM",
     };
-    c.insert("model_type".into(), json!(m.arch));
+    c.insert("model_type".into(), json!(model_type));
     c.insert("architectures".into(), json!([class]));
+    if model_type == "mistral" {
+        c.insert("sliding_window".into(), json!(window));
+    }
     c.insert("hidden_size".into(), json!(hidden));
     c.insert(
         "intermediate_size".into(),
