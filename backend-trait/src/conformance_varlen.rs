@@ -67,6 +67,17 @@ pub fn check_attention_varlen<B: Backend>(b: &B) -> Result<()> {
     Ok(())
 }
 
+/// The same checks at the given `(Dk, Dv)` pairs, for a backend whose device kernel serves
+/// head dims it does not report as native (e.g. WGSL's, used by the vision encoders).
+pub fn check_attention_varlen_dims<B: Backend>(b: &B, dims: &[(usize, usize)]) -> Result<()> {
+    for dt in crate::conformance::activation_dtypes(b) {
+        for &(dk, dv) in dims {
+            check_case(b, dt, dk, dv).with_context(|| format!("{dt} hd_k {dk} hd_v {dv}"))?;
+        }
+    }
+    Ok(())
+}
+
 fn check_case<B: Backend>(b: &B, dt: DType, dk: usize, dv: usize) -> Result<()> {
     const OP: &str = "attention_varlen";
     let mut rng = Rng::new(0x7a11 + dk as u64);

@@ -819,6 +819,27 @@ impl Backend for WgslBackend {
         self.write_kv_impl(k, v, k_cache, v_cache, meta)
     }
 
+    /// On the device (`attention_varlen.wgsl`) for f32 tensors within one storage binding; the
+    /// host path otherwise (bf16 activations never occur here; split tensors are large key
+    /// segments that lavapipe's 128 MiB binding cannot hold).
+    fn attention_varlen(
+        &self,
+        q: &WTensor,
+        k: &WTensor,
+        v: &WTensor,
+        meta: &dayone_backend::DeviceVarlenMeta<WTensor>,
+        scale: f32,
+        prior: Option<(&WTensor, &WTensor)>,
+        final_out: bool,
+    ) -> Result<dayone_backend::VarlenResult<WTensor>> {
+        match self.attention_varlen_impl(q, k, v, meta, scale, prior, final_out)? {
+            Some(r) => Ok(r),
+            None => dayone_backend::varlen::attention_varlen_on_host(
+                self, q, k, v, meta, scale, prior, final_out,
+            ),
+        }
+    }
+
     fn paged_attention(
         &self,
         q: &WTensor,

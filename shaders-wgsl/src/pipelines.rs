@@ -35,6 +35,7 @@ const CONVERT: &str = include_str!("../shaders/convert.wgsl");
 const KV_CACHE: &str = include_str!("../shaders/kv_cache.wgsl");
 const ATTENTION_LANES: &str = include_str!("../shaders/attention_paged_lanes.wgsl");
 const ATTENTION: &str = include_str!("../shaders/attention_paged.wgsl");
+const ATTENTION_VARLEN: &str = include_str!("../shaders/attention_varlen.wgsl");
 const HEAD_LINEAR: &str = include_str!("../shaders/head_linear.wgsl");
 const WRITE_CACHE: &str = include_str!("../shaders/write_cache.wgsl");
 const MLA_LANES: &str = include_str!("../shaders/mla_attention_lanes.wgsl");
@@ -171,6 +172,13 @@ spec!(
     "mla_attention_lanes.wgsl",
     "mla_attention_lanes",
     [R, R, R, R, R, R, W]
+);
+spec!(
+    ATTN_VARLEN,
+    ATTENTION_VARLEN,
+    "attention_varlen.wgsl",
+    "attention_varlen",
+    [R, R, R, R, R, R, W, W]
 );
 spec!(
     MLA_ATTN,

@@ -29,6 +29,18 @@ fn conformance_all() {
     ok(conformance::check_all(&backend(KernelChoice::Auto)));
 }
 
+/// `attention_varlen.wgsl` at the head dims models use: DeepSeek/Kimi MLA expanded (192/128),
+/// MoonViT (72/72), glm5_next's NoPE MLA (256/256), glm5_next_vision (64/64).
+#[test]
+fn attention_varlen_model_head_dims() {
+    ok(
+        dayone_backend::conformance_varlen::check_attention_varlen_dims(
+            &backend(KernelChoice::Auto),
+            &[(192, 128), (72, 72), (256, 256), (64, 64)],
+        ),
+    );
+}
+
 #[test]
 fn conformance_cpu_kernels() {
     ok(conformance::check_all(&backend(KernelChoice::Cpu)));

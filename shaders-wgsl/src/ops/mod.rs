@@ -10,3 +10,4 @@ mod mla;
 mod moe;
 mod quant;
 mod rows;
+mod varlen;
