@@ -2,6 +2,7 @@
 
 mod deepseek_v3;
 mod glm5_next;
+mod glm5_next_vision;
 mod gpt_oss;
 mod kimi_k25;
 mod kimi_linear;
@@ -11,6 +12,7 @@ pub(crate) mod rope;
 
 pub use deepseek_v3::DeepseekV3Config;
 pub use glm5_next::{Glm5LayerKind, Glm5LinearAttnConfig, Glm5NextConfig};
+pub use glm5_next_vision::{Glm5NextVision, Glm5NextVisionConfig, Glm5VisionRope};
 pub use gpt_oss::{GptOssConfig, GPT_OSS_ALPHA};
 pub use kimi_k25::KimiK25Config;
 pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
@@ -88,9 +90,11 @@ pub(crate) fn parse_as<T: serde::de::DeserializeOwned>(
 /// The architectures dayone runs, keyed by `config.json`'s `model_type`.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "llama",
+    "mistral",
     "qwen2",
     "qwen3",
     "deepseek_v3",
+    "kimi_k2",
     "deepseek_v32",
     "kimi_linear",
     "glm5_next",
