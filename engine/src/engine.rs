@@ -18,6 +18,7 @@ use std::time::Instant;
 mod follow;
 mod media;
 mod paging;
+mod vision_tower;
 
 pub use media::EncoderCacheStats;
 

@@ -6,16 +6,15 @@
 //! ([`crate::cache::prefix::ExtraKeys::items`]): equal placeholder ids with different images
 //! never share KV.
 
+use super::vision_tower::VisionTower;
 use super::Engine;
 use crate::config::ModelConfig;
-use crate::layers::vision::MoonVit;
 use crate::loader::Checkpoint;
 use crate::models::EmbedSplice;
 use crate::sampling::SamplingParams;
 use crate::scheduler::ScheduledChunk;
 use crate::vision::encoder_cache::{image_hash, EncoderCache};
-use crate::vision::{ImageProcessorConfig, PreprocessedImage, RgbImage};
-use crate::weights::WeightLoader;
+use crate::vision::{PreprocessedImage, RgbImage};
 use anyhow::{bail, ensure, Context, Result};
 use dayone_backend::{Backend, DType, HostTensor};
 use std::collections::HashMap;
@@ -38,8 +37,7 @@ pub(crate) struct Media<B: Backend> {
 }
 
 struct Vision<B: Backend> {
-    encoder: MoonVit<B>,
-    processor: ImageProcessorConfig,
+    tower: VisionTower<B>,
     placeholder: u32,
     cache: EncoderCache,
 }
@@ -52,28 +50,12 @@ impl<B: Backend> Media<B> {
         ckpt: &Checkpoint,
         dtype: DType,
     ) -> Result<Self> {
-        let vision = match config {
-            ModelConfig::KimiK25(k) => {
-                let w = WeightLoader::new(b, ckpt.tensors.as_ref(), dtype);
-                let pre = ckpt.path.join("preprocessor_config.json");
-                let pre_json = if pre.is_file() {
-                    serde_json::from_str(&std::fs::read_to_string(&pre)?)
-                        .with_context(|| format!("parsing {}", pre.display()))?
-                } else {
-                    serde_json::Value::Null
-                };
-                let (p, m) = (k.vision.patch_size, k.vision.merge_kernel.0);
-                let processor = ImageProcessorConfig::from_json(&pre_json, Some(p), Some(m))
-                    .with_context(|| pre.display().to_string())?;
-                Some(Vision {
-                    encoder: MoonVit::load(&w, &k.vision)?,
-                    processor,
-                    placeholder: k.media_placeholder_token_id,
-                    cache: EncoderCache::new(ENCODER_CACHE_ROWS),
-                })
-            }
-            _ => None,
-        };
+        let vision =
+            VisionTower::load(b, config, ckpt, dtype)?.map(|(tower, placeholder)| Vision {
+                tower,
+                placeholder,
+                cache: EncoderCache::new(ENCODER_CACHE_ROWS),
+            });
         Ok(Self {
             vision,
             spans: HashMap::new(),
@@ -140,7 +122,7 @@ impl<B: Backend> Engine<B> {
         self.media.vision.is_some()
     }
 
-    /// The image placeholder id (`<|media_pad|>`), when the model takes images.
+    /// The image placeholder id (`<|media_pad|>`, `<|image|>`), when the model takes images.
     pub fn image_placeholder(&self) -> Option<u32> {
         self.media.vision.as_ref().map(|v| v.placeholder)
     }
@@ -150,7 +132,7 @@ impl<B: Backend> Engine<B> {
         self.media
             .vision
             .as_ref()
-            .map(|v| v.processor.num_tokens(height, width))
+            .map(|v| v.tower.num_tokens(height, width))
     }
 
     /// Prompt tokens of unfinished request `id` (image placeholders expanded).
@@ -206,10 +188,7 @@ impl<B: Backend> Engine<B> {
             v.placeholder,
             images.len()
         );
-        let pre: Vec<PreprocessedImage> = images
-            .iter()
-            .map(|im| crate::vision::preprocess(im, &v.processor))
-            .collect();
+        let pre: Vec<PreprocessedImage> = images.iter().map(|im| v.tower.preprocess(im)).collect();
         let hashes: Vec<[u8; 32]> = pre.iter().map(image_hash).collect();
         let mut rows: Vec<Option<Arc<HostTensor>>> =
             hashes.iter().map(|h| v.cache.get(h)).collect();
@@ -217,12 +196,12 @@ impl<B: Backend> Engine<B> {
         if !missing.is_empty() {
             // One encoder call for every image not cached (each attends only to itself).
             let batch: Vec<PreprocessedImage> = missing.iter().map(|&i| pre[i].clone()).collect();
-            let out = b.download(&v.encoder.encode(b, &batch)?)?;
+            let out = b.download(&v.tower.encode(b, &batch)?)?;
             let (d, all) = (out.shape[1], out.to_f32());
-            let (mh, mw) = v.encoder.config().merge_kernel;
+            let area = v.tower.merge_area();
             let mut at = 0;
             for &i in &missing {
-                let n = pre[i].num_patches() / (mh * mw);
+                let n = pre[i].num_patches() / area;
                 let t = Arc::new(HostTensor::from_f32(
                     vec![n, d],
                     &all[at * d..(at + n) * d],

@@ -141,7 +141,8 @@ fn vertical(img: &RgbImage, vert: &Taps, offset: usize) -> RgbImage {
 /// out_w)`: then vertical first (Pillow PR #9549, in 13.0). The order changes the u8
 /// intermediate, so it changes results by a few LSB; the rule was fixed by checking Pillow
 /// 13.0.0 on both sides of the boundary (dh = 2·dw → horizontal first, dh = 2·dw + 1 →
-/// vertical first).
+/// vertical first). An image whose height grows is always horizontal first (checked against
+/// Pillow 13.0.0 on 5 312 enlarge/shrink size pairs of a 100×73 image).
 pub fn resize_bicubic(img: &RgbImage, out_w: usize, out_h: usize) -> RgbImage {
     assert!(out_w > 0 && out_h > 0, "resize to an empty image");
     let need_h = out_w != img.width;
@@ -155,7 +156,7 @@ pub fn resize_bicubic(img: &RgbImage, out_w: usize, out_h: usize) -> RgbImage {
         (false, false) => img.clone(),
         (true, false) => horizontal(img, out_w, 0, img.height),
         (false, true) => vertical(img, &vert, 0),
-        (true, true) if dh > 2 * dw => {
+        (true, true) if dh > 0 && dh > 2 * dw => {
             let tmp = vertical(img, &vert, 0);
             horizontal(&tmp, out_w, 0, out_h)
         }

@@ -1,8 +1,12 @@
 //! Vision encoder layers (device side): MoonViT with its projector ([`moonvit`]) and the
-//! position-table resampling it needs ([`pos_emb`]). Host preprocessing lives in
+//! position-table resampling it needs ([`pos_emb`]); the GLM-5.3-Flash tower ([`glm5_vit`])
+//! and its downsample + merger ([`glm5_merger`]). Host preprocessing lives in
 //! [`crate::vision`].
 
+pub mod glm5_merger;
+pub mod glm5_vit;
 pub mod moonvit;
 pub mod pos_emb;
 
+pub use glm5_vit::Glm5Vit;
 pub use moonvit::MoonVit;
