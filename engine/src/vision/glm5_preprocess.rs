@@ -14,10 +14,10 @@ use super::decode::RgbImage;
 use super::pillow_resize::resize_bicubic;
 use super::preprocess::PreprocessedImage;
 
-/// OpenAI CLIP mean (transformers `OPENAI_CLIP_MEAN`).
-pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-/// OpenAI CLIP std (transformers `OPENAI_CLIP_STD`).
-pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+/// OpenAI CLIP mean (transformers `OPENAI_CLIP_MEAN`), as the Python floats numpy rounds to f32.
+pub const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+/// OpenAI CLIP std (transformers `OPENAI_CLIP_STD`), likewise.
+pub const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 
 /// `preprocessor_config.json` of a `glm5_next` checkpoint (defaults = transformers').
 #[derive(Clone, Debug, PartialEq)]
@@ -48,8 +48,8 @@ impl Default for Glm5ImageProcessorConfig {
             merge_size: 2,
             min_image_tokens: 16,
             max_image_tokens: 8000,
-            mean: CLIP_MEAN,
-            std: CLIP_STD,
+            mean: CLIP_MEAN.map(|x| x as f32),
+            std: CLIP_STD.map(|x| x as f32),
             rescale_factor: 1.0 / 255.0,
         }
     }
