@@ -306,6 +306,24 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
                 "merge_kernel": [k.vision.merge_kernel.0, k.vision.merge_kernel.1],
                 "image_placeholder_id": k.media_placeholder_token_id,
             }),
+            // A `vision_config` whose tower the checkpoint stores (else the model is text only).
+            ModelConfig::Glm5Next(_) => match dayone_engine::config::Glm5NextVision::from_json(
+                &ckpt.config,
+                "config.json",
+            )? {
+                Some(g) if ckpt.tensors.shape("model.visual.patch_embed.proj.weight").is_some() => {
+                    json!({
+                        "tower": "GLM-5.3-Flash ViT",
+                        "layers": g.vision.depth,
+                        "hidden_size": g.vision.hidden_size,
+                        "heads": g.vision.num_heads,
+                        "patch_size": g.vision.patch_size,
+                        "merge_kernel": [g.vision.spatial_merge_size, g.vision.spatial_merge_size],
+                        "image_placeholder_id": g.image_token_id,
+                    })
+                }
+                _ => Value::Null,
+            },
             _ => Value::Null,
         },
         "hidden_size": ckpt.config.get("hidden_size").cloned().unwrap_or(Value::Null),
@@ -390,7 +408,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
         row(
             "vision",
             format!(
-                "MoonViT, {} blocks of width {} ({} heads), {}-pixel patches merged {}×{}; images at token {}",
+                "{}, {} blocks of width {} ({} heads), {}-pixel patches merged {}×{}; images at token {}",
+                v.get("tower").and_then(Value::as_str).unwrap_or("?"),
                 n("layers"),
                 n("hidden_size"),
                 n("heads"),

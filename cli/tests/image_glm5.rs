@@ -1,7 +1,8 @@
-//! `dayone serve` with a `glm5_next` vision checkpoint: a chat `image_url` part becomes
-//! `<|begin_of_image|><|image|><|end_of_image|>`, the image is encoded and spliced, and the
-//! greedy tokens equal transformers' (tests/fixtures/glm5_next_vision_tiny); a broken image gets
-//! a 400 naming the field and the server keeps serving. 127.0.0.1 only.
+//! A `glm5_next` vision checkpoint (tests/fixtures/glm5_next_vision_tiny) from the command line:
+//! `dayone generate --image` and `dayone serve` with a chat `image_url` part (rendered as
+//! `<|begin_of_image|><|image|><|end_of_image|>`) give transformers' greedy tokens; a broken
+//! image gets a 400 naming the field and the server keeps serving (127.0.0.1 only); `dayone
+//! info` shows the tower.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -192,4 +193,59 @@ fn chat_with_an_image() {
     let (status, body) = chat(&server, &data_url, &text);
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["token_ids"], want);
+}
+
+fn dayone(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone")
+}
+
+#[test]
+fn generate_with_an_image() {
+    let (ids, want) = reference();
+    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let model = fixture("glm5_next_vision_tiny").display().to_string();
+    let img = fixture("kimi_k25_images").join("rgb_100x73.png");
+    let out = dayone(&[
+        "generate",
+        "--model",
+        &model,
+        "--backend",
+        "cpu",
+        "--prompt-ids",
+        &ids.join(","),
+        "--image",
+        &img.display().to_string(),
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--output",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["generated_ids"], want);
+}
+
+#[test]
+fn info_shows_the_vision_tower() {
+    let model = fixture("glm5_next_vision_tiny").display().to_string();
+    let out = dayone(&["info", "-m", &model, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["vision"]["tower"], "GLM-5.3-Flash ViT");
+    assert_eq!(j["vision"]["layers"], 2);
+    assert_eq!(j["vision"]["hidden_size"], 32);
+    assert_eq!(j["vision"]["image_placeholder_id"], 250);
 }
