@@ -9,6 +9,10 @@
 //! The engine runs behind an [`EngineHandle`], as under `dayone serve`: each batch is submitted
 //! at once, and TTFT, TPOT and the decode steps come from the token events' times (the tokens of
 //! one engine step share theirs) and each request's [`RequestTiming`].
+//!
+//! With `--image FILE` every sequence is that image's placeholder followed by its random text
+//! tokens: TTFT then covers preprocessing, the vision encoder and the prefill of image + text
+//! tokens (each sequence gets its own copy of the image, see [`unique_copy`]).
 
 use crate::backend_choice::BackendKind;
 use crate::engine_args::{CommandDefaults, EngineArgs};
@@ -21,8 +25,11 @@ use dayone_engine::loader::Checkpoint;
 use dayone_engine::sampling::SamplingParams;
 use dayone_engine::scheduler::SchedulerConfig;
 use dayone_engine::service::{EngineHandle, ModelInfo, Request, RequestTiming, StreamEvent};
+use dayone_engine::vision::{ImageProcessorConfig, RgbImage};
 use dayone_engine::EngineConfig;
-use std::sync::mpsc;
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Flags of `dayone bench`.
@@ -60,6 +67,12 @@ pub struct BenchArgs {
     /// object per line; several files' lines may be concatenated) and write their --csv / --plot.
     #[arg(long, value_name = "FILE.jsonl")]
     pub from_json: Option<std::path::PathBuf>,
+    /// Put this image (PNG, JPEG or WebP) before each sequence's --prompt-len text tokens
+    /// (models with a vision tower): TTFT then includes preprocessing and the vision encoder.
+    /// Each sequence (and the warm-up) gets its own copy with the top-left 28×28 pixels painted
+    /// a colour of its own, so neither the encoder cache nor the prefix cache serves it.
+    #[arg(long, value_name = "FILE")]
+    pub image: Option<PathBuf>,
 }
 
 /// Runs `dayone bench`.
@@ -78,12 +91,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ))
         }
     };
+    // Decoded before the model loads, so that a bad file fails fast. Its token count under
+    // Kimi-K2.5's processor defaults sizes the default cache (a model whose processor makes
+    // more tokens of it needs --kv-cache-tokens).
+    let image = match &a.image {
+        Some(p) => Some(Arc::new(dayone_engine::vision::load_image_file(p)?)),
+        None => None,
+    };
+    let image_tokens = image.as_ref().map_or(0, |im| {
+        ImageProcessorConfig::default().num_tokens(im.height, im.width)
+    });
     // Bench's defaults, below the config file and the flags: a cache for every run's sequences
     // at once, room for the largest batch, an 8192-token step budget.
     let max_batch = runs.iter().map(|r| r.0).max().unwrap_or(1);
     let kv_tokens = runs
         .iter()
-        .map(|&(b, p)| b * (p + a.gen_len).next_multiple_of(16))
+        .map(|&(b, p)| b * (p + image_tokens + a.gen_len).next_multiple_of(16))
         .max()
         .unwrap_or(16)
         + 16;
@@ -108,14 +131,61 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let origin = ckpt.path.join("config.json");
     let model = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
     let ctx = model.max_context();
-    if let Some(&(_, p)) = runs.iter().find(|&&(_, p)| p + a.gen_len > ctx) {
+    if let Some(&(_, p)) = runs
+        .iter()
+        .find(|&&(_, p)| p + image_tokens + a.gen_len > ctx)
+    {
+        let with_image = match image_tokens {
+            0 => String::new(),
+            n => format!(" + {n} image tokens"),
+        };
         anyhow::bail!(
-            "--prompt-len {p} + --gen-len {} = {} tokens exceed the model's context window of {ctx}: lower one of them",
+            "--prompt-len {p} + --gen-len {}{with_image} = {} tokens exceed the model's context window of {ctx}: lower one of them",
             a.gen_len,
-            p + a.gen_len
+            p + image_tokens + a.gen_len
         );
     }
-    bench(kind, ckpt, &model, cfg, &a, &runs)
+    let image = match image {
+        Some(im) => Some((im, image_placeholder(&model, &ckpt)?)),
+        None => None,
+    };
+    bench(kind, ckpt, &model, cfg, &a, &runs, image)
+}
+
+/// The prompt id one image stands for (expanded by the engine to the image's tokens).
+///
+/// Errors: `--image` with a model that takes no images.
+fn image_placeholder(model: &ModelConfig, ckpt: &Checkpoint) -> Result<u32> {
+    let vision = match model {
+        ModelConfig::KimiK25(k) => Some(k.media_placeholder_token_id),
+        ModelConfig::Glm5Next(_) => {
+            let origin = ckpt.path.join("config.json").display().to_string();
+            dayone_engine::config::Glm5NextVision::from_json(&ckpt.config, &origin)?
+                .map(|g| g.image_token_id)
+        }
+        _ => None,
+    };
+    vision.ok_or_else(|| {
+        crate::usage::usage(format!(
+            "--image: model_type {} takes no images",
+            model.model_type()
+        ))
+    })
+}
+
+/// A copy of `img` whose top-left 28×28 pixels (fewer in a smaller image) are the colour
+/// `(k, k >> 8, 0x5a ^ k >> 16)`: copies of different `k` differ in 784 pixels, enough to survive
+/// any resize, so their content hashes differ (the encoder cache and the prefix cache key on it).
+fn unique_copy(img: &RgbImage, k: u32) -> RgbImage {
+    let mut out = img.clone();
+    let colour = [k as u8, (k >> 8) as u8, 0x5a ^ (k >> 16) as u8];
+    for y in 0..img.height.min(28) {
+        for x in 0..img.width.min(28) {
+            let at = (y * img.width + x) * 3;
+            out.data[at..at + 3].copy_from_slice(&colour);
+        }
+    }
+    out
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -158,6 +228,7 @@ fn bench(
     cfg: EngineConfig,
     a: &BenchArgs,
     runs: &[(usize, usize)],
+    image: Option<(Arc<RgbImage>, u32)>,
 ) -> Result<()> {
     let names = ckpt.tensors.names();
     let tied = !names.iter().any(|n| n == "lm_head.weight");
@@ -171,8 +242,22 @@ fn bench(
             .sum()
     };
     // Routed experts are read only when chosen: count them separately (see `WeightBytes`).
+    // A vision tower and its projector run once per image, not per decode step.
     let is_expert = |n: &str| n.contains(".mlp.experts.");
-    let (dense_elems, expert_elems) = (elems(&|n| !is_expert(n)), elems(&is_expert));
+    let is_vision = |n: &str| {
+        [
+            "vision_tower.",
+            "mm_projector.",
+            "multi_modal_projector.",
+            "visual.",
+        ]
+        .iter()
+        .any(|p| n.starts_with(p) || n.strip_prefix("model.").is_some_and(|r| r.starts_with(p)))
+    };
+    let (dense_elems, expert_elems) = (
+        elems(&|n| !is_expert(n) && !is_vision(n)),
+        elems(&is_expert),
+    );
     let model_path = ckpt.path.display().to_string();
     let split = (
         cfg.tensor_parallel_size,
@@ -189,6 +274,7 @@ fn bench(
         experts_per_layer: match model {
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
             ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
+            ModelConfig::KimiK25(c) => (c.text.n_routed_experts, c.text.num_experts_per_tok),
             _ => (0, 0),
         },
     };
@@ -196,8 +282,12 @@ fn bench(
 
     // Warm-up: one short request compiles kernels and fills allocator pools.
     let vocab = info.vocab_size as u32;
-    let warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab).collect();
-    let warm = Request::new(
+    let mut warm: Vec<u32> = (0..8).map(|i| (i * 7 + 3) % vocab).collect();
+    if let Some((_, placeholder)) = &image {
+        warm.retain(|t| t != placeholder);
+        warm.insert(0, *placeholder);
+    }
+    let mut warm = Request::new(
         warm,
         SamplingParams {
             max_tokens: 2,
@@ -205,6 +295,10 @@ fn bench(
             ..Default::default()
         },
     );
+    // With an image the warm-up also runs the vision encoder (on copy 0).
+    if let Some((img, _)) = &image {
+        warm.images = vec![Arc::new(unique_copy(img, 0))];
+    }
     for event in handle.submit(warm)? {
         if let StreamEvent::Error(msg) = event {
             anyhow::bail!(msg);
@@ -217,6 +311,8 @@ fn bench(
         weights: &weights,
         roofline,
         split,
+        image: image.as_ref().map(|(img, p)| (img.as_ref(), *p)),
+        copies: Cell::new(1),
     };
     let mut reports = Vec::with_capacity(runs.len());
     for &(batch, prompt_len) in runs {
@@ -297,6 +393,10 @@ struct Run<'a> {
     roofline: f64,
     /// `(tensor_parallel_size, expert_parallel_size, context_parallel_size)` of the run.
     split: (usize, usize, usize),
+    /// `--image` and its placeholder id, put before every sequence's text.
+    image: Option<(&'a RgbImage, u32)>,
+    /// The next [`unique_copy`] number of the image.
+    copies: Cell<u32>,
 }
 
 /// An engine step of the run, as its tokens show it (the tokens of one step share their time).
@@ -352,22 +452,46 @@ impl Run<'_> {
         // The whole batch is queued before the engine's next step, as one submission.
         let (tx, events) = mpsc::channel::<(usize, StreamEvent)>();
         let mut requests = Vec::with_capacity(batch);
+        // A random id equal to the image placeholder would stand for a second image.
+        let placeholder = self.image.map(|(_, id)| id);
         for i in 0..batch {
-            let p: Vec<u32> = (0..prompt_len).map(|_| next()).collect();
+            let mut p: Vec<u32> = Vec::with_capacity(prompt_len + 1);
+            let mut images = Vec::new();
+            if let Some((img, id)) = self.image {
+                p.push(id);
+                let k = self.copies.get();
+                self.copies.set(k + 1);
+                images.push(Arc::new(unique_copy(img, k)));
+            }
+            p.extend((0..prompt_len).map(|_| match next() {
+                t if Some(t) == placeholder => (t + 1) % vocab as u32,
+                t => t,
+            }));
             let tx = tx.clone();
             let sink = move |e: StreamEvent| tx.send((i, e)).is_ok();
-            requests.push((Request::new(p, params.clone()), sink));
+            let mut request = Request::new(p, params.clone());
+            request.images = images;
+            requests.push((request, sink));
         }
         drop(tx);
         self.handle.submit_batch_with(requests)?;
         // (time, context length before the token) of every token; each request's timing.
         let mut tokens: Vec<(Instant, usize)> = Vec::with_capacity(batch * a.gen_len);
         let mut timing: Vec<Option<RequestTiming>> = vec![None; batch];
+        // Each request's prompt tokens, image tokens included.
+        let mut prompt_tokens = vec![0usize; batch];
         // Ends once every request's last event has been sent (its sender is dropped then).
         for (i, event) in events {
             match event {
                 StreamEvent::Token { time, index, .. } => tokens.push((time, prompt_len + index)),
-                StreamEvent::Finished { timing: t, .. } => timing[i] = Some(t),
+                StreamEvent::Finished {
+                    timing: t,
+                    prompt_tokens: n,
+                    ..
+                } => {
+                    timing[i] = Some(t);
+                    prompt_tokens[i] = n;
+                }
                 StreamEvent::Error(msg) => anyhow::bail!(msg),
                 StreamEvent::Prefill { .. } => {}
             }
@@ -419,7 +543,11 @@ impl Run<'_> {
         } else {
             f64::NAN
         };
-        let prefill_tokens = batch * prompt_len;
+        let prefill_tokens: usize = prompt_tokens.iter().sum();
+        // Tokens the image became (all sequences' images are the same size).
+        let image_tokens = self
+            .image
+            .map(|_| prompt_tokens[0].saturating_sub(prompt_len));
         // A decode that moved bytes faster than the measured ceiling means the ceiling is wrong
         // (the copy kernel is slower than the model's, or the weights sit in a cache): the
         // fraction is capped at 100 % and flagged, never printed above it.
@@ -435,6 +563,9 @@ impl Run<'_> {
             "batch": batch,
             "prompt_len": prompt_len,
             "gen_len": a.gen_len,
+            "image": a.image.as_ref().map(|p| p.display().to_string()),
+            "image_tokens": image_tokens,
+            "prompt_tokens": prompt_tokens[0],
             "tensor_parallel_size": self.split.0,
             "expert_parallel_size": self.split.1,
             "context_parallel_size": self.split.2,
@@ -477,6 +608,9 @@ impl Run<'_> {
             prompt_len,
             a.gen_len
         )?;
+        if let (Some(p), Some(n)) = (&a.image, image_tokens) {
+            outln!("image {} → {n} tokens before the text", p.display())?;
+        }
         outln!("{:<28}{:>14}", "metric", "value")?;
         // Undefined figures (no decode step with --gen-len 1, …) print as "-", not NaN.
         let row = |k: &str, v: String| {
@@ -542,5 +676,47 @@ impl Run<'_> {
             )?;
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unique_copy;
+    use dayone_engine::vision::encoder_cache::image_hash;
+    use dayone_engine::vision::{preprocess, ImageProcessorConfig, RgbImage};
+
+    /// Copies stay distinct after preprocessing, also when the processor downscales the image
+    /// (4000×3000 → 2073×1554, vision.md §1.4): the encoder cache cannot serve one for another.
+    #[test]
+    fn unique_copies_hash_apart_after_a_downscale() {
+        let (width, height) = (4000, 3000);
+        let data = (0..width * height * 3).map(|i| (i % 251) as u8).collect();
+        let img = RgbImage {
+            width,
+            height,
+            data,
+        };
+        let cfg = ImageProcessorConfig::default();
+        let hashes: Vec<[u8; 32]> = [0, 1, 256, 65536]
+            .iter()
+            .map(|&k| image_hash(&preprocess(&unique_copy(&img, k), &cfg)))
+            .collect();
+        for i in 0..hashes.len() {
+            for j in i + 1..hashes.len() {
+                assert_ne!(hashes[i], hashes[j], "copies {i} and {j} hash alike");
+            }
+        }
+        // Only the corner changes.
+        let copy = unique_copy(&img, 7);
+        let changed = copy
+            .data
+            .iter()
+            .zip(&img.data)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(
+            changed > 0 && changed <= 28 * 28 * 3,
+            "{changed} bytes changed"
+        );
     }
 }
