@@ -6,6 +6,7 @@ mod glm5_next_vision;
 mod gpt_oss;
 mod kimi_k25;
 mod kimi_linear;
+mod kimi_vl;
 mod llama;
 mod moonvit;
 pub(crate) mod rope;
@@ -16,6 +17,7 @@ pub use glm5_next_vision::{Glm5NextVision, Glm5NextVisionConfig, Glm5VisionRope}
 pub use gpt_oss::{GptOssConfig, GPT_OSS_ALPHA};
 pub use kimi_k25::KimiK25Config;
 pub use kimi_linear::{KimiLinearConfig, LinearAttnConfig};
+pub use kimi_vl::KimiVlConfig;
 pub use llama::LlamaConfig;
 pub use moonvit::MoonVitConfig;
 pub use rope::{rope_inv_freq, RopeParameters};
@@ -100,6 +102,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "glm5_next",
     "gpt_oss",
     "kimi_k25",
+    "kimi_vl",
 ];
 
 /// A parsed `config.json`, one variant per supported `model_type`.
@@ -125,7 +128,8 @@ pub enum ModelConfig {
     /// MXFP4 experts.
     GptOss(GptOssConfig),
     /// `model_type: "kimi_k25"` (Kimi-K2.5): a MoonViT vision tower and projector in front of a
-    /// `deepseek_v3` text model.
+    /// `deepseek_v3` text model; also `kimi_vl` (Kimi-VL, read by [`KimiVlConfig`]), the same
+    /// model for images under other projector names.
     KimiK25(Box<KimiK25Config>),
 }
 

@@ -15,7 +15,7 @@ use dayone_backend::{Backend, DType};
 
 /// A loaded vision tower and its processor settings.
 pub(crate) enum VisionTower<B: Backend> {
-    /// Kimi-K2.5's MoonViT + projector.
+    /// Kimi-K2.5's (and Kimi-VL's) MoonViT + projector.
     MoonVit {
         encoder: MoonVit<B>,
         processor: ImageProcessorConfig,
@@ -57,8 +57,10 @@ impl<B: Backend> VisionTower<B> {
             ModelConfig::KimiK25(k) => {
                 let (pre, origin) = preprocessor_json(ckpt)?;
                 let (p, m) = (k.vision.patch_size, k.vision.merge_kernel.0);
+                // Kimi-VL (`kimi_vl`) runs this tower under its own processor defaults.
                 let processor =
-                    ImageProcessorConfig::from_json(&pre, Some(p), Some(m)).context(origin)?;
+                    ImageProcessorConfig::for_model(&k.model_type, &pre, Some(p), Some(m))
+                        .context(origin)?;
                 let encoder = MoonVit::load(&w, &k.vision)?;
                 Ok(Some((
                     Self::MoonVit { encoder, processor },

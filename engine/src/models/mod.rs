@@ -10,6 +10,7 @@ mod glm5_next;
 mod gpt_oss;
 mod kimi_k25;
 mod kimi_linear;
+mod kimi_vl;
 mod llama;
 mod qwen2;
 mod qwen3;

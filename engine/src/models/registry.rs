@@ -7,7 +7,8 @@
 
 use super::decoder::ModelPlan;
 use super::{
-    deepseek_v3, deepseek_v32, glm5_next, gpt_oss, kimi_k25, kimi_linear, llama, qwen2, qwen3,
+    deepseek_v3, deepseek_v32, glm5_next, gpt_oss, kimi_k25, kimi_linear, kimi_vl, llama, qwen2,
+    qwen3,
 };
 use crate::config::ModelConfig;
 use anyhow::{Context, Result};
@@ -34,6 +35,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     glm5_next::ARCH,
     gpt_oss::ARCH,
     kimi_k25::ARCH,
+    kimi_vl::ARCH,
 ];
 
 /// The row that loads `model_type`, if any.

@@ -1,5 +1,6 @@
-//! MoonViT image preprocessing (Kimi-K2.5 `Kimi_K25ImageProcessor`, Kimi-VL): shrink to the
-//! patch budget (never enlarge), zero-pad bottom/right to a multiple of `patch · merge`,
+//! MoonViT image preprocessing (Kimi-K2.5 `Kimi_K25ImageProcessor`, Kimi-VL
+//! `KimiVLImageProcessor`): shrink to the patch budget (never enlarge), zero-pad bottom/right to
+//! a multiple of `patch · merge` (Kimi-VL with `pad_input: false`: center-crop down to one),
 //! normalise, cut into patches in raster order.
 //!
 //! Source: transformers 5.24 `models/kimi_k25/image_processing_kimi_k25.py` (`navit_resize`,
@@ -28,7 +29,15 @@ pub struct ImageProcessorConfig {
     pub mean: [f32; 3],
     /// Per-channel standard deviation (`image_std`, 0.5).
     pub std: [f32; 3],
+    /// Zero-pad bottom/right up to a multiple of `patch · merge` (`true`: K2.5 always; Kimi-VL's
+    /// `pad_input: true`), else center-crop down to one (Kimi-VL `pad_input: false`).
+    pub pad_input: bool,
 }
+
+/// OpenAI CLIP's mean, the `KimiVLImageProcessor` class default.
+const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+/// OpenAI CLIP's std, the `KimiVLImageProcessor` class default.
+const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 
 impl Default for ImageProcessorConfig {
     fn default() -> Self {
@@ -39,16 +48,61 @@ impl Default for ImageProcessorConfig {
             max_patches_per_side: 512,
             mean: [0.5; 3],
             std: [0.5; 3],
+            pad_input: true,
         }
     }
 }
 
 impl ImageProcessorConfig {
+    /// Kimi-VL's `KimiVLImageProcessor` class defaults: `in_token_limit` 4096 patches,
+    /// `pad_input` false, CLIP mean/std. Its rescale (`s = √(limit / ((W//p)·(H//p)))` when over
+    /// the limit, `int(W·s)`) is [`Self::navit_resize`] with no side limit below the position
+    /// table's 512 patches; the reference raises past 512, this shrinks to fit instead.
+    pub fn kimi_vl() -> Self {
+        Self {
+            max_patches: 4096,
+            max_patches_per_side: 512,
+            mean: CLIP_MEAN,
+            std: CLIP_STD,
+            pad_input: false,
+            ..Self::default()
+        }
+    }
+
+    /// [`Self::from_json`] over the defaults of `model_type`'s processor: Kimi-VL's
+    /// ([`Self::kimi_vl`]) for `kimi_vl`, else chosen by the file itself.
+    ///
+    /// Errors: as [`Self::from_json`].
+    pub fn for_model(
+        model_type: &str,
+        v: &Value,
+        patch_size: Option<usize>,
+        merge_size: Option<usize>,
+    ) -> Result<Self> {
+        let base = if model_type == "kimi_vl" {
+            Self::kimi_vl()
+        } else {
+            Self::defaults_for(v)
+        };
+        Self::from_json_over(base, v, patch_size, merge_size)
+    }
+
+    /// The defaults a file's `image_processor_type` names: [`Self::kimi_vl`] for
+    /// `KimiVLImageProcessor`, K2.5's otherwise.
+    fn defaults_for(v: &Value) -> Self {
+        match v.get("image_processor_type").and_then(Value::as_str) {
+            Some("KimiVLImageProcessor") => Self::kimi_vl(),
+            _ => Self::default(),
+        }
+    }
+
     /// Reads a `preprocessor_config.json` value, transformers' names first
     /// (`patch_size`, `merge_size`, `max_patches`, `size.max_height`, `image_mean`, `image_std`),
     /// then the original `media_proc_cfg` names (`in_patch_limit`, `patch_limit_on_one_side`,
-    /// `merge_kernel_size`); absent keys keep the K2.5 defaults. `patch_size` and `merge_size`
-    /// override them when given (the vision config is the authority on the encoder's sizes).
+    /// `merge_kernel_size`) and Kimi-VL's (`in_token_limit`, `pad_input`); absent keys keep the
+    /// K2.5 defaults (Kimi-VL's for `image_processor_type: KimiVLImageProcessor`). `patch_size`
+    /// and `merge_size` override them when given (the vision config is the authority on the
+    /// encoder's sizes).
     ///
     /// Errors: a key of the wrong type or a zero size, naming the key.
     pub fn from_json(
@@ -56,7 +110,17 @@ impl ImageProcessorConfig {
         patch_size: Option<usize>,
         merge_size: Option<usize>,
     ) -> Result<Self> {
-        let mut c = Self::default();
+        Self::from_json_over(Self::defaults_for(v), v, patch_size, merge_size)
+    }
+
+    /// [`Self::from_json`] with absent keys taken from `base`.
+    fn from_json_over(
+        base: Self,
+        v: &Value,
+        patch_size: Option<usize>,
+        merge_size: Option<usize>,
+    ) -> Result<Self> {
+        let mut c = base;
         let root = v.get("media_proc_cfg").unwrap_or(v);
         let int = |key: &str| -> Result<Option<usize>> {
             match root.get(key).or_else(|| v.get(key)) {
@@ -87,8 +151,16 @@ impl ImageProcessorConfig {
                 c.merge_size = m as usize;
             }
         }
-        if let Some(n) = int("max_patches")?.or(int("in_patch_limit")?) {
+        if let Some(n) = int("max_patches")?
+            .or(int("in_patch_limit")?)
+            .or(int("in_token_limit")?)
+        {
             c.max_patches = n;
+        }
+        match root.get("pad_input").or_else(|| v.get("pad_input")) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => c.pad_input = *b,
+            Some(_) => bail!("preprocessor config: `pad_input` must be true or false"),
         }
         let side = match root.get("size").and_then(|s| s.get("max_height")) {
             Some(x) => Some(
@@ -132,7 +204,9 @@ impl ImageProcessorConfig {
     /// transformers' `navit_resize`: `(resized (h, w), padded (h, w))` in pixels for an image of
     /// `height × width`. Scale s = min(1, √(max_patches / (max(1, H//p)·max(1, W//p))),
     /// side·p/H, side·p/W); size = max(1, ⌊dim·s⌋) capped at side·p; padded up to a multiple of
-    /// p·merge. Computed in f64 as Python does.
+    /// p·merge, or with `pad_input: false` cropped down to one (Kimi-VL `rescale`: `dim − dim %
+    /// (p·merge)`; a side under one cell, which the reference crops to nothing, is padded to one
+    /// cell instead). Computed in f64 as Python does.
     pub fn navit_resize(&self, height: usize, width: usize) -> ((usize, usize), (usize, usize)) {
         let p = self.patch_size;
         let side = self.max_patches_per_side * p;
@@ -145,8 +219,14 @@ impl ImageProcessorConfig {
         let new_h = ((height as f64 * scale) as usize).max(1).min(side);
         let new_w = ((width as f64 * scale) as usize).max(1).min(side);
         let factor = self.merge_size * p;
-        let pad = |n: usize| n.div_ceil(factor) * factor;
-        ((new_h, new_w), (pad(new_h), pad(new_w)))
+        let fit = |n: usize| {
+            if self.pad_input || n < factor {
+                n.div_ceil(factor) * factor
+            } else {
+                n - n % factor
+            }
+        };
+        ((new_h, new_w), (fit(new_h), fit(new_w)))
     }
 
     /// Tokens an image of `height × width` becomes after the merge: `(H_p/p/m)·(W_p/p/m)`.
@@ -178,8 +258,9 @@ impl PreprocessedImage {
     }
 }
 
-/// The padded canvas before normalisation: `[H_p, W_p, 3]` u8, the resized image at the top left,
-/// zeros (black) elsewhere. Returns it with its `(resized, padded)` sizes.
+/// The canvas before normalisation: `[H_p, W_p, 3]` u8. Padded: the resized image at the top left,
+/// zeros (black) elsewhere. Cropped: the window at offset `(⌊(H′ − H_p)/2⌋, ⌊(W′ − W_p)/2⌋)`
+/// (PIL `crop` as Kimi-VL's `rescale` calls it). Returns it with its `(resized, canvas)` sizes.
 pub fn resized_canvas(
     img: &RgbImage,
     cfg: &ImageProcessorConfig,
@@ -192,10 +273,14 @@ pub fn resized_canvas(
         resized = resize_bicubic(img, rw, rh);
         &resized
     };
+    // Per axis: the source offset of a crop (0 when padding) and the rows/columns copied.
+    let (top, left) = (rh.saturating_sub(ph) / 2, rw.saturating_sub(pw) / 2);
+    let (copy_h, copy_w) = (rh.min(ph), rw.min(pw));
     let mut canvas = vec![0u8; ph * pw * 3];
-    for y in 0..rh {
-        canvas[y * pw * 3..(y * pw + rw) * 3]
-            .copy_from_slice(&src.data[y * rw * 3..(y + 1) * rw * 3]);
+    for y in 0..copy_h {
+        let from = ((top + y) * rw + left) * 3;
+        canvas[y * pw * 3..(y * pw + copy_w) * 3]
+            .copy_from_slice(&src.data[from..from + copy_w * 3]);
     }
     (canvas, (rh, rw), (ph, pw))
 }
