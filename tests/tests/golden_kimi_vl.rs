@@ -253,3 +253,45 @@ fn processor_defaults_and_thin_images() {
         .to_string();
     assert!(e.contains("pad_input"), "{e}");
 }
+
+/// A config shaped like the hub's Kimi-VL-A3B one parses: `text_config` without `model_type`,
+/// `q_lora_rank: null`, a plain `rope_theta`, `noaux_tc` sigmoid routing; `vision_config` with only
+/// `MoonViTConfig` names; no `media_placeholder_token_id` (the class default 163605).
+#[test]
+fn hub_shaped_config_parses() {
+    let v = json!({
+        "architectures": ["KimiVLForConditionalGeneration"],
+        "model_type": "kimi_vl",
+        "ignore_index": -100,
+        "vision_config": {
+            "model_type": "moonvit", "patch_size": 14, "init_pos_emb_height": 64,
+            "init_pos_emb_width": 64, "num_attention_heads": 16, "num_hidden_layers": 27,
+            "hidden_size": 1152, "intermediate_size": 4304, "merge_kernel_size": [2, 2]
+        },
+        "text_config": {
+            "vocab_size": 163840, "hidden_size": 2048, "intermediate_size": 11264,
+            "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+            "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+            "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+            "n_group": 1, "topk_group": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.446,
+            "scoring_func": "sigmoid", "topk_method": "noaux_tc", "kv_lora_rank": 512,
+            "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "rope_theta": 800000.0, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": false
+        }
+    });
+    let ModelConfig::KimiK25(c) = ModelConfig::from_json(&v, "a3b/config.json").unwrap() else {
+        panic!("not the MoonViT + DeepSeek-V3 model")
+    };
+    assert_eq!(c.model_type, "kimi_vl");
+    assert_eq!((c.vision.hidden_size, c.vision.num_layers), (1152, 27));
+    assert_eq!(
+        (c.vision.merged_size(), c.vision.text_hidden_size),
+        (4608, 2048)
+    );
+    assert_eq!(c.media_placeholder_token_id, 163_605);
+    assert_eq!(c.text.q_lora_rank, None);
+    assert!(!c.text.tie_word_embeddings);
+    let plan = ModelConfig::KimiK25(c).layer_plan().unwrap();
+    assert_eq!(plan.layers.len(), 27);
+}

@@ -1,5 +1,5 @@
 //! The text model of a multimodal checkpoint seen under plain Hugging Face names, so that the one
-//! [`crate::models::Decoder`] loads it unchanged: Kimi-K2.5's original names
+//! [`crate::models::Decoder`] loads it unchanged: Kimi-K2.5's and Kimi-VL's original names
 //! (`language_model.model.layers.N.…`, `language_model.lm_head.weight`) and transformers 5's
 //! (`model.language_model.layers.N.…`, `lm_head.weight`) both appear as `model.layers.N.…` and
 //! `lm_head.weight`. Vision tensors are hidden. Quantized and raw reads pass through, so INT4
