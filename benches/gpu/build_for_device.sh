@@ -9,7 +9,7 @@ rm -f .bin/*
 cargo build --release --bin dayone
 cp target/release/dayone .bin/dayone
 cargo build --release -p dayone-benches --bins
-cp target/release/moe-bench target/release/op-bench target/release/dsa-bench target/release/serve-scenarios .bin/
+cp target/release/moe-bench target/release/op-bench target/release/dsa-bench target/release/serve-scenarios target/release/vision-bench .bin/
 # Test binaries of the packages in $PACKAGES (default: the cross-backend tests and the CUDA crate).
 pkgs=""
 for p in ${PACKAGES:-dayone-tests dayone-cuda}; do pkgs="$pkgs -p $p"; done
