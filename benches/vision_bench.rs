@@ -4,7 +4,9 @@
 //!
 //! Each timed call preprocesses nothing: the image is resized/padded/normalised once
 //! ([`preprocess`], timed separately as `preprocess_ms`), and every call uploads its pixels,
-//! runs the tower and the projector, and waits for the device. FLOPs per image: [`encoder_flops`],
+//! runs the tower and the projector, and waits for the device. Part of each call is host work:
+//! the position table resampled to the grid ([`resample_table`], timed alone as
+//! `pos_emb_host_ms`). FLOPs per image: [`encoder_flops`],
 //! the formula of benches/gpu/torch_kimi_k25.py, so both sides divide the same count.
 //!
 //! Usage: `vision-bench --model DIR --image FILE [--backend cuda|wgsl|cpu] [--dtype bf16|f32]
@@ -14,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use dayone_backend::{Backend, DType, TensorInfo};
 use dayone_engine::config::MoonVitConfig;
+use dayone_engine::layers::vision::pos_emb::resample_table;
 use dayone_engine::layers::vision::MoonVit;
 use dayone_engine::loader::SafetensorsSource;
 use dayone_engine::vision::{load_image_file, preprocess, ImageProcessorConfig};
@@ -127,6 +130,16 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         })
         .collect();
     let one = preprocess(&image, &processor);
+    // The host resample every encode call does per image (values do not change its time).
+    let (th, tw, c) = (cfg.pos_emb_height, cfg.pos_emb_width, cfg.hidden_size);
+    let table = vec![0.5f32; th * tw * c];
+    let pos_times: Vec<f64> = (0..a.iters.min(5))
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(resample_table(&table, th, tw, c, one.grid_h, one.grid_w));
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
     let images = vec![one.clone(); a.images_per_call];
     let grids = vec![(one.grid_h, one.grid_w); a.images_per_call];
     let flops = encoder_flops(&cfg, &grids);
@@ -156,6 +169,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         "iters": a.iters,
         "load_s": load_s,
         "preprocess_ms": median(pre_times) * 1e3,
+        "pos_emb_host_ms": median(pos_times) * 1e3 * a.images_per_call as f64,
         "ms_per_call_median": median(times) * 1e3,
         "images_per_s": (a.iters * a.images_per_call) as f64 / total,
         "gflop_per_image": flops / a.images_per_call as f64 / 1e9,
@@ -178,6 +192,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     );
     for key in [
         "preprocess_ms",
+        "pos_emb_host_ms",
         "ms_per_call_median",
         "images_per_s",
         "gflop_per_image",

@@ -78,6 +78,8 @@ if enc:
     print(f"{'dayone':10}{e['images_per_s']:>10.2f}{e['tflops']:>9.1f}{e['ms_per_call_median']:>9.2f}"
           f"{e['gflop_per_image']:>11.1f}{statistics.median(ttft) if ttft else float('nan'):>9.4f}"
           f"{t[0]['prompt_tokens'] if t else '-':>8}")
+    print(f"dayone host work per image: preprocess {e['preprocess_ms']:.1f} ms, "
+          f"position-table resample {e['pos_emb_host_ms']:.1f} ms (inside ms/call)")
 if torch:
     e, t = torch.get("encoder", {}), torch.get("ttft", {})
     print(f"{'torch':10}{e.get('images_per_s', float('nan')):>10.2f}{e.get('tflops', float('nan')):>9.1f}"

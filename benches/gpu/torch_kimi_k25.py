@@ -9,21 +9,79 @@
    processor (tokenise, resize/pad/normalise, expand the placeholder) and the forward pass to the first token's
    argmax; median over `--ttft-repeats` after one warm-up. Same prompt shape as `dayone bench --image FILE
    --prompt-len N`.
-Prints one JSON object per measurement (`--json`) or a table.
+Prints one JSON object per measurement (`--json`) or a table. transformers' Kimi-K2.5 processors need torchvision;
+without it the script preprocesses with PIL + numpy by the same rule (`FallbackProcessor`) and says so (`processor`).
 
 usage: python3 benches/gpu/torch_kimi_k25.py CKPT IMAGE [--iters 20] [--text-tokens 100] [--attn sdpa]
 """
 
 import argparse
 import json
+import math
 import statistics
 import time
 
+import numpy as np
 import torch
 from PIL import Image
 from transformers import AutoTokenizer, Kimi_K25ForConditionalGeneration, Kimi_K25Processor
-from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
-from transformers.models.kimi_k25.video_processing_kimi_k25 import Kimi_K25VideoProcessor
+
+PAD = "<|media_pad|>"
+
+
+class FallbackProcessor:
+    """Kimi-K2.5's image preprocessing without torchvision (vision.md §1.4): shrink only, to at most 16384 patches
+    and 512 patches a side (PIL bicubic, as the original remote code; transformers' torchvision resize differs by
+    <= 2 LSB), zero-pad bottom/right to multiples of 28, (x/255 - 0.5)/0.5, patches in raster order, (c, py, px)
+    each; the prompt's `<|media_pad|>` expanded to (h/2)(w/2) copies before tokenising."""
+
+    patch, merge = 14, 2
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def pixels(self, images):
+        pv, grids = [], []
+        for im in images:
+            W, H = im.size
+            p = self.patch
+            s = min(1.0, math.sqrt(16384 / (max(1, W // p) * max(1, H // p))), 512 * p / W, 512 * p / H)
+            w, h = max(1, int(W * s)), max(1, int(H * s))
+            if (w, h) != (W, H):
+                im = im.resize((w, h), Image.BICUBIC)
+            cell = p * self.merge
+            ph, pw = -(-h // cell) * cell, -(-w // cell) * cell
+            canvas = np.zeros((ph, pw, 3), np.uint8)
+            canvas[:h, :w] = np.asarray(im)
+            x = (torch.from_numpy(canvas).float() / 255.0 - 0.5) / 0.5
+            gh, gw = ph // p, pw // p
+            pv.append(x.reshape(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3).reshape(gh * gw, 3, p, p))
+            grids.append([1, gh, gw])
+        return {"pixel_values": torch.cat(pv), "image_grid_thw": torch.tensor(grids)}
+
+    def __call__(self, text, images, return_tensors="pt"):
+        out = self.pixels(images)
+        tokens = [int(g[1] * g[2]) // self.merge**2 for g in out["image_grid_thw"]]
+        parts = text[0].split(PAD)
+        expanded = parts[0] + "".join(PAD * n + rest for n, rest in zip(tokens, parts[1:]))
+        ids = self.tokenizer(expanded, return_tensors=return_tensors)
+        from transformers import BatchFeature
+        return BatchFeature(dict(ids, **out))
+
+
+def processor(ckpt):
+    """transformers' Kimi_K25Processor when torchvision is there, else FallbackProcessor; and its name."""
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    try:
+        from transformers.models.kimi_k25.image_processing_kimi_k25 import Kimi_K25ImageProcessor
+        from transformers.models.kimi_k25.video_processing_kimi_k25 import Kimi_K25VideoProcessor
+        image_processor = Kimi_K25ImageProcessor()
+        proc = Kimi_K25Processor(image_processor=image_processor, tokenizer=tokenizer,
+                                 video_processor=Kimi_K25VideoProcessor())
+        return proc, lambda images: image_processor(images=images, return_tensors="pt"), "Kimi_K25Processor"
+    except ImportError:
+        proc = FallbackProcessor(tokenizer)
+        return proc, proc.pixels, "fallback (PIL + numpy: no torchvision)"
 
 
 def encoder_flops(vision, text_hidden, grids, merge=(2, 2)):
@@ -67,18 +125,17 @@ def main():
     model = Kimi_K25ForConditionalGeneration.from_pretrained(a.ckpt, dtype=dtype, device_map=a.device,
                                                              attn_implementation=a.attn).eval()
     load_s = time.time() - t0
-    proc = Kimi_K25Processor(image_processor=Kimi_K25ImageProcessor(), tokenizer=AutoTokenizer.from_pretrained(a.ckpt),
-                             video_processor=Kimi_K25VideoProcessor())
+    proc, pixels, proc_name = processor(a.ckpt)
     with Image.open(a.image) as im:
         image = im.convert("RGB")  # decoded before any timer, as dayone decodes before submitting
     vision = model.config.vision_config.to_dict()
     text_hidden = model.config.text_config.hidden_size
     common = {"impl": "transformers", "attn": a.attn, "dtype": a.dtype, "device": a.device,
               "gpu": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
-              "image": f"{image.width}x{image.height}", "load_s": round(load_s, 2)}
+              "processor": proc_name, "image": f"{image.width}x{image.height}", "load_s": round(load_s, 2)}
 
     # 1. Encoder throughput.
-    pix = proc.image_processor(images=[image] * a.images_per_call, return_tensors="pt")
+    pix = pixels([image] * a.images_per_call)
     pv, grid = pix["pixel_values"], pix["image_grid_thw"]
     grids = [(int(g[1]), int(g[2])) for g in grid]
     flops = encoder_flops(vision, text_hidden, grids)
@@ -103,7 +160,7 @@ def main():
 
     # 2. TTFT of one image + text tokens: processor + forward to the first token.
     words = " ".join(f"t{(7919 * i + 13) % 150000 + 100}" for i in range(a.text_tokens))
-    prompt = "<|media_pad|> " + words
+    prompt = PAD + " " + words
     ttft, prompt_tokens = [], 0
     with torch.inference_mode():
         for i in range(1 + a.ttft_repeats):

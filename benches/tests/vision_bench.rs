@@ -60,6 +60,7 @@ fn check(r: &Value, per_call: u64) {
         "images_per_s",
         "tflops",
         "ms_per_call_median",
+        "pos_emb_host_ms",
         "preprocess_ms",
     ] {
         let v = r[key].as_f64().unwrap_or(f64::NAN);
