@@ -47,7 +47,7 @@ fi
 echo "checkpoint ready: $(date -u)"
 
 # dayone: the encoder alone, then TTFT of image + text (one run per repeat; the median is below).
-timeout 45 "$BIN"/vision-bench --backend "$BACKEND" --model "$CKPT" --image "$IMG" --iters "$ITERS" \
+timeout 50 "$BIN"/vision-bench --backend "$BACKEND" --model "$CKPT" --image "$IMG" --iters "$ITERS" \
   --images-per-call "$PER_CALL" --json 2>"$OUT/vision_bench_err.log" | tee "$OUT/dayone_encoder.jsonl"
 tail -3 "$OUT/vision_bench_err.log"
 lens=$(yes "$TEXT" | head -n "$REPEATS" | paste -sd,)
@@ -57,7 +57,7 @@ grep -vE "^\s*$" "$OUT/dayone_bench_err.log" | tail -4
 echo "dayone done: $(date -u)"
 
 if [ -z "${SKIP_TORCH:-}" ]; then
-  timeout 60 $PY benches/gpu/torch_kimi_k25.py "$CKPT" "$IMG" --iters "$ITERS" --images-per-call "$PER_CALL" \
+  timeout 55 $PY benches/gpu/torch_kimi_k25.py "$CKPT" "$IMG" --iters "$ITERS" --images-per-call "$PER_CALL" \
     --text-tokens "$TEXT" --ttft-repeats "$REPEATS" --json 2>"$OUT/torch_err.log" | tee "$OUT/torch.jsonl"
   grep -vE "^\s*$|Warning|Loading" "$OUT/torch_err.log" | tail -4
 fi
