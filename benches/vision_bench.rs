@@ -1,4 +1,4 @@
-//! The vision encoder of a `kimi_k25` checkpoint alone (MoonViT tower + patch-merger projector,
+//! The vision encoder of a `kimi_k25` (or `kimi_vl`) checkpoint alone (MoonViT tower + patch-merger projector,
 //! [`MoonVit::encode`]): images/s and TFLOP/s for one image, the encoder half of issue [12]'s
 //! measurement (the other half, TTFT of image + text, is `dayone bench --image`).
 //!
@@ -102,7 +102,8 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let json: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
     let cfg = MoonVitConfig::from_json(&json, &cfg_path.display().to_string())?;
-    // The engine's processor settings: preprocessor_config.json when present, else K2.5's.
+    // The engine's processor settings: preprocessor_config.json when present, else the
+    // defaults of the model's processor (Kimi-K2.5's, Kimi-VL's).
     let pre = a.model.join("preprocessor_config.json");
     let pre_json = if pre.is_file() {
         serde_json::from_str(&std::fs::read_to_string(&pre)?)
@@ -110,9 +111,14 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     } else {
         serde_json::Value::Null
     };
-    let processor =
-        ImageProcessorConfig::from_json(&pre_json, Some(cfg.patch_size), Some(cfg.merge_kernel.0))
-            .with_context(|| pre.display().to_string())?;
+    let model_type = json["model_type"].as_str().unwrap_or("kimi_k25");
+    let processor = ImageProcessorConfig::for_model(
+        model_type,
+        &pre_json,
+        Some(cfg.patch_size),
+        Some(cfg.merge_kernel.0),
+    )
+    .with_context(|| pre.display().to_string())?;
     let image = load_image_file(&a.image)?;
 
     let src = SafetensorsSource::open_dir(&a.model)?;
