@@ -55,6 +55,12 @@ pub enum ExpertAct {
         /// Clamp (`swiglu_limit`, 7.0).
         limit: f32,
     },
+    /// `silu(min(g, limit)) ⊙ clamp(u, −limit, limit)` with rows `[gate; up]` (glm5_next's
+    /// `swiglu_limit`, HF `Glm5NextTextMLP`).
+    SwigluClamped {
+        /// Clamp (`swiglu_limit`, 10.0 in glm5_next).
+        limit: f32,
+    },
 }
 
 /// Extras of [`Backend::moe_experts_ext`] beyond the plain SwiGLU experts.
@@ -192,6 +198,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.
     fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+
+    /// Clamped SwiGLU (glm5_next's `swiglu_limit`, HF `Glm5NextTextMLP`):
+    /// `silu(min(gate, limit)) ⊙ clamp(up, −limit, limit)`, `[M, F]` → `[M, F]` in `gate`'s
+    /// dtype, f32 arithmetic. Default: composed on the host (download, compute, upload).
+    fn silu_mul_limit(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        limit: f32,
+    ) -> Result<Self::Tensor> {
+        let (g, u) = (self.download(gate)?, self.download(up)?);
+        anyhow::ensure!(
+            g.shape == u.shape,
+            "silu_mul_limit: inputs must have equal shapes, got {:?} and {:?}",
+            g.shape,
+            u.shape
+        );
+        let y: Vec<f32> = g
+            .to_f32()
+            .iter()
+            .zip(u.to_f32())
+            .map(|(&g, u)| {
+                let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        self.upload(&HostTensor::from_f32_as(g.shape.clone(), &y, g.dtype)?)
+    }
 
     /// Element-wise sum of two tensors of equal shape (residual add).
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;

@@ -140,6 +140,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_rms_norm(b, dt)?;
         check_rope(b, dt)?;
         check_silu_mul(b, dt)?;
+        check_silu_mul_limit(b, dt)?;
         check_add(b, dt)?;
         check_write_kv(b, dt)?;
         check_paged_attention(b, dt)?;
@@ -379,6 +380,35 @@ pub fn check_silu_mul<B: Backend>(b: &B, dt: DType) -> Result<()> {
         let got = b.silu_mul(&b.upload(&g)?, &b.upload(&u)?)?;
         compare(
             "silu_mul",
+            &format!("{dt} [{m}, {f}]"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// `silu_mul_limit`: both clamps active (|gate|, |up| well past the limit), odd sizes.
+pub fn check_silu_mul_limit<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(15);
+    let limit = 7.0f32;
+    for &(m, f) in &[(1usize, 1536usize), (5, 1001)] {
+        let g = rand_tensor(&mut rng, &[m, f], dt, 12.0)?;
+        let u = rand_tensor(&mut rng, &[m, f], dt, 12.0)?;
+        let (gv, uv) = (g.to_f32(), u.to_f32());
+        let want: Vec<f32> = gv
+            .iter()
+            .zip(&uv)
+            .map(|(&g, &u)| {
+                let (g, u) = ((g as f64).min(limit as f64), (u as f64).clamp(-7.0, 7.0));
+                (g / (1.0 + (-g).exp()) * u) as f32
+            })
+            .collect();
+        let want = HostTensor::from_f32_as(vec![m, f], &want, dt)?;
+        let got = b.silu_mul_limit(&b.upload(&g)?, &b.upload(&u)?, limit)?;
+        compare(
+            "silu_mul_limit",
             &format!("{dt} [{m}, {f}]"),
             &run(b, &got)?,
             &want,

@@ -90,8 +90,8 @@ pub fn check_attention_ext<B: Backend>(b: &B, dt: DType) -> Result<()> {
     Ok(())
 }
 
-/// The gpt-oss activation (gate and up past the clamp) and SwiGLU, each with and without
-/// biases, at one and many tokens.
+/// The gpt-oss activation (gate and up past the clamp), SwiGLU and the clamped SwiGLU of
+/// glm5_next, each with and without biases, at one and many tokens.
 pub fn check_experts_ext<B: Backend>(b: &B, dt: DType) -> Result<()> {
     let mut rng = Rng::new(32);
     let gpt_oss = ExpertAct::GptOss {
@@ -121,7 +121,8 @@ pub fn check_experts_ext<B: Backend>(b: &B, dt: DType) -> Result<()> {
         let (xd, idd, wd, gud, dnd) =
             (up(&x)?, up(&ids)?, up(&weights)?, up(&gate_up)?, up(&down)?);
         let (gbd, dbd) = (up(&gu_bias)?, up(&dn_bias)?);
-        for act in [gpt_oss, ExpertAct::Swiglu] {
+        let glm = ExpertAct::SwigluClamped { limit: 7.0 };
+        for act in [gpt_oss, ExpertAct::Swiglu, glm] {
             for biased in [true, false] {
                 if act == ExpertAct::Swiglu && !biased {
                     continue;

@@ -810,6 +810,11 @@ pub fn moe_experts_ext(
                         let (g, u) = (dot(i), dot(f + i));
                         g / (1.0 + (-g).exp()) * u
                     }
+                    ExpertAct::SwigluClamped { limit } => {
+                        let l = limit as f64;
+                        let (g, u) = (dot(i).min(l), dot(f + i).clamp(-l, l));
+                        g / (1.0 + (-g).exp()) * u
+                    }
                     ExpertAct::GptOss { alpha, limit } => {
                         let (l, a) = (limit as f64, alpha as f64);
                         let g = dot(2 * i).min(l);

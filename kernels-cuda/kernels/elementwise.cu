@@ -1,5 +1,6 @@
 // Element-wise ops, f32 arithmetic, 8 elements per thread step when the length allows.
 //   silu_mul: out = silu(gate) * up     (SwiGLU; silu(g) = g / (1 + exp(-g)))
+//   silu_mul_limit: out = silu(min(gate, l)) * clamp(up, -l, l)   (glm5_next's swiglu_limit)
 //   add:      out = a + b               (residual add)
 //   gelu:     out = ½a(1 + erf(a/√2))   (nn.GELU(); second input unread)
 //   gelu_tanh: out = ½a(1 + tanh(√(2/π)(a + 0.044715a³)))  (gelu_pytorch_tanh)
@@ -25,6 +26,14 @@ __device__ __forceinline__ void binary_impl(const T* __restrict__ a, const T* __
 
 struct SiluMul {
     __device__ __forceinline__ float operator()(float g, float u) const {
+        return g / (1.f + expf(-g)) * u;
+    }
+};
+struct SiluMulLimit {
+    float l;
+    __device__ __forceinline__ float operator()(float g, float u) const {
+        g = fminf(g, l);
+        u = fminf(fmaxf(u, -l), l);
         return g / (1.f + expf(-g)) * u;
     }
 };
@@ -55,6 +64,10 @@ __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32
 #define ELEMENTWISE(S, T)                                                                   \
     extern "C" __global__ void silu_mul_##S(const T* g, const T* u, T* out, u64 n) {       \
         binary_impl<T>(g, u, out, n, SiluMul());                                            \
+    }                                                                                       \
+    extern "C" __global__ void silu_mul_limit_##S(const T* g, const T* u, T* out, u64 n,     \
+                                                  float l) {                                \
+        binary_impl<T>(g, u, out, n, SiluMulLimit{l});                                      \
     }                                                                                       \
     extern "C" __global__ void add_##S(const T* a, const T* b, T* out, u64 n) {            \
         binary_impl<T>(a, b, out, n, Add());                                                \

@@ -3,7 +3,8 @@
 //   moe_ext_act:  h[t, j, i] = act(gate_up[e] . x[t] + b_gu[e])   (one warp per (t, j, i))
 //   moe_ext_down: y[t, o] = sum_j w[t, j] (down[e, o] . h[t, j] + b_d[e, o])   (one warp per (t, o))
 // act 0: silu(g) * u with rows [gate; up]; act 1: gpt-oss, rows 2i gate / 2i + 1 up,
-// g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha g).
+// g = min(g, limit), u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha g); act 2: rows
+// [gate; up], silu(min(g, limit)) * clamp(u, -limit, limit) (glm5_next's swiglu_limit).
 
 template <typename T>
 __device__ void moe_ext_act_impl(const T* x, const u32* ids, const T* gate_up, const T* bias,
@@ -45,6 +46,10 @@ __device__ void moe_ext_act_impl(const T* x, const u32* ids, const T* gate_up, c
         u = fminf(fmaxf(u, -limit), limit);
         v = (u + 1.f) * g / (1.f + expf(-alpha * g));
     } else {
+        if (act == 2) {
+            g = fminf(g, limit);
+            u = fminf(fmaxf(u, -limit), limit);
+        }
         v = g / (1.f + expf(-g)) * u;
     }
     hmid[warp] = v;

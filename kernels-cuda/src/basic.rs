@@ -12,6 +12,17 @@ impl CudaBackend {
         a: &CudaTensor,
         b: &CudaTensor,
     ) -> Result<CudaTensor> {
+        self.binary_with(op, a, b, None)
+    }
+
+    /// [`Self::binary`] of a kernel that takes one more `float` parameter (`silu_mul_limit`).
+    pub(crate) fn binary_with(
+        &self,
+        op: &'static str,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        param: Option<f32>,
+    ) -> Result<CudaTensor> {
         let sfx = dtype_suffix(op, a.dtype)?;
         if a.shape != b.shape {
             bail!(
@@ -28,18 +39,16 @@ impl CudaBackend {
             return Ok(out);
         }
         let f = self.func("elementwise", sfx, &format!("{op}_{sfx}"))?;
-        self.launch(
-            op,
-            &f,
-            (
-                launch::elementwise_grid(n, 8, 256, 16 * self.info.sms),
-                1,
-                1,
-            ),
-            (256, 1, 1),
-            0,
-            kparams![a.device_ptr(), b.device_ptr(), out.device_ptr(), n as u64],
-        )?;
+        let grid = (
+            launch::elementwise_grid(n, 8, 256, 16 * self.info.sms),
+            1,
+            1,
+        );
+        let (a, b, o) = (a.device_ptr(), b.device_ptr(), out.device_ptr());
+        match param {
+            None => self.launch(op, &f, grid, (256, 1, 1), 0, kparams![a, b, o, n as u64])?,
+            Some(p) => self.launch(op, &f, grid, (256, 1, 1), 0, kparams![a, b, o, n as u64, p])?,
+        }
         Ok(out)
     }
 

@@ -134,6 +134,7 @@ impl CudaBackend {
         let (act, alpha, limit) = match opts.act {
             ExpertAct::Swiglu => (0u32, 0f32, 0f32),
             ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+            ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
         };
         let hmid = self.scratch_f32(n * k.max(1) * f)?;
         let warps =

@@ -700,6 +700,10 @@ impl Backend for CudaBackend {
         self.rope_impl(x, positions, inv_freq, rot_dim, style, mscale)
     }
 
+    fn silu_mul_limit(&self, gate: &CudaTensor, up: &CudaTensor, limit: f32) -> Result<CudaTensor> {
+        self.binary_with("silu_mul_limit", gate, up, Some(limit))
+    }
+
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor) -> Result<CudaTensor> {
         self.binary("silu_mul", gate, up)
     }

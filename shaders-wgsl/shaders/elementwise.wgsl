@@ -3,7 +3,7 @@
 
 struct Params {
     n: u32, // number of elements
-    _p0: u32,
+    limit: f32, // silu_mul_limit's clamp
     _p1: u32,
     _p2: u32,
 }
@@ -38,6 +38,17 @@ fn silu_mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var i = i0; i < min(i0 + PER, P.n); i++) {
         let g = a[i];
         y[i] = g / (1.0 + exp(-g)) * b[i];
+    }
+}
+
+// y = silu(min(a, l)) * clamp(b, -l, l) (glm5_next's swiglu_limit)
+@compute @workgroup_size(256)
+fn silu_mul_limit(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let i0 = first_index(wid, nwg, lid);
+    for (var i = i0; i < min(i0 + PER, P.n); i++) {
+        let g = min(a[i], P.limit);
+        y[i] = g / (1.0 + exp(-g)) * clamp(b[i], -P.limit, P.limit);
     }
 }
 

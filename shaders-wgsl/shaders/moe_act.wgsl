@@ -63,6 +63,11 @@ fn activate(ex: u32, i: u32, g0: f32, u0: f32) -> f32 {
         u = clamp(u, -P.limit, P.limit);
         return (u + 1.0) * g / (1.0 + exp(-clamp(P.alpha * g, -80.0, 80.0)));
     }
+    if (P.act == 2u) {
+        // glm5_next's swiglu_limit: rows [gate; up] as act 0, both clamped.
+        g = min(g, P.limit);
+        u = clamp(u, -P.limit, P.limit);
+    }
     return silu_mul(g, u);
 }
 

@@ -800,6 +800,10 @@ impl Backend for WgslBackend {
         self.silu_mul_impl(gate, up)
     }
 
+    fn silu_mul_limit(&self, gate: &WTensor, up: &WTensor, limit: f32) -> Result<WTensor> {
+        self.silu_mul_limit_impl(gate, up, limit)
+    }
+
     fn add(&self, a: &WTensor, b: &WTensor) -> Result<WTensor> {
         self.add_impl(a, b)
     }

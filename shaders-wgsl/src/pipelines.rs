@@ -69,6 +69,13 @@ spec!(
     "silu_mul",
     [R, R, W]
 );
+spec!(
+    SILU_MUL_LIMIT,
+    ELEMENTWISE,
+    "elementwise.wgsl",
+    "silu_mul_limit",
+    [R, R, W]
+);
 spec!(GELU, ELEMENTWISE, "elementwise.wgsl", "gelu", [R, R, W]);
 spec!(
     GELU_TANH,

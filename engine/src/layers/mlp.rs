@@ -4,7 +4,7 @@
 use super::{Linear, RowLinear};
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor, TensorInfo};
+use dayone_backend::Backend;
 
 /// `gate`/`up` `[F, D]`, `down` `[D, F]`; over several ranks each keeps `F / world` of the
 /// width (gate and up column-parallel, down row-parallel).
@@ -17,33 +17,6 @@ pub struct Mlp<B: Backend> {
     pub down: RowLinear<B>,
     /// SwiGLU clamp (`swiglu_limit`), `None`: none.
     pub limit: Option<f32>,
-}
-
-/// `silu(min(g, l)) ⊙ clamp(u, −l, l)` element-wise, in f32.
-pub fn clamped_swiglu(g: &[f32], u: &[f32], l: f32) -> Vec<f32> {
-    g.iter()
-        .zip(u)
-        .map(|(&g, &u)| {
-            let g = g.min(l);
-            g / (1.0 + (-g).exp()) * u.clamp(-l, l)
-        })
-        .collect()
-}
-
-/// [`clamped_swiglu`] of two device tensors `[M, F]`, composed on the host (the backends have
-/// no clamp op): downloads both, uploads the product in `g`'s dtype.
-pub fn clamped_swiglu_device<B: Backend>(
-    b: &B,
-    g: &B::Tensor,
-    u: &B::Tensor,
-    l: f32,
-) -> Result<B::Tensor> {
-    let act = clamped_swiglu(&b.download(g)?.to_f32(), &b.download(u)?.to_f32(), l);
-    b.upload(&HostTensor::from_f32_as(
-        g.shape().to_vec(),
-        &act,
-        g.dtype(),
-    )?)
 }
 
 impl<B: Backend> Mlp<B> {
@@ -81,7 +54,7 @@ impl<B: Backend> Mlp<B> {
         let g = self.gate.forward(b, x)?;
         let u = self.up.forward(b, x)?;
         let act = match self.limit {
-            Some(l) => clamped_swiglu_device(b, &g, &u, l)?,
+            Some(l) => b.silu_mul_limit(&g, &u, l)?,
             None => b.silu_mul(&g, &u)?,
         };
         self.down.forward_partial(b, &act)

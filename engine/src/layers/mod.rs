@@ -28,7 +28,7 @@ pub use kda::{Kda, KdaShape};
 pub use linear::{Linear, Weight};
 pub use mla::{Mla, MlaShape, MlaSparse, Selection};
 pub use mla_expanded::{MlaExpanded, MlaPrefill};
-pub use mlp::{clamped_swiglu, Mlp};
+pub use mlp::Mlp;
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use moe_quant::{ExpertWorkspace, QuantExperts};
 pub use norm::RmsNorm;

@@ -2,13 +2,12 @@
 //! (DeepSeek-V3 report §2.1.2; HF `DeepseekV3MoE`):
 //! `y = Σ_{e ∈ topk} w_e · Expert_e(x) + SharedExpert(x)`, experts being SwiGLU MLPs.
 
-use super::mlp::clamped_swiglu;
 use super::{Mlp, QuantExperts};
 use crate::loader::Split;
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor, MoeRouting, QuantHost, TensorInfo};
+use dayone_backend::{Backend, ExpertAct, ExpertOptions, MoeRouting, QuantHost};
 
 /// Widths of an MoE block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,9 +35,6 @@ pub struct ExpertNames {
     pub down: &'static [&'static str],
 }
 
-/// Per-expert `([gate; up] [2F, D], down [D, F])`.
-pub type ExpertWeights<B> = Vec<(<B as Backend>::Tensor, <B as Backend>::Tensor)>;
-
 /// One MoE block's weights. Over several ranks a rank holds experts
 /// `first_expert..first_expert + local_experts` (its expert group's), each cut to its share of
 /// the width, and its slice of the shared experts; [`Moe::forward`] sums the ranks' parts.
@@ -58,9 +54,9 @@ pub struct Moe<B: Backend> {
     pub shared: Option<Mlp<B>>,
     /// Router settings.
     pub routing: MoeRouting,
-    /// SwiGLU clamp (`swiglu_limit`): the routed experts then run one by one, `[gate; up]`
-    /// `[2F, D]` and down `[D, F]` each, with the clamp composed on the host.
-    pub clamped: Option<(f32, ExpertWeights<B>)>,
+    /// SwiGLU clamp (`swiglu_limit`): the routed experts then run through
+    /// [`Backend::moe_experts_ext`] with [`ExpertAct::SwigluClamped`].
+    pub clamped: Option<f32>,
     /// The first routed expert this rank holds.
     pub first_expert: usize,
     /// Routed experts this rank holds (`E` on one rank).
@@ -112,7 +108,6 @@ impl<B: Backend> Moe<B> {
         // This rank's experts (dim 0 of the stacks), then its slice of each one's width.
         let mine = Split::along(0, e_all / e, e0 / e);
         let fused = format!("{prefix}.experts.gate_up_proj");
-        let mut split = Vec::new();
         let mut quant = None;
         let (gate_up, down) = if w.has(&fused) {
             let full = s.expert_dim;
@@ -133,25 +128,6 @@ impl<B: Backend> Moe<B> {
             } else {
                 Split { dim: 2, ..width }.apply(&dn)?
             };
-            if limit.is_some() {
-                let es = gu.dtype.size();
-                for i in 0..e {
-                    let a = 2 * f * d * es;
-                    let c = d * f * es;
-                    split.push((
-                        w.upload(HostTensor::new(
-                            vec![2 * f, d],
-                            gu.dtype,
-                            gu.data[i * a..(i + 1) * a].to_vec(),
-                        )?)?,
-                        w.upload(HostTensor::new(
-                            vec![d, f],
-                            dn.dtype,
-                            dn.data[i * c..(i + 1) * c].to_vec(),
-                        )?)?,
-                    ));
-                }
-            }
             (w.upload(gu)?, w.upload(dn)?)
         } else if let Some(q) = Self::quant_experts(w, prefix, s, names, limit)? {
             quant = Some(Box::new(q));
@@ -171,20 +147,9 @@ impl<B: Backend> Moe<B> {
                 let u = w.host_weight_split(&name(names.up)?, full, d, width)?;
                 let dw =
                     w.host_weight_split(&name(names.down)?, d, full, Split { dim: 1, ..width })?;
-                let (gu0, dn0) = (gu.len(), dn.len());
                 gu.extend_from_slice(&g.data);
                 gu.extend_from_slice(&u.data);
                 dn.extend_from_slice(&dw.data);
-                if limit.is_some() {
-                    split.push((
-                        w.upload(HostTensor::new(
-                            vec![2 * f, d],
-                            g.dtype,
-                            gu[gu0..].to_vec(),
-                        )?)?,
-                        w.upload(HostTensor::new(vec![d, f], dw.dtype, dn[dn0..].to_vec())?)?,
-                    ));
-                }
             }
             (
                 w.upload_stacked(vec![e, 2 * f, d], gu)?,
@@ -206,7 +171,7 @@ impl<B: Backend> Moe<B> {
             down,
             shared,
             routing,
-            clamped: limit.map(|l| (l, split)),
+            clamped: limit,
             quant,
             first_expert: e0,
             local_experts: e,
@@ -267,8 +232,8 @@ impl<B: Backend> Moe<B> {
                 None => Ok(y),
             };
         }
-        let y = match (&self.clamped, &self.quant) {
-            (Some((l, experts)), _) => self.clamped_experts(b, x, &ids, &weights, *l, experts)?,
+        let y = match (self.clamped, &self.quant) {
+            (Some(l), _) => self.clamped_experts(b, x, &ids, &weights, l)?,
             (None, Some(q)) => q.forward(b, x, &ids, &weights)?,
             (None, None) => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
         };
@@ -279,9 +244,8 @@ impl<B: Backend> Moe<B> {
         self.parallel.all_reduce(b, &y)
     }
 
-    /// The routed experts with a clamped SwiGLU, one expert at a time over the tokens that chose
-    /// it (HF `Glm5NextTextExperts`): routing read back to the host, each expert's projections
-    /// on the device, clamp and weighted sum on the host.
+    /// The routed experts with a clamped SwiGLU (HF `Glm5NextTextExperts`): `[gate; up]` rows,
+    /// `silu(min(g, l)) ⊙ clamp(u, −l, l)`, on the device.
     pub(super) fn clamped_experts(
         &self,
         b: &B,
@@ -289,48 +253,12 @@ impl<B: Backend> Moe<B> {
         ids: &B::Tensor,
         weights: &B::Tensor,
         l: f32,
-        experts: &[(B::Tensor, B::Tensor)],
     ) -> Result<B::Tensor> {
-        let (n, d) = (x.shape()[0], x.shape()[1]);
-        let dtype = x.dtype();
-        let k = ids.shape()[1];
-        let ids = b.download(ids)?.to_u32()?;
-        let wts = b.download(weights)?.to_f32();
-        let xs = b.download(x)?.to_f32();
-        let mut y = vec![0f32; n * d];
-        for (e, (gu, dn)) in experts.iter().enumerate() {
-            let picks: Vec<(usize, f32)> = (0..n * k)
-                .filter(|&i| ids[i] as usize == e)
-                .map(|i| (i / k, wts[i]))
-                .collect();
-            if picks.is_empty() {
-                continue;
-            }
-            let rows: Vec<f32> = picks
-                .iter()
-                .flat_map(|&(t, _)| xs[t * d..(t + 1) * d].iter().copied())
-                .collect();
-            let m = picks.len();
-            let xe = b.upload(&HostTensor::from_f32_as(vec![m, d], &rows, dtype)?)?;
-            let h = b.download(&b.linear(&xe, gu, None)?)?.to_f32();
-            let f = h.len() / m / 2;
-            let (mut g, mut u) = (Vec::with_capacity(m * f), Vec::with_capacity(m * f));
-            for r in 0..m {
-                g.extend_from_slice(&h[r * 2 * f..r * 2 * f + f]);
-                u.extend_from_slice(&h[r * 2 * f + f..(r + 1) * 2 * f]);
-            }
-            let act = clamped_swiglu(&g, &u, l);
-            let act = b.upload(&HostTensor::from_f32_as(vec![m, f], &act, dtype)?)?;
-            let out = b.download(&b.linear(&act, dn, None)?)?.to_f32();
-            for (r, &(t, wt)) in picks.iter().enumerate() {
-                for (o, v) in y[t * d..(t + 1) * d]
-                    .iter_mut()
-                    .zip(&out[r * d..(r + 1) * d])
-                {
-                    *o += wt * v;
-                }
-            }
-        }
-        b.upload(&HostTensor::from_f32_as(vec![n, d], &y, dtype)?)
+        let opts = ExpertOptions {
+            act: ExpertAct::SwigluClamped { limit: l },
+            gate_up_bias: None,
+            down_bias: None,
+        };
+        b.moe_experts_ext(x, ids, weights, &self.gate_up, &self.down, &opts)
     }
 }

@@ -131,8 +131,8 @@ impl<B: Backend> Moe<B> {
         let y_in = if got == 0 {
             b.zeros(&[0, d], x.dtype())?
         } else {
-            match &self.clamped {
-                Some((l, experts)) => self.clamped_experts(b, &x_in, &e_in, &w_in, *l, experts)?,
+            match self.clamped {
+                Some(l) => self.clamped_experts(b, &x_in, &e_in, &w_in, l)?,
                 None => b.moe_experts(&x_in, &e_in, &w_in, &self.gate_up, &self.down)?,
             }
         };

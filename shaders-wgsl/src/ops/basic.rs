@@ -7,6 +7,18 @@ use dayone_backend::{DType, RopeStyle, TensorInfo};
 
 impl WgslBackend {
     fn elementwise(&self, op: &str, spec: &Spec, a: &WTensor, b: &WTensor) -> Result<WTensor> {
+        self.elementwise_with(op, spec, a, b, 0)
+    }
+
+    /// [`Self::elementwise`] with one more parameter word (`silu_mul_limit`'s clamp as f32 bits).
+    fn elementwise_with(
+        &self,
+        op: &str,
+        spec: &Spec,
+        a: &WTensor,
+        b: &WTensor,
+        param: u32,
+    ) -> Result<WTensor> {
         let a = &self.f32_of(op, "a", a)?;
         let b = &self.f32_of(op, "b", b)?;
         ensure!(
@@ -20,7 +32,7 @@ impl WgslBackend {
         let g = Self::grid(op, (n as u64).div_ceil(1024))?;
         self.dispatch(
             spec,
-            &[n as u32, 0, 0, 0],
+            &[n as u32, param, 0, 0],
             &[
                 a.single(op, "a")?,
                 b.single(op, "b")?,
@@ -126,6 +138,16 @@ impl WgslBackend {
 
     pub(crate) fn silu_mul_impl(&self, gate: &WTensor, up: &WTensor) -> Result<WTensor> {
         self.elementwise("silu_mul", &pipelines::SILU_MUL, gate, up)
+    }
+
+    pub(crate) fn silu_mul_limit_impl(
+        &self,
+        gate: &WTensor,
+        up: &WTensor,
+        limit: f32,
+    ) -> Result<WTensor> {
+        let p = crate::f32_param(limit);
+        self.elementwise_with("silu_mul_limit", &pipelines::SILU_MUL_LIMIT, gate, up, p)
     }
 
     /// GELU (exact, or tanh with `approximate`); `x` is bound as both operands, the second unread.

@@ -8,7 +8,6 @@
 //! 2. merger: `down(silu(min(g, l)) ⊙ clamp(u, −l, l))` with `g, u = gate/up(gelu_erf(LN(proj(x))))`,
 //!    no biases but the LayerNorm's (eps 1e-5, `nn.LayerNorm` default).
 
-use crate::layers::mlp::clamped_swiglu_device;
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, HostTensor, TensorInfo};
@@ -95,7 +94,7 @@ impl<B: Backend> Glm5Merger<B> {
         let h = b.gelu(&b.layer_norm(&h, &self.ln_w, &self.ln_b, 1e-5)?, false)?;
         let g = b.linear(&h, &self.gate, None)?;
         let u = b.linear(&h, &self.up, None)?;
-        let act = clamped_swiglu_device(b, &g, &u, self.limit)?;
+        let act = b.silu_mul_limit(&g, &u, self.limit)?;
         let out = b.linear(&act, &self.down, None)?;
         Ok((ds, out))
     }

@@ -20,7 +20,6 @@
 
 use super::glm5_merger::Glm5Merger;
 use crate::config::Glm5NextVisionConfig;
-use crate::layers::mlp::clamped_swiglu_device;
 use crate::layers::RmsNorm;
 use crate::vision::PreprocessedImage;
 use crate::weights::WeightLoader;
@@ -298,7 +297,7 @@ impl<B: Backend> Glm5Vit<B> {
             };
             x = b.add(&x, &lin(&b.reshape(&o, &[n, c])?, &blk.proj)?)?;
             let h = blk.norm2.forward(b, &x)?;
-            let act = clamped_swiglu_device(b, &lin(&h, &blk.gate)?, &lin(&h, &blk.up)?, limit)?;
+            let act = b.silu_mul_limit(&lin(&h, &blk.gate)?, &lin(&h, &blk.up)?, limit)?;
             x = b.add(&x, &lin(&act, &blk.down)?)?;
             trace(&format!("block_{i}"), &x)?;
         }
