@@ -6,7 +6,8 @@
 //   moe_sort     ids [P = N·k] → offsets [E + 1], pos [P] (sorted position of each pair),
 //                sorted [P] (pair at each sorted position), tiles [T][2] = (expert, first row)
 //                with T ≤ ceil(P / BT) + E tiles of at most BT rows, ntiles [1].
-//   gate_up      h[sp, f] = silu(x[tok]·gate[e, f]) · (x[tok]·up[e, f])   (grouped GEMM/GEMV)
+//   gate_up      h[sp, f] = silu(x[tok]·gate[e, f]) · (x[tok]·up[e, f])   (grouped GEMM/GEMV;
+//                with `limit` > 0 both clamped first, glm5_next's swiglu_limit)
 //   down         y2[sp, d] = h[sp]·down[e, d]                              (grouped GEMM/GEMV)
 //   moe_combine  y[n, d] = Σ_j weights[n, j] · y2[pos[n·k + j], d] in f32, j in order
 //                (deterministic: no atomics in the sums; a row's GEMM result does not depend on
@@ -158,6 +159,16 @@ __device__ __forceinline__ u32 moe_src_row(const u32* sorted, u32 gather_k, u32 
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
 
+// The gate_up epilogue: silu(g) · u, or with limit > 0 (glm5_next's swiglu_limit)
+// silu(min(g, limit)) · clamp(u, −limit, limit).
+__device__ __forceinline__ float swiglu_f(float g, float u, float limit) {
+    if (limit > 0.f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
+    return silu_f(g) * u;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped GEMV (decode: at most MT rows per tile). A block of 256 threads owns RPW outputs of
 // one tile; GU: weight rows o (gate) and F + o (up) per output, else row o. Every weight byte of
@@ -185,7 +196,7 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
                                               const u32* __restrict__ sorted,
                                               const u32* __restrict__ tiles,
                                               const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                              u32 nout, u32 kdim, u32 wrows) {
+                                              u32 nout, u32 kdim, u32 wrows, float limit) {
     constexpr int NW = GU ? 2 * RPW : RPW;
     __shared__ float red[8][NW * MT];
     grid_dep_wait();
@@ -258,7 +269,7 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
             if (GU) u += red[wi][(RPW + r) * MT + i];
         }
         if (o0 + r < nout && i < tl.rows)
-            out[(u64)(tl.first + i) * nout + o0 + r] = from_f<T>(GU ? silu_f(g) * u : g);
+            out[(u64)(tl.first + i) * nout + o0 + r] = from_f<T>(GU ? swiglu_f(g, u, limit) : g);
     }
 }
 
@@ -279,7 +290,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
                                              const u32* __restrict__ sorted,
                                              const u32* __restrict__ tiles,
                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                             u32 nout, u32 kdim, u32 wrows) {
+                                             u32 nout, u32 kdim, u32 wrows, float limit) {
     __shared__ __align__(16) T sa[MOE_STAGES][MOE_BM * MOE_LD];
     __shared__ __align__(16) T sb[MOE_STAGES][MOE_BN * MOE_LD];
     grid_dep_wait();
@@ -383,7 +394,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const u32 col = n0 + wn * 16 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) orow[col] = from_f<T>(silu_f(acc[mt][j][e]) * acc[mt][j + 2][e]);
+                    if (col < nout) orow[col] = from_f<T>(swiglu_f(acc[mt][j][e], acc[mt][j + 2][e], limit));
                 }
             } else {
 #pragma unroll
@@ -405,7 +416,7 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
                                              const u32* __restrict__ sorted,
                                              const u32* __restrict__ tiles,
                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                             u32 nout, u32 kdim, u32 wrows) {
+                                             u32 nout, u32 kdim, u32 wrows, float limit) {
     __shared__ float sa[32][17];
     __shared__ float sw[64][17];
     grid_dep_wait();
@@ -452,7 +463,7 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
             const u32 row = ty * 2 + i, col = n0 + tx * 2 + j;
             if (row < tl.rows && col < nout)
                 out[(u64)(tl.first + row) * nout + col] =
-                    from_f<T>(GU ? silu_f(acc[0][i][j]) * acc[1][i][j] : acc[0][i][j]);
+                    from_f<T>(GU ? swiglu_f(acc[0][i][j], acc[1][i][j], limit) : acc[0][i][j]);
         }
 }
 
@@ -484,8 +495,8 @@ __device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __
 
 #define MOE_ARGS(T)                                                                            \
     const T *a, const T *w, T *out, const u32 *offsets, const u32 *sorted, const u32 *tiles,  \
-        const u32 *ntiles, u32 bt, u32 gather_k, u32 nout, u32 kdim, u32 wrows
-#define MOE_PASS a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows
+        const u32 *ntiles, u32 bt, u32 gather_k, u32 nout, u32 kdim, u32 wrows, float limit
+#define MOE_PASS a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows, limit
 #define MOE_GEMV(S, T, MT)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_gu_m##MT(MOE_ARGS(T)) {     \
         moe_gemv_impl<T, true, MT, 2>(MOE_PASS);                                              \

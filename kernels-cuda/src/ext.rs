@@ -107,9 +107,16 @@ impl CudaBackend {
         opts: &ExpertOptions<CudaTensor>,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts_ext";
-        if opts.act == ExpertAct::Swiglu && opts.gate_up_bias.is_none() && opts.down_bias.is_none()
-        {
-            return self.moe_experts_impl(x, ids, weights, gate_up, down);
+        // Without biases SwiGLU, clamped or not, takes the grouped GEMM/GEMV kernels.
+        let unbiased = opts.gate_up_bias.is_none() && opts.down_bias.is_none();
+        match opts.act {
+            ExpertAct::Swiglu if unbiased => {
+                return self.moe_experts_impl(x, ids, weights, gate_up, down, 0.0)
+            }
+            ExpertAct::SwigluClamped { limit } if unbiased && limit > 0.0 => {
+                return self.moe_experts_impl(x, ids, weights, gate_up, down, limit)
+            }
+            _ => {}
         }
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d, e, f) = crate::mla_moe::check_experts(OP, x, ids, weights, gate_up, down)?;

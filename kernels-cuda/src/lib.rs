@@ -845,7 +845,7 @@ impl Backend for CudaBackend {
         gate_up: &CudaTensor,
         down: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.moe_experts_impl(x, ids, weights, gate_up, down)
+        self.moe_experts_impl(x, ids, weights, gate_up, down, 0.0)
     }
 
     fn short_conv(

@@ -526,8 +526,9 @@ impl CudaBackend {
         Ok((ids, weights))
     }
 
-    /// Routed SwiGLU experts: sort pairs by expert on the device, grouped gate_up (+ silu·up),
-    /// grouped down, weighted combine (see `kernels/moe.cu`).
+    /// Routed SwiGLU experts: sort pairs by expert on the device, grouped gate_up (+ silu·up,
+    /// both clamped first when `limit > 0`), grouped down, weighted combine (see
+    /// `kernels/moe.cu`).
     pub(crate) fn moe_experts_impl(
         &self,
         x: &CudaTensor,
@@ -535,6 +536,7 @@ impl CudaBackend {
         weights: &CudaTensor,
         gate_up: &CudaTensor,
         down: &CudaTensor,
+        limit: f32,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -630,7 +632,8 @@ impl CudaBackend {
                     gather,
                     to_u32(OP, "output width", nout)?,
                     to_u32(OP, "reduction width", kdim)?,
-                    to_u32(OP, "weight rows", wrows)?
+                    to_u32(OP, "weight rows", wrows)?,
+                    limit
                 ],
             )?;
         }
