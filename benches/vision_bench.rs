@@ -4,9 +4,9 @@
 //!
 //! Each timed call preprocesses nothing: the image is resized/padded/normalised once
 //! ([`preprocess`], timed separately as `preprocess_ms`), and every call uploads its pixels,
-//! runs the tower and the projector, and waits for the device. Part of each call is host work:
-//! the position table resampled to the grid ([`resample_table`], timed alone as
-//! `pos_emb_host_ms`). FLOPs per image: [`encoder_flops`],
+//! runs the tower and the projector, and waits for the device. The position table resampled to
+//! the grid ([`resample_table`], timed alone as `pos_emb_host_ms`) is host work that the encoder
+//! memoises per grid size, so after the warm-up the timed calls do not pay it. FLOPs per image: [`encoder_flops`],
 //! the formula of benches/gpu/torch_kimi_k25.py, so both sides divide the same count.
 //!
 //! Usage: `vision-bench --model DIR --image FILE [--backend cuda|wgsl|cpu] [--dtype bf16|f32]
@@ -136,7 +136,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         })
         .collect();
     let one = preprocess(&image, &processor);
-    // The host resample every encode call does per image (values do not change its time).
+    // The host resample of a first image of this grid size (values do not change its time).
     let (th, tw, c) = (cfg.pos_emb_height, cfg.pos_emb_width, cfg.hidden_size);
     let table = vec![0.5f32; th * tw * c];
     let pos_times: Vec<f64> = (0..a.iters.min(5))

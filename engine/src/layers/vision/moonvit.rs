@@ -25,6 +25,8 @@ use crate::weights::WeightLoader;
 use anyhow::{bail, ensure, Result};
 use dayone_backend::VarlenResult;
 use dayone_backend::{varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle, VarlenMeta};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Where a checkpoint keeps the vision tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +87,9 @@ pub struct MoonVit<B: Backend> {
     patch: Affine<B::Tensor>,
     /// `[th, tw, C]` f32 on the host: resampled per image grid.
     pos_table: Vec<f32>,
+    /// Resampled tables `[h·w, C]` by grid `(h, w)`: the bicubic resample costs tens of
+    /// milliseconds at K2.5's width and images of one size recur.
+    pos_by_grid: Mutex<HashMap<(usize, usize), Arc<Vec<f32>>>>,
     blocks: Vec<VitBlock<B::Tensor>>,
     final_norm: Norm<B::Tensor>,
     pre_norm: Norm<B::Tensor>,
@@ -98,6 +103,33 @@ pub struct MoonVit<B: Backend> {
     inv_freq_col: B::Tensor,
     /// `[attn_dim/2]` f32: row frequencies on odd pairs, 0 on even.
     inv_freq_row: B::Tensor,
+}
+
+/// Grids whose resampled position tables are kept (beyond it the memo starts afresh).
+const POS_GRIDS_KEPT: usize = 64;
+
+impl<B: Backend> MoonVit<B> {
+    /// The position table resampled to grid `h × w` (`[h·w, C]`), memoised by grid.
+    fn resampled_pos(&self, h: usize, w: usize) -> Arc<Vec<f32>> {
+        let mut memo = self.pos_by_grid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = memo.get(&(h, w)) {
+            return t.clone();
+        }
+        let cfg = &self.cfg;
+        let t = Arc::new(resample_table(
+            &self.pos_table,
+            cfg.pos_emb_height,
+            cfg.pos_emb_width,
+            cfg.hidden_size,
+            h,
+            w,
+        ));
+        if memo.len() >= POS_GRIDS_KEPT {
+            memo.clear();
+        }
+        memo.insert((h, w), t.clone());
+        t
+    }
 }
 
 /// Per-head row permutation between the interleaved (original) and rotate-half (transformers)
@@ -312,6 +344,7 @@ impl<B: Backend> MoonVit<B> {
             dtype: loader.dtype(),
             patch,
             pos_table,
+            pos_by_grid: Mutex::default(),
             blocks,
             final_norm: norm(final_name, c)?,
             pre_norm: norm(&pre, c)?,
@@ -367,14 +400,7 @@ impl<B: Backend> MoonVit<B> {
                 "vision encoder: image {i} grid {h}×{w} is not a multiple of the {mh}×{mw} merge"
             );
             pixels.extend_from_slice(&im.pixels);
-            pos.extend(resample_table(
-                &self.pos_table,
-                cfg.pos_emb_height,
-                cfg.pos_emb_width,
-                c,
-                h,
-                w,
-            ));
+            pos.extend_from_slice(&self.resampled_pos(h, w));
             for r in 0..h {
                 for col in 0..w {
                     rows.push(r as u32);
