@@ -147,6 +147,7 @@ impl WgslBackend {
         let (act, alpha, limit) = match opts.act {
             ExpertAct::Swiglu => (0, 0.0, 0.0),
             ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+            ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
         };
         let bias =
             |t: Option<&WTensor>, shape: [usize; 2], what: &str| -> Result<Option<WTensor>> {
