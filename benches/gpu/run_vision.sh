@@ -79,7 +79,7 @@ if enc:
           f"{e['gflop_per_image']:>11.1f}{statistics.median(ttft) if ttft else float('nan'):>9.4f}"
           f"{t[0]['prompt_tokens'] if t else '-':>8}")
     print(f"dayone host work per image: preprocess {e['preprocess_ms']:.1f} ms, "
-          f"position-table resample {e['pos_emb_host_ms']:.1f} ms (inside ms/call)")
+          f"position-table resample {e['pos_emb_host_ms']:.1f} ms (first image of a grid size only; memoised)")
 if torch:
     e, t = torch.get("encoder", {}), torch.get("ttft", {})
     print(f"{'torch':10}{e.get('images_per_s', float('nan')):>10.2f}{e.get('tflops', float('nan')):>9.1f}"
