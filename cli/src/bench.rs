@@ -275,6 +275,8 @@ fn bench(
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
             ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
             ModelConfig::KimiK25(c) => (c.text.n_routed_experts, c.text.num_experts_per_tok),
+            ModelConfig::Glm5Next(c) => (c.n_routed_experts, c.num_experts_per_tok),
+            ModelConfig::GptOss(c) => (c.num_local_experts, c.top_k()),
             _ => (0, 0),
         },
     };
