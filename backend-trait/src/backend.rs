@@ -293,6 +293,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.upload(&out)
     }
 
+    /// Per-token mix of `S` input rows into `M` output rows: `out[t, m, :] = Σ_s w[t, s, m] ·
+    /// x[t, s, :]`, f32 accumulation. `x` `[N, S, D]` float, `w` `[N, S, M]` f32 → `[N, M, D]`
+    /// in `x`'s dtype. Hyper-connections (Xie et al. 2026, HF `Glm5NextTextHyperConnection`)
+    /// collapse, mix and expand their residual streams with it; reference
+    /// [`crate::reference::stream_mix`]. The default reads both back and computes on the host
+    /// in f64: correct everywhere, fast nowhere.
+    ///
+    /// Errors: `x` not rank 3 or not float, `w` not f32 `[N, S, M]` matching `x`.
+    fn stream_mix(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor> {
+        let out = crate::reference::stream_mix(&self.download(x)?, &self.download(w)?)?;
+        self.upload(&out)
+    }
+
     /// Per-head linear map `y[n, h] = w[h] · x[n, h]`: `x` `[N, H, K]`, `w` `[H, O, K]` →
     /// `[N, H, O]` in `x`'s dtype, f32 accumulation. MLA uses it to absorb `W_UK` into the query
     /// and to apply `W_UV` to the latent output (DeepSeek-V2 report §2.1.2).

@@ -142,6 +142,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_silu_mul(b, dt)?;
         check_silu_mul_limit(b, dt)?;
         check_add(b, dt)?;
+        check_stream_mix(b, dt)?;
         check_write_kv(b, dt)?;
         check_paged_attention(b, dt)?;
         check_argmax(b, dt)?;
@@ -434,6 +435,45 @@ pub fn check_add<B: Backend>(b: &B, dt: DType) -> Result<()> {
             tolerance(dt),
         )?;
     }
+    Ok(())
+}
+
+/// `stream_mix`: odd sizes (D not a multiple of 8, one stream, one output, more outputs than
+/// inputs), the hyper-connection shapes (4 → 1, 4 → 4, 1 → 4), and `x` reached through
+/// `reshape` of an `[N, S·D]` tensor as the hyper-connections use it.
+pub fn check_stream_mix<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(16);
+    // (N, S, D, M)
+    let cases: &[(usize, usize, usize, usize)] = &[
+        (1, 4, 1001, 1),
+        (3, 4, 37, 4),
+        (5, 1, 257, 4),
+        (2, 5, 9, 3),
+        (7, 4, 512, 4),
+        (4, 2, 1, 6),
+    ];
+    for &(n, s, d, m) in cases {
+        let x = rand_tensor(&mut rng, &[n, s * d], dt, 3.0)?;
+        let w = rand_tensor(&mut rng, &[n, s, m], DType::F32, 2.0)?;
+        let x3 = HostTensor::from_f32_as(vec![n, s, d], &x.to_f32(), dt)?;
+        let want = reference::stream_mix(&x3, &w)?;
+        let xd = b.reshape(&b.upload(&x)?, &[n, s, d])?;
+        let got = b.stream_mix(&xd, &b.upload(&w)?)?;
+        compare(
+            "stream_mix",
+            &format!("{dt} x [{n}, {s}, {d}] w [{n}, {s}, {m}]"),
+            &run(b, &got)?,
+            &want,
+            tolerance(dt),
+        )?;
+    }
+    // Bad shapes are errors, not panics.
+    let x = b.upload(&rand_tensor(&mut rng, &[2, 3, 5], dt, 1.0)?)?;
+    let w = b.upload(&rand_tensor(&mut rng, &[2, 4, 1], DType::F32, 1.0)?)?;
+    ensure!(
+        b.stream_mix(&x, &w).is_err(),
+        "stream_mix: w [2, 4, 1] for x [2, 3, 5] must be refused"
+    );
     Ok(())
 }
 

@@ -263,6 +263,10 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(reference::argmax(&x.host())?))
     }
 
+    fn stream_mix(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(reference::stream_mix(&x.host(), &w.host())?))
+    }
+
     fn head_linear(&self, x: &CpuTensor, w: &CpuTensor) -> Result<CpuTensor> {
         Ok(CpuTensor::new(reference::head_linear(
             &x.host(),

@@ -498,6 +498,45 @@ pub fn head_linear(x: &HostTensor, w: &HostTensor) -> Result<HostTensor> {
     HostTensor::from_f32_as(vec![n, h, o], &y, dt)
 }
 
+/// Per-token mix of `S` input rows into `M` output rows (hyper-connections' collapse, stream
+/// mixing and expansion; Xie et al. 2026, HF `Glm5NextTextHyperConnection`):
+/// `out[t, m, :] = Σ_s w[t, s, m] · x[t, s, :]`, accumulated in f64.
+///
+/// `x` `[N, S, D]` float, `w` `[N, S, M]` f32 → `[N, M, D]` in `x`'s dtype.
+pub fn stream_mix(x: &HostTensor, w: &HostTensor) -> Result<HostTensor> {
+    const OP: &str = "stream_mix";
+    rank(OP, "x", x, 3, "[N, S, D]")?;
+    rank(OP, "w", w, 3, "[N, S, M]")?;
+    let dt = float_dtype(OP, "x", x)?;
+    ensure!(
+        w.dtype == DType::F32,
+        "{OP}: w must be an f32 tensor, got {}",
+        w.dtype
+    );
+    let (n, s, d) = (x.shape[0], x.shape[1], x.shape[2]);
+    ensure!(
+        w.shape[0] == n && w.shape[1] == s,
+        "{OP}: w must have shape [{n}, {s}, M] to match x {:?}, got {:?}",
+        x.shape,
+        w.shape
+    );
+    let m = w.shape[2];
+    let (xv, wv) = (x.to_f32(), w.to_f32());
+    let mut y = vec![0f32; n * m * d];
+    for t in 0..n {
+        for mm in 0..m {
+            for dd in 0..d {
+                let mut acc = 0f64;
+                for ss in 0..s {
+                    acc += wv[(t * s + ss) * m + mm] as f64 * xv[(t * s + ss) * d + dd] as f64;
+                }
+                y[(t * m + mm) * d + dd] = acc as f32;
+            }
+        }
+    }
+    HostTensor::from_f32_as(vec![n, m, d], &y, dt)
+}
+
 /// Paged single-tensor cache write: `cache[slot_mapping[n], col..col + w] = x[n]`.
 ///
 /// `x` `[N, w]`, `cache` `[blocks, bs, W]` (modified in place, values rounded to its dtype).

@@ -5,6 +5,8 @@
 //   gelu:     out = ½a(1 + erf(a/√2))   (nn.GELU(); second input unread)
 //   gelu_tanh: out = ½a(1 + tanh(√(2/π)(a + 0.044715a³)))  (gelu_pytorch_tanh)
 //   bias_add: y[m, :] += bias           (in place; y [M, N], bias [N])
+//   stream_mix: out[t, m, :] = Σ_s w[t, s, m] · x[t, s, :]   (x [N, S, D], w [N, S, M] f32,
+//             out [N, M, D]; hyper-connections' collapse / mixing / expansion)
 // Grid-stride loops; any grid size works.
 
 template <typename T, typename F>
@@ -61,6 +63,28 @@ __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32
     }
 }
 
+// One thread per output element (t, m, d), so loads of x and stores of out are coalesced along
+// d; the S rows of x a token reads are shared by its M outputs through L1/L2.
+template <typename T>
+__device__ void stream_mix_impl(const T* __restrict__ x, const float* __restrict__ w,
+                                T* __restrict__ out, u32 n, u32 s, u32 d, u32 m) {
+    grid_dep_wait();
+    const u64 total = (u64)n * m * d;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const u64 dd = i % d;
+        const u64 tm = i / d;
+        const u64 mm = tm % m;
+        const u64 t = tm / m;
+        float acc = 0.f;
+        for (u32 j = 0; j < s; j++) {
+            const u64 row = t * s + j;
+            acc += w[row * m + mm] * to_f(x[row * d + dd]);
+        }
+        out[i] = from_f<T>(acc);
+    }
+}
+
 #define ELEMENTWISE(S, T)                                                                   \
     extern "C" __global__ void silu_mul_##S(const T* g, const T* u, T* out, u64 n) {       \
         binary_impl<T>(g, u, out, n, SiluMul());                                            \
@@ -80,5 +104,9 @@ __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32
     }                                                                                       \
     extern "C" __global__ void bias_add_##S(T* y, const T* bias, u32 m, u32 n) {           \
         bias_add_impl<T>(y, bias, m, n);                                                    \
+    }                                                                                       \
+    extern "C" __global__ void stream_mix_##S(const T* x, const float* w, T* out, u32 n,    \
+                                              u32 s, u32 d, u32 m) {                        \
+        stream_mix_impl<T>(x, w, out, n, s, d, m);                                          \
     }
 DAYONE_FOR_FLOAT_TYPES(ELEMENTWISE)

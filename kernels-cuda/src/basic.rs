@@ -1,5 +1,5 @@
 //! Element-wise, normalisation, rotary, lookup and selection ops: `embedding`, `rms_norm`,
-//! `rope`, `silu_mul`/`add` (through `binary`) and `argmax`.
+//! `rope`, `silu_mul`/`add` (through `binary`), `stream_mix` and `argmax`.
 
 use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
@@ -49,6 +49,56 @@ impl CudaBackend {
             None => self.launch(op, &f, grid, (256, 1, 1), 0, kparams![a, b, o, n as u64])?,
             Some(p) => self.launch(op, &f, grid, (256, 1, 1), 0, kparams![a, b, o, n as u64, p])?,
         }
+        Ok(out)
+    }
+
+    /// `out[t, m, :] = Σ_s w[t, s, m] · x[t, s, :]` (`elementwise.cu`'s `stream_mix`, one
+    /// thread per output element): `x` `[N, S, D]` float, `w` `[N, S, M]` f32 → `[N, M, D]` in
+    /// `x`'s dtype, f32 accumulation.
+    pub(crate) fn stream_mix_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "stream_mix";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        if x.shape.len() != 3 {
+            bail!("{OP}: x must have shape [N, S, D], got {:?}", x.shape);
+        }
+        let (n, s, d) = (x.shape[0], x.shape[1], x.shape[2]);
+        if w.shape.len() != 3 || w.shape[0] != n || w.shape[1] != s {
+            bail!(
+                "{OP}: w must have shape [{n}, {s}, M] to match x {:?}, got {:?}",
+                x.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "w", w, DType::F32)?;
+        let m = w.shape[2];
+        self.bind()?;
+        let out = self.alloc(vec![n, m, d], x.dtype)?;
+        let total = n * m * d;
+        if total == 0 {
+            return Ok(out);
+        }
+        let f = self.func("elementwise", sfx, &format!("{OP}_{sfx}"))?;
+        let grid = (
+            launch::elementwise_grid(total, 1, 256, 16 * self.info.sms),
+            1,
+            1,
+        );
+        self.launch(
+            OP,
+            &f,
+            grid,
+            (256, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                w.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "S", s)?,
+                to_u32(OP, "D", d)?,
+                to_u32(OP, "M", m)?
+            ],
+        )?;
         Ok(out)
     }
 

@@ -700,6 +700,10 @@ impl Backend for CudaBackend {
         self.rope_impl(x, positions, inv_freq, rot_dim, style, mscale)
     }
 
+    fn stream_mix(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
+        self.stream_mix_impl(x, w)
+    }
+
     fn silu_mul_limit(&self, gate: &CudaTensor, up: &CudaTensor, limit: f32) -> Result<CudaTensor> {
         self.binary_with("silu_mul_limit", gate, up, Some(limit))
     }

@@ -808,6 +808,10 @@ impl Backend for WgslBackend {
         self.add_impl(a, b)
     }
 
+    fn stream_mix(&self, x: &WTensor, w: &WTensor) -> Result<WTensor> {
+        self.stream_mix_impl(x, w)
+    }
+
     fn gelu(&self, x: &WTensor, approximate: bool) -> Result<WTensor> {
         self.gelu_impl(x, approximate)
     }

@@ -53,6 +53,7 @@ const LAYER_NORM: &str = include_str!("../shaders/layer_norm.wgsl");
 const DSA_TOPK: &str = include_str!("../shaders/dsa_topk.wgsl");
 const DSA_SELECT: &str = include_str!("../shaders/dsa_select.wgsl");
 const QUANT: &str = include_str!("../shaders/quant.wgsl");
+const STREAM_MIX: &str = include_str!("../shaders/stream_mix.wgsl");
 
 macro_rules! spec {
     ($name:ident, $src:ident, $file:literal, $entry:literal, [$($a:ident),*]) => {
@@ -62,6 +63,13 @@ macro_rules! spec {
 }
 
 spec!(ADD, ELEMENTWISE, "elementwise.wgsl", "add", [R, R, W]);
+spec!(
+    STREAM_MIX_K,
+    STREAM_MIX,
+    "stream_mix.wgsl",
+    "stream_mix",
+    [R, R, W]
+);
 spec!(
     SILU_MUL,
     ELEMENTWISE,

@@ -41,22 +41,22 @@ pub enum BlockFfn<B: Backend> {
 }
 
 /// How a block adds to the residual.
-pub enum BlockResidual {
+pub enum BlockResidual<B: Backend> {
     /// One stream: `h += sublayer(norm(h))`.
     Plain,
     /// Hyper-connections around the mixer and the FFN.
     Hyper {
         /// Around the mixer (`hc_attn_*`).
-        attn: HyperConnection,
+        attn: HyperConnection<B>,
         /// Around the FFN (`hc_ffn_*`).
-        ffn: HyperConnection,
+        ffn: HyperConnection<B>,
     },
 }
 
 /// One decoder block.
 pub struct Block<B: Backend> {
     /// Plain residual or hyper-connections.
-    pub residual: BlockResidual,
+    pub residual: BlockResidual<B>,
     /// Norm before the mixer (`input_layernorm`).
     pub input_norm: RmsNorm<B>,
     /// Attention, MLA or KDA.

@@ -10,22 +10,33 @@
 //! y      = F(Σ_i pre_i X_i)                      (collapse before the norm)
 //! X'_j   = post_j · y + Σ_i C[i, j] · X_i
 //! ```
-//! The streams start as copies of the embedding and end as their unweighted mean. The mixing
-//! runs on the host in f32 (it is `n(2+n)` numbers per token); the streams travel as one
-//! `[N, n·D]` device tensor in the activation dtype.
+//! The streams start as copies of the embedding and end as their unweighted mean. The streams
+//! travel as one `[N, n·D]` device tensor in the activation dtype and stay on the device: the
+//! norm and the projection run there (`rms_norm` with a ones weight, then `linear_f32`), only
+//! the `(2+n)·n` mixes per token come back to the host for the sigmoid/softmax/Sinkhorn, and
+//! the collapse, mixing and expansion are [`Backend::stream_mix`] on `[N, n, D]` views.
+//!
+//! Precision (HF computes steps 1–2 in f32: `flattened.float()`, `F.linear(·, fn.float())`):
+//! `fn` is held in the weight dtype, as HF holds the parameter, and the projection accumulates
+//! and returns f32. With f32 activations this is HF's computation; with bf16 activations (CUDA)
+//! the normalised row `û` is rounded to bf16 before the projection (HF keeps it f32), a
+//! relative error of about 2⁻⁹ in each mix, well inside the bf16 tolerance; the alternative, an
+//! f32 copy of the `[N, n·D]` streams, would need a cast op the backends do not have.
 
 use crate::weights::WeightLoader;
 use anyhow::{ensure, Result};
 use dayone_backend::{Backend, HostTensor, TensorInfo};
 
 /// One hyper-connection (`hc_attn_*` or `hc_ffn_*`) of a layer.
-pub struct HyperConnection {
+pub struct HyperConnection<B: Backend> {
     /// Streams `n`.
     pub n: usize,
     /// Residual width `D`.
     pub hidden: usize,
-    /// `fn` `[(2+n)·n, n·D]` f32.
-    pub fn_w: Vec<f32>,
+    /// `fn` `[(2+n)·n, n·D]` on the device, in the weight dtype.
+    pub fn_w: B::Tensor,
+    /// Ones `[n·D]` in the weight dtype: the weight of the unweighted input RMSNorm.
+    pub ones: B::Tensor,
     /// `base` `[(2+n)·n]`.
     pub base: Vec<f32>,
     /// `scale` `[3]`.
@@ -53,10 +64,12 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-impl HyperConnection {
+impl<B: Backend> HyperConnection<B> {
     /// Loads `{prefix}_fn`, `{prefix}_base`, `{prefix}_scale` (e.g. `layers.3.hc_attn`), or
-    /// transformers' runtime names `{attn_hc,ffn_hc}.{fn,base,scale}`.
-    pub fn load<B: Backend>(
+    /// transformers' runtime names `{attn_hc,ffn_hc}.{fn,base,scale}`; `fn` goes to the device.
+    ///
+    /// Errors: a missing tensor or one of another shape (naming the checkpoint and tensor).
+    pub fn load(
         w: &WeightLoader<B>,
         prefix: &str,
         alt: &str,
@@ -64,16 +77,18 @@ impl HyperConnection {
         (norm_eps, hc_eps, iters): (f64, f64, usize),
     ) -> Result<Self> {
         let m = (2 + n) * n;
-        let get = |a: &str, b: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let name = w.first_of(&[format!("{prefix}_{a}"), format!("{alt}.{b}")])?;
-            Ok(w.host_f32(&name, shape)?.to_f32())
+        let name = |a: &str| w.first_of(&[format!("{prefix}_{a}"), format!("{alt}.{a}")]);
+        let get = |a: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            Ok(w.host_f32(&name(a)?, shape)?.to_f32())
         };
-        let scale = get("scale", "scale", &[3])?;
+        let scale = get("scale", &[3])?;
+        let ones = HostTensor::from_f32(vec![n * hidden], &vec![1.0; n * hidden])?;
         Ok(Self {
             n,
             hidden,
-            fn_w: get("fn", "fn", &[m, n * hidden])?,
-            base: get("base", "base", &[m])?,
+            fn_w: w.get(&name("fn")?, &[m, n * hidden])?,
+            ones: w.upload(ones)?,
+            base: get("base", &[m])?,
             scale: [scale[0], scale[1], scale[2]],
             norm_eps: norm_eps as f32,
             hc_eps: hc_eps as f32,
@@ -81,25 +96,26 @@ impl HyperConnection {
         })
     }
 
-    /// The mixing weights of the streams `x` `[N, n·D]` (f32).
-    pub fn weights(&self, x: &[f32]) -> HcWeights {
-        let (n, nd) = (self.n, self.n * self.hidden);
-        let tokens = x.len() / nd;
+    /// The raw mixes `m = fn · û` of the streams `h` `[N, n·D]`: `û` = `h` over its row RMS
+    /// (`rms_norm` with the ones weight) and the projection (`linear_f32`) on the device; only
+    /// the `[N, (2+n)·n]` f32 result is read back.
+    pub fn mixes(&self, b: &B, h: &B::Tensor) -> Result<Vec<f32>> {
+        let u = b.rms_norm(h, &self.ones, self.norm_eps)?;
+        Ok(b.download(&b.linear_f32(&u, &self.fn_w)?)?.to_f32())
+    }
+
+    /// The mixing weights from the raw mixes `mix` `[N, (2+n)·n]` (f32, as [`Self::mixes`]
+    /// returns them): sigmoid gates, softmax and Sinkhorn on the host, `n(2+n)` numbers a token.
+    pub fn weights(&self, mixes: &[f32]) -> HcWeights {
+        let n = self.n;
         let m = (2 + n) * n;
+        let tokens = mixes.len() / m;
         let mut pre = vec![0f32; tokens * n];
         let mut post = vec![0f32; tokens * n];
         let mut comb = vec![0f32; tokens * n * n];
         let eps = self.hc_eps;
         for t in 0..tokens {
-            let u = &x[t * nd..(t + 1) * nd];
-            let ms: f32 = u.iter().map(|v| v * v).sum::<f32>() / nd as f32;
-            let r = 1.0 / (ms + self.norm_eps).sqrt();
-            let mix: Vec<f32> = (0..m)
-                .map(|o| {
-                    let row = &self.fn_w[o * nd..(o + 1) * nd];
-                    row.iter().zip(u).map(|(a, b)| a * (b * r)).sum::<f32>()
-                })
-                .collect();
+            let mix = &mixes[t * m..(t + 1) * m];
             for i in 0..n {
                 pre[t * n + i] = sigmoid(mix[i] * self.scale[0] + self.base[i]) + eps;
                 post[t * n + i] = 2.0 * sigmoid(mix[n + i] * self.scale[1] + self.base[n + i]);
@@ -146,15 +162,19 @@ impl HyperConnection {
     }
 
     /// Runs `sublayer` (norm included) on the collapsed streams and returns the new streams:
-    /// `h` `[N, n·D]` → `[N, n·D]`, in `h`'s dtype.
-    pub fn forward<B: Backend>(
+    /// `h` `[N, n·D]` → `[N, n·D]`, in `h`'s dtype. With `X` = `h` seen as `[N, n, D]`:
+    /// `x_in = Σ_i pre_i X_i`, `y = sublayer(x_in)`, `X'_j = Σ_i C[i, j] X_i + post_j y`, each sum
+    /// one [`Backend::stream_mix`] (f32 accumulation), the two terms added in `h`'s dtype (HF adds
+    /// them in the model dtype too).
+    ///
+    /// Errors: `h` not `[N, n·D]`, `sublayer` not returning `[N, D]`, or an op's error.
+    pub fn forward(
         &self,
         b: &B,
         h: &B::Tensor,
         sublayer: impl FnOnce(&B::Tensor) -> Result<B::Tensor>,
     ) -> Result<B::Tensor> {
         let (n, d) = (self.n, self.hidden);
-        let dtype = h.dtype();
         let shape = h.shape().to_vec();
         ensure!(
             shape.len() == 2 && shape[1] == n * d,
@@ -162,77 +182,59 @@ impl HyperConnection {
             n * d
         );
         let tokens = shape[0];
-        let x = b.download(h)?.to_f32();
-        let wts = self.weights(&x);
-        let mut x_in = vec![0f32; tokens * d];
-        for t in 0..tokens {
-            for i in 0..n {
-                let p = wts.pre[t * n + i];
-                let src = &x[(t * n + i) * d..(t * n + i + 1) * d];
-                for (o, v) in x_in[t * d..(t + 1) * d].iter_mut().zip(src) {
-                    *o += p * v;
-                }
-            }
-        }
-        let x_in = b.upload(&HostTensor::from_f32_as(vec![tokens, d], &x_in, dtype)?)?;
-        let y = b.download(&sublayer(&x_in)?)?.to_f32();
-        let mut out = vec![0f32; tokens * n * d];
-        for t in 0..tokens {
-            let yt = &y[t * d..(t + 1) * d];
-            for j in 0..n {
-                let o = &mut out[(t * n + j) * d..(t * n + j + 1) * d];
-                let post = wts.post[t * n + j];
-                for (a, v) in o.iter_mut().zip(yt) {
-                    *a = post * v;
-                }
-                for i in 0..n {
-                    let c = wts.comb[(t * n + i) * n + j];
-                    let src = &x[(t * n + i) * d..(t * n + i + 1) * d];
-                    for (a, v) in o.iter_mut().zip(src) {
-                        *a += c * v;
-                    }
-                }
-            }
-        }
-        b.upload(&HostTensor::from_f32_as(shape, &out, dtype)?)
+        let wts = self.weights(&self.mixes(b, h)?);
+        let weights = |shape: Vec<usize>, v: &[f32]| b.upload(&HostTensor::from_f32(shape, v)?);
+        let x = b.reshape(h, &[tokens, n, d])?;
+        let pre = weights(vec![tokens, n, 1], &wts.pre)?;
+        let x_in = b.reshape(&b.stream_mix(&x, &pre)?, &[tokens, d])?;
+        let y = sublayer(&x_in)?;
+        ensure!(
+            y.shape() == [tokens, d],
+            "hyper-connections: the sublayer must return [{tokens}, {d}], got {:?}",
+            y.shape()
+        );
+        let y = b.reshape(&y, &[tokens, 1, d])?;
+        let comb = weights(vec![tokens, n, n], &wts.comb)?;
+        let post = weights(vec![tokens, 1, n], &wts.post)?;
+        let out = b.add(&b.stream_mix(&x, &comb)?, &b.stream_mix(&y, &post)?)?;
+        b.reshape(&out, &shape)
     }
 }
 
-/// `n` copies of each row: `x` `[N, D]` → `[N, n·D]`.
+/// `n` copies of each row: `x` `[N, D]` → `[N, n·D]` (a [`Backend::stream_mix`] with weight 1).
+///
+/// Errors: `x` not rank 2, or an op's error.
 pub fn expand_streams<B: Backend>(b: &B, x: &B::Tensor, n: usize) -> Result<B::Tensor> {
+    ensure!(
+        x.shape().len() == 2,
+        "expand_streams: x must be [N, D], got {:?}",
+        x.shape()
+    );
     let (tokens, d) = (x.shape()[0], x.shape()[1]);
-    let v = b.download(x)?.to_f32();
-    let mut out = Vec::with_capacity(tokens * n * d);
-    for t in 0..tokens {
-        for _ in 0..n {
-            out.extend_from_slice(&v[t * d..(t + 1) * d]);
-        }
-    }
-    b.upload(&HostTensor::from_f32_as(
-        vec![tokens, n * d],
-        &out,
-        x.dtype(),
-    )?)
+    let ones = b.upload(&HostTensor::from_f32(
+        vec![tokens, 1, n],
+        &vec![1.0; tokens * n],
+    )?)?;
+    let out = b.stream_mix(&b.reshape(x, &[tokens, 1, d])?, &ones)?;
+    b.reshape(&out, &[tokens, n * d])
 }
 
-/// The unweighted mean of the streams: `h` `[N, n·D]` → `[N, D]`.
+/// The unweighted mean of the streams: `h` `[N, n·D]` → `[N, D]` (a [`Backend::stream_mix`]
+/// with weights `1/n`).
+///
+/// Errors: `h` not `[N, n·D]`, or an op's error.
 pub fn mean_streams<B: Backend>(b: &B, h: &B::Tensor, n: usize) -> Result<B::Tensor> {
+    ensure!(
+        h.shape().len() == 2 && n > 0 && h.shape()[1] % n == 0,
+        "mean_streams: streams must be [N, {n}·D], got {:?}",
+        h.shape()
+    );
     let (tokens, nd) = (h.shape()[0], h.shape()[1]);
     let d = nd / n;
-    let v = b.download(h)?.to_f32();
-    let mut out = vec![0f32; tokens * d];
-    for t in 0..tokens {
-        for i in 0..n {
-            for (o, x) in out[t * d..(t + 1) * d]
-                .iter_mut()
-                .zip(&v[(t * n + i) * d..(t * n + i + 1) * d])
-            {
-                *o += x;
-            }
-        }
-        for o in &mut out[t * d..(t + 1) * d] {
-            *o /= n as f32;
-        }
-    }
-    b.upload(&HostTensor::from_f32_as(vec![tokens, d], &out, h.dtype())?)
+    let w = b.upload(&HostTensor::from_f32(
+        vec![tokens, n, 1],
+        &vec![1.0 / n as f32; tokens * n],
+    )?)?;
+    let out = b.stream_mix(&b.reshape(h, &[tokens, n, d])?, &w)?;
+    b.reshape(&out, &[tokens, d])
 }

@@ -1,4 +1,5 @@
-//! Element-wise, normalisation, rotary and selection ops: `rms_norm`, `rope`, `silu_mul`, `add`, `argmax`.
+//! Element-wise, normalisation, rotary and selection ops: `rms_norm`, `rope`, `silu_mul`, `add`,
+//! `stream_mix`, `argmax`.
 
 use crate::pipelines::Spec;
 use crate::{f32_param, pipelines, WTensor, WgslBackend};
@@ -162,6 +163,48 @@ impl WgslBackend {
 
     pub(crate) fn add_impl(&self, a: &WTensor, b: &WTensor) -> Result<WTensor> {
         self.elementwise("add", &pipelines::ADD, a, b)
+    }
+
+    /// `out[t, m, :] = Σ_s w[t, s, m] · x[t, s, :]`: `x` `[N, S, D]`, `w` `[N, S, M]` f32 →
+    /// `[N, M, D]` f32 (one invocation per output element).
+    pub(crate) fn stream_mix_impl(&self, x: &WTensor, w: &WTensor) -> Result<WTensor> {
+        const OP: &str = "stream_mix";
+        ensure!(
+            x.shape.len() == 3,
+            "{OP}: x must have shape [N, S, D], got {:?}",
+            x.shape
+        );
+        let (n, s, d) = (x.shape[0], x.shape[1], x.shape[2]);
+        ensure!(
+            w.shape.len() == 3 && w.shape[0] == n && w.shape[1] == s,
+            "{OP}: w must have shape [{n}, {s}, M] to match x {:?}, got {:?}",
+            x.shape,
+            w.shape
+        );
+        Self::float_in(OP, "w", w)?;
+        let m = w.shape[2];
+        let x = &self.f32_of(OP, "x", x)?;
+        let out = self.alloc(&[n, m, d], DType::F32)?;
+        let total = n * m * d;
+        if total == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            total <= u32::MAX as usize,
+            "{OP}: output [{n}, {m}, {d}] exceeds 2^32 elements"
+        );
+        let g = Self::grid(OP, (total as u64).div_ceil(256))?;
+        self.dispatch(
+            &pipelines::STREAM_MIX_K,
+            &[total as u32, s as u32, d as u32, m as u32],
+            &[
+                x.single(OP, "x")?,
+                w.single(OP, "w")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok(out)
     }
 
     pub(crate) fn argmax_impl(&self, x: &WTensor) -> Result<WTensor> {
