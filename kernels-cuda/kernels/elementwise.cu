@@ -63,25 +63,24 @@ __device__ void bias_add_impl(T* __restrict__ y, const T* __restrict__ bias, u32
     }
 }
 
-// One thread per output element (t, m, d), so loads of x and stores of out are coalesced along
-// d; the S rows of x a token reads are shared by its M outputs through L1/L2.
+// One block per output row (t, m) (grid-stride over the N·M rows), its threads striding over d,
+// so loads of x and stores of out are coalesced and no division runs per element; the S rows of
+// x a token reads are shared by its M output rows through L1/L2.
 template <typename T>
 __device__ void stream_mix_impl(const T* __restrict__ x, const float* __restrict__ w,
                                 T* __restrict__ out, u32 n, u32 s, u32 d, u32 m) {
     grid_dep_wait();
-    const u64 total = (u64)n * m * d;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        const u64 dd = i % d;
-        const u64 tm = i / d;
-        const u64 mm = tm % m;
-        const u64 t = tm / m;
-        float acc = 0.f;
-        for (u32 j = 0; j < s; j++) {
-            const u64 row = t * s + j;
-            acc += w[row * m + mm] * to_f(x[row * d + dd]);
+    const u64 rows = (u64)n * m;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const u64 t = r / m, mm = r % m;
+        const float* wr = w + t * s * m + mm;  // w[t, j, mm] = wr[j * m]
+        const T* xr = x + t * s * d;           // x[t, j, :] = xr + j * d
+        T* o = out + r * d;
+        for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+            float acc = 0.f;
+            for (u32 j = 0; j < s; j++) acc += wr[(u64)j * m] * to_f(xr[(u64)j * d + i]);
+            o[i] = from_f<T>(acc);
         }
-        out[i] = from_f<T>(acc);
     }
 }
 

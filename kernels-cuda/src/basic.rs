@@ -53,7 +53,7 @@ impl CudaBackend {
     }
 
     /// `out[t, m, :] = Σ_s w[t, s, m] · x[t, s, :]` (`elementwise.cu`'s `stream_mix`, one
-    /// thread per output element): `x` `[N, S, D]` float, `w` `[N, S, M]` f32 → `[N, M, D]` in
+    /// block per output row): `x` `[N, S, D]` float, `w` `[N, S, M]` f32 → `[N, M, D]` in
     /// `x`'s dtype, f32 accumulation.
     pub(crate) fn stream_mix_impl(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "stream_mix";
@@ -78,11 +78,8 @@ impl CudaBackend {
             return Ok(out);
         }
         let f = self.func("elementwise", sfx, &format!("{OP}_{sfx}"))?;
-        let grid = (
-            launch::elementwise_grid(total, 1, 256, 16 * self.info.sms),
-            1,
-            1,
-        );
+        // One block per output row `(t, m)`, up to 65 535 blocks striding over the rows.
+        let grid = (launch::row_grid(n * m, 65535), 1, 1);
         self.launch(
             OP,
             &f,
