@@ -89,7 +89,7 @@ pub struct MoonVit<B: Backend> {
     pos_table: Vec<f32>,
     /// Resampled tables `[h·w, C]` by grid `(h, w)`: the bicubic resample costs tens of
     /// milliseconds at K2.5's width and images of one size recur.
-    pos_by_grid: Mutex<HashMap<(usize, usize), Arc<Vec<f32>>>>,
+    pos_by_grid: Mutex<PosByGrid>,
     blocks: Vec<VitBlock<B::Tensor>>,
     final_norm: Norm<B::Tensor>,
     pre_norm: Norm<B::Tensor>,
@@ -104,6 +104,9 @@ pub struct MoonVit<B: Backend> {
     /// `[attn_dim/2]` f32: row frequencies on odd pairs, 0 on even.
     inv_freq_row: B::Tensor,
 }
+
+/// Resampled position tables `[h·w, C]` by grid `(h, w)`.
+type PosByGrid = HashMap<(usize, usize), Arc<Vec<f32>>>;
 
 /// Grids whose resampled position tables are kept (beyond it the memo starts afresh).
 const POS_GRIDS_KEPT: usize = 64;
