@@ -101,6 +101,13 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         .with_context(|| format!("reading {}", cfg_path.display()))?;
     let json: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
+    let model_type = json["model_type"].as_str().unwrap_or("kimi_k25");
+    if !matches!(model_type, "kimi_k25" | "kimi_vl") {
+        bail!(
+            "{}: model_type '{model_type}': vision-bench times MoonViT encoders (kimi_k25, kimi_vl) only; time other vision models with `dayone bench --image`",
+            cfg_path.display()
+        );
+    }
     let cfg = MoonVitConfig::from_json(&json, &cfg_path.display().to_string())?;
     // The engine's processor settings: preprocessor_config.json when present, else the
     // defaults of the model's processor (Kimi-K2.5's, Kimi-VL's).
@@ -111,7 +118,6 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     } else {
         serde_json::Value::Null
     };
-    let model_type = json["model_type"].as_str().unwrap_or("kimi_k25");
     let processor = ImageProcessorConfig::for_model(
         model_type,
         &pre_json,

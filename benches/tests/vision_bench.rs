@@ -93,5 +93,8 @@ fn bad_flags_are_named() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("vision_config"), "{stderr}");
+    assert!(
+        stderr.contains("model_type 'llama'") && stderr.contains("MoonViT"),
+        "{stderr}"
+    );
 }

@@ -77,6 +77,10 @@ pub struct BenchArgs {
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    // A plot name the bench cannot write is refused before any run (not after minutes of them).
+    if let Some(p) = &a.plot {
+        crate::bench_plot::check_plot_path(p)?;
+    }
     if let Some(f) = &a.from_json {
         return replot(f, &a);
     }
@@ -555,7 +559,12 @@ impl Run<'_> {
         // fraction is capped at 100 % and flagged, never printed above it.
         let raw_fraction = achieved / roofline;
         let ceiling_unreliable = raw_fraction > 1.0;
-        let fraction = raw_fraction.min(1.0);
+        // No decode step (gen_len 1): no achieved rate, so no fraction (`min` would turn NaN into 1).
+        let fraction = if raw_fraction.is_finite() {
+            raw_fraction.min(1.0)
+        } else {
+            f64::NAN
+        };
         // Held by the backend after the run: its peak where the allocator keeps what it took.
         let memory = self.handle.stats()?.memory_reserved;
         let report = serde_json::json!({
@@ -660,6 +669,8 @@ impl Run<'_> {
             "roofline fraction",
             if ceiling_unreliable {
                 "100% (capped)".to_string()
+            } else if fraction.is_nan() {
+                "- (no decode step)".to_string()
             } else {
                 format!("{:.1}%", 100.0 * fraction)
             },

@@ -77,6 +77,33 @@ const PANELS: [Panel; 4] = [
 /// Draws the four curves, each against the prompt length on a log axis, into `path` (`.svg`
 /// or `.png`). Errors: another extension, no font for a PNG (naming what was tried), fewer
 /// than one run.
+/// Checks a `--plot` file name before anything runs: a `.svg` or `.png` name in an existing
+/// directory. Errors: another extension, a missing directory (naming the path).
+pub fn check_plot_path(path: &Path) -> Result<()> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if ext != "svg" && ext != "png" {
+        bail!(
+            "--plot {}: expected a .svg or .png file name, got `.{ext}`",
+            path.display()
+        );
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(d) = dir {
+        if !d.is_dir() {
+            bail!(
+                "--plot {}: the directory {} does not exist",
+                path.display(),
+                d.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn write_plot(path: &Path, reports: &[Value], title: &str) -> Result<()> {
     if reports.is_empty() {
         bail!("--plot: no runs to plot");

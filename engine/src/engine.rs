@@ -300,11 +300,19 @@ impl<B: Backend> Engine<B> {
             },
         )?;
         let secs = t_load.elapsed().as_secs_f64();
-        tracing::info!(
+        // Worth a line only when the load is long enough to wonder about (like the kernel compile).
+        let log = |m: String| {
+            if secs >= 10.0 {
+                tracing::info!("{m}");
+            } else {
+                tracing::debug!("{m}");
+            }
+        };
+        log(format!(
             "weights loaded: {:.2} GB in {secs:.1} s ({:.2} GB/s)",
             weight_bytes as f64 / 1e9,
             weight_bytes as f64 / 1e9 / secs.max(1e-9)
-        );
+        ));
         let media = media::Media::load(&backend, &config, ckpt, cfg.dtype)?;
         let act = backend.activation_dtype(cfg.dtype);
         // Every kernel the steps may launch, now: a compile at first use would stall a step.

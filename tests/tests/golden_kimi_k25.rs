@@ -281,6 +281,25 @@ fn check_bad_requests<B: Backend>(b: B) -> Result<()> {
         .unwrap_err()
         .to_string();
     ensure!(err.contains("0 image placeholder"), "{err}");
+    // An image whose tokens overflow the 512-token window is refused from its grid, before the
+    // encoder runs (a 1400 × 1400 image is 50 × 50 merged tokens here).
+    let big = RgbImage {
+        width: 1400,
+        height: 1400,
+        data: vec![128; 1400 * 1400 * 3],
+    };
+    let err = e
+        .add_request_with_images(vec![1, PAD, 5], greedy(2), ExtraKeys::default(), &[big])
+        .unwrap_err()
+        .to_string();
+    ensure!(
+        err.contains("image tokens") && err.contains("context window is 512"),
+        "{err}"
+    );
+    ensure!(
+        e.encoder_cache_stats().misses == 0,
+        "the encoder ran for a refused request"
+    );
     let ok = run(&mut e, vec![1, PAD, 5], &[img], 2)?;
     ensure!(ok.0.len() == 2);
     Ok(())

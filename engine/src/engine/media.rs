@@ -189,6 +189,17 @@ impl<B: Backend> Engine<B> {
             images.len()
         );
         let pre: Vec<PreprocessedImage> = images.iter().map(|im| v.tower.preprocess(im)).collect();
+        // The expanded length is known from the grids: refuse an over-long prompt before
+        // minutes of encoder work, not after.
+        let area = v.tower.merge_area();
+        let image_tokens: Vec<usize> = pre.iter().map(|p| p.num_patches() / area).collect();
+        let total = prompt.len() - images.len() + image_tokens.iter().sum::<usize>();
+        let ctx = self.max_context;
+        ensure!(
+            total < ctx,
+            "the prompt has {total} tokens with its image(s) ({image_tokens:?} image tokens, {} text) but the context window is {ctx}: use smaller images or a shorter prompt",
+            prompt.len() - images.len()
+        );
         let hashes: Vec<[u8; 32]> = pre.iter().map(image_hash).collect();
         let mut rows: Vec<Option<Arc<HostTensor>>> =
             hashes.iter().map(|h| v.cache.get(h)).collect();
