@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::decode::RgbImage;
 use super::pillow_resize::resize_bicubic;
-use super::preprocess::PreprocessedImage;
+use super::preprocess::{push_patch, PreprocessedImage};
 
 /// OpenAI CLIP mean (transformers `OPENAI_CLIP_MEAN`), as the Python floats numpy rounds to f32.
 pub const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
@@ -222,16 +222,8 @@ pub fn preprocess_glm5(img: &RgbImage, cfg: &Glm5ImageProcessorConfig) -> Prepro
         for bx in 0..gw / m {
             for dy in 0..m {
                 for dx in 0..m {
-                    let (gy, gx) = (by * m + dy, bx * m + dx);
-                    for (c, lut) in lut.iter().enumerate() {
-                        for py in 0..p {
-                            let row = (gy * p + py) * pw;
-                            for px in 0..p {
-                                let u = canvas[(row + gx * p + px) * 3 + c];
-                                pixels.push(lut[u as usize]);
-                            }
-                        }
-                    }
+                    let cell = (by * m + dy, bx * m + dx);
+                    push_patch(&mut pixels, &canvas, pw, p, cell, &lut);
                 }
             }
         }

@@ -298,15 +298,7 @@ pub fn preprocess(img: &RgbImage, cfg: &ImageProcessorConfig) -> PreprocessedIma
     let mut pixels = Vec::with_capacity(gh * gw * 3 * p * p);
     for gy in 0..gh {
         for gx in 0..gw {
-            for (c, lut) in lut.iter().enumerate() {
-                for py in 0..p {
-                    let row = (gy * p + py) * pw;
-                    for px in 0..p {
-                        let u = canvas[(row + gx * p + px) * 3 + c];
-                        pixels.push(lut[u as usize]);
-                    }
-                }
-            }
+            push_patch(&mut pixels, &canvas, pw, p, (gy, gx), &lut);
         }
     }
     PreprocessedImage {
@@ -321,6 +313,27 @@ pub fn preprocess(img: &RgbImage, cfg: &ImageProcessorConfig) -> PreprocessedIma
 /// rescale is fused into the statistics (`mean·255`, `std·255`, f32), then `(u − mean′) / std′`
 /// (`_fuse_mean_std_and_rescale_factor` + `tvF.normalize`). Equals `(u/255 − mean)/std` up to
 /// f32 rounding; this order makes it bit-equal to the reference.
+/// Appends grid cell `(gy, gx)` of an RGB `canvas` (`pw` pixels wide, `[.., pw, 3]` u8) as one
+/// patch row in (c, py, px) order — the patch-embedding conv's weight order — each byte mapped
+/// through its channel's normalisation table `lut[c][u]`.
+pub(crate) fn push_patch(
+    pixels: &mut Vec<f32>,
+    canvas: &[u8],
+    pw: usize,
+    p: usize,
+    (gy, gx): (usize, usize),
+    lut: &[[f32; 256]; 3],
+) {
+    for (c, lut) in lut.iter().enumerate() {
+        for py in 0..p {
+            let row = (gy * p + py) * pw;
+            for px in 0..p {
+                pixels.push(lut[canvas[(row + gx * p + px) * 3 + c] as usize]);
+            }
+        }
+    }
+}
+
 fn normalize(u: u8, mean: f32, std: f32) -> f32 {
     (u as f32 - mean * 255.0) / (std * 255.0)
 }
