@@ -23,10 +23,8 @@ use crate::config::Glm5NextVisionConfig;
 use crate::layers::RmsNorm;
 use crate::vision::PreprocessedImage;
 use crate::weights::WeightLoader;
-use anyhow::{bail, ensure, Result};
-use dayone_backend::{
-    varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle, VarlenMeta, VarlenResult,
-};
+use anyhow::{bail, Result};
+use dayone_backend::{varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle, VarlenResult};
 
 /// Where transformers saves the tower (`Glm5NextModel.visual`).
 const PREFIX: &str = "model.visual";
@@ -224,26 +222,13 @@ impl<B: Backend> Glm5Vit<B> {
         let cfg = &self.cfg;
         let (c, p, m) = (cfg.hidden_size, cfg.patch_size, cfg.spatial_merge_size);
         let (heads, hd) = (cfg.num_heads, cfg.head_dim());
-        ensure!(!images.is_empty(), "vision encoder: no images");
-        let n: usize = images.iter().map(|im| im.num_patches()).sum();
-        let mut pixels = Vec::with_capacity(n * 3 * p * p);
-        let (mut rows, mut cols, mut within) = (Vec::new(), Vec::new(), Vec::new());
-        let mut starts = vec![0u32];
-        for (i, im) in images.iter().enumerate() {
-            let (h, w) = (im.grid_h, im.grid_w);
-            ensure!(
-                im.pixels.len() == h * w * 3 * p * p,
-                "vision encoder: image {i} has {} pixel values, expected {h}·{w}·3·{p}² for its grid",
-                im.pixels.len()
-            );
-            ensure!(
-                h > 0 && w > 0 && h % m == 0 && w % m == 0,
-                "vision encoder: image {i} grid {h}×{w} is not a positive multiple of the {m}×{m} merge"
-            );
-            pixels.extend_from_slice(&im.pixels);
+        let batch = super::PatchBatch::new(images, p, (m, m))?;
+        let n = batch.n;
+        let (mut rows, mut cols) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for im in images {
             // Merge-block order (transformers `get_vision_position_ids`).
-            for by in 0..h / m {
-                for bx in 0..w / m {
+            for by in 0..im.grid_h / m {
+                for bx in 0..im.grid_w / m {
                     for dy in 0..m {
                         for dx in 0..m {
                             rows.push((by * m + dy) as u32);
@@ -252,30 +237,17 @@ impl<B: Backend> Glm5Vit<B> {
                     }
                 }
             }
-            within.extend(0..(h * w) as u32);
-            starts.push(starts[i] + (h * w) as u32);
         }
         let up_u32 = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
         let x = b.upload(&HostTensor::from_f32_as(
             vec![n, 3 * p * p],
-            &pixels,
+            &batch.pixels,
             self.dtype,
         )?)?;
         let mut x = b.linear(&x, &self.patch.w, self.patch.b.as_ref())?;
         trace("patch_embed", &x)?;
         let (rows, cols) = (up_u32(&rows)?, up_u32(&cols)?);
-        let meta = upload_varlen(
-            b,
-            VarlenMeta {
-                query_start: starts.clone(),
-                key_start: starts,
-                key_pos0: vec![0; images.len()],
-                positions: within,
-                causal: false,
-            },
-            n,
-            n,
-        )?;
+        let meta = upload_varlen(b, batch.meta, n, n)?;
         let scale = 1.0 / (hd as f32).sqrt();
         let limit = cfg.swiglu_limit as f32;
         let lin = |x: &B::Tensor, a: &Affine<B::Tensor>| b.linear(x, &a.w, a.b.as_ref());

@@ -6,7 +6,9 @@
 pub mod glm5_merger;
 pub mod glm5_vit;
 pub mod moonvit;
+mod patch_batch;
 pub mod pos_emb;
 
 pub use glm5_vit::Glm5Vit;
 pub use moonvit::MoonVit;
+pub(crate) use patch_batch::PatchBatch;

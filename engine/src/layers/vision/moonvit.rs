@@ -24,7 +24,7 @@ use crate::vision::PreprocessedImage;
 use crate::weights::WeightLoader;
 use anyhow::{bail, ensure, Result};
 use dayone_backend::VarlenResult;
-use dayone_backend::{varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle, VarlenMeta};
+use dayone_backend::{varlen::upload_varlen, Backend, DType, HostTensor, RopeStyle};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -383,32 +383,19 @@ impl<B: Backend> MoonVit<B> {
         let (c, p) = (cfg.hidden_size, cfg.patch_size);
         let (heads, hd) = (cfg.num_heads, cfg.head_dim());
         let (mh, mw) = cfg.merge_kernel;
-        ensure!(!images.is_empty(), "vision encoder: no images");
-        let n: usize = images.iter().map(|im| im.num_patches()).sum();
-        let mut pixels = Vec::with_capacity(n * 3 * p * p);
+        let batch = super::PatchBatch::new(images, p, (mh, mw))?;
+        let n = batch.n;
         let mut pos = Vec::with_capacity(n * c);
-        let (mut rows, mut cols, mut within) = (Vec::new(), Vec::new(), Vec::new());
-        let mut starts = vec![0u32];
+        let (mut rows, mut cols) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut merge_ids = Vec::with_capacity(n);
         let mut offset = 0usize;
-        for (i, im) in images.iter().enumerate() {
+        for im in images {
             let (h, w) = (im.grid_h, im.grid_w);
-            ensure!(
-                im.pixels.len() == h * w * 3 * p * p,
-                "vision encoder: image {i} has {} pixel values, expected {h}·{w}·3·{p}² for its grid",
-                im.pixels.len()
-            );
-            ensure!(
-                h % mh == 0 && w % mw == 0,
-                "vision encoder: image {i} grid {h}×{w} is not a multiple of the {mh}×{mw} merge"
-            );
-            pixels.extend_from_slice(&im.pixels);
             pos.extend_from_slice(&self.resampled_pos(h, w));
             for r in 0..h {
                 for col in 0..w {
                     rows.push(r as u32);
                     cols.push(col as u32);
-                    within.push((r * w + col) as u32);
                 }
             }
             for r in 0..h / mh {
@@ -421,11 +408,14 @@ impl<B: Backend> MoonVit<B> {
                 }
             }
             offset += h * w;
-            starts.push(offset as u32);
         }
         let dt = self.dtype;
         let up_u32 = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
-        let x = b.upload(&HostTensor::from_f32_as(vec![n, 3 * p * p], &pixels, dt)?)?;
+        let x = b.upload(&HostTensor::from_f32_as(
+            vec![n, 3 * p * p],
+            &batch.pixels,
+            dt,
+        )?)?;
         let mut x = b.linear(&x, &self.patch.w, Some(&self.patch.b))?;
         trace("patch_embed_conv", &x)?;
         x = b.add(
@@ -434,18 +424,7 @@ impl<B: Backend> MoonVit<B> {
         )?;
         trace("patch_embed", &x)?;
         let (rows, cols) = (up_u32(&rows)?, up_u32(&cols)?);
-        let meta = upload_varlen(
-            b,
-            VarlenMeta {
-                query_start: starts.clone(),
-                key_start: starts,
-                key_pos0: vec![0; images.len()],
-                positions: within,
-                causal: false,
-            },
-            n,
-            n,
-        )?;
+        let meta = upload_varlen(b, batch.meta, n, n)?;
         // The true head dim's scale, whatever width the attention runs at.
         let scale = 1.0 / (hd as f32).sqrt();
         let ad = self.attn_dim;
