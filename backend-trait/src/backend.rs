@@ -201,7 +201,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Clamped SwiGLU (glm5_next's `swiglu_limit`, HF `Glm5NextTextMLP`):
     /// `silu(min(gate, limit)) ⊙ clamp(up, −limit, limit)`, `[M, F]` → `[M, F]` in `gate`'s
-    /// dtype, f32 arithmetic. Default: composed on the host (download, compute, upload).
+    /// dtype, f32 arithmetic. Default: the reference on the host (download, compute, upload).
     fn silu_mul_limit(
         &self,
         gate: &Self::Tensor,
@@ -209,22 +209,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         limit: f32,
     ) -> Result<Self::Tensor> {
         let (g, u) = (self.download(gate)?, self.download(up)?);
-        anyhow::ensure!(
-            g.shape == u.shape,
-            "silu_mul_limit: inputs must have equal shapes, got {:?} and {:?}",
-            g.shape,
-            u.shape
-        );
-        let y: Vec<f32> = g
-            .to_f32()
-            .iter()
-            .zip(u.to_f32())
-            .map(|(&g, u)| {
-                let (g, u) = (g.min(limit), u.clamp(-limit, limit));
-                g / (1.0 + (-g).exp()) * u
-            })
-            .collect();
-        self.upload(&HostTensor::from_f32_as(g.shape.clone(), &y, g.dtype)?)
+        self.upload(&crate::reference::silu_mul_limit(&g, &u, limit)?)
     }
 
     /// Element-wise sum of two tensors of equal shape (residual add).

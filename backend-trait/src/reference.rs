@@ -200,6 +200,29 @@ pub fn silu_mul(gate: &HostTensor, up: &HostTensor) -> Result<HostTensor> {
     HostTensor::from_f32_as(gate.shape.clone(), &y, dt)
 }
 
+/// Clamped SwiGLU `silu(min(g, l)) ⊙ clamp(u, −l, l)` (glm5_next's `swiglu_limit`, HF
+/// `Glm5NextTextMLP`), in f64, result in `gate`'s dtype. Errors: unequal shapes.
+pub fn silu_mul_limit(gate: &HostTensor, up: &HostTensor, limit: f32) -> Result<HostTensor> {
+    let dt = float_dtype("silu_mul_limit", "gate", gate)?;
+    ensure!(
+        gate.shape == up.shape,
+        "silu_mul_limit: inputs must have equal shapes, got {:?} and {:?}",
+        gate.shape,
+        up.shape
+    );
+    let l = limit as f64;
+    let y: Vec<f32> = gate
+        .to_f32()
+        .iter()
+        .zip(up.to_f32())
+        .map(|(&g, u)| {
+            let (g, u) = ((g as f64).min(l), (u as f64).clamp(-l, l));
+            (g / (1.0 + (-g).exp()) * u) as f32
+        })
+        .collect();
+    HostTensor::from_f32_as(gate.shape.clone(), &y, dt)
+}
+
 /// Element-wise sum `a + b` of two tensors of equal shape, in `a`'s dtype.
 pub fn add(a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
     let dt = float_dtype("add", "a", a)?;
