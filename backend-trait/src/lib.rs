@@ -28,6 +28,7 @@ pub mod conformance_quant;
 pub mod conformance_varlen;
 pub mod conformance_vision;
 pub mod cpu;
+pub mod host_copy;
 pub mod host_rows;
 pub mod quant;
 pub mod reference;

@@ -13,12 +13,6 @@ use std::sync::Arc;
 /// Bytes per pinned buffer (two are allocated on the first large upload).
 const PIECE_BYTES: usize = 64 << 20;
 
-/// Host threads copying one piece into pinned memory (page faults of a freshly mapped source
-/// dominate a single-threaded copy).
-fn copy_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-}
-
 /// The two pinned buffers and the events of the copies that last read them.
 pub(crate) struct BulkUpload {
     bufs: Vec<(*mut u8, Option<CudaEvent>)>,
@@ -65,7 +59,7 @@ impl BulkUpload {
             // SAFETY: the buffer holds PIECE_BYTES ≥ piece.len() bytes and no queued copy reads
             // it (its event has completed).
             let pinned = unsafe { std::slice::from_raw_parts_mut(self.bufs[i].0, piece.len()) };
-            parallel_copy(pinned, piece);
+            dayone_backend::host_copy::parallel_copy(pinned, piece);
             let at = dst + (k * PIECE_BYTES) as u64;
             // SAFETY: `at .. at + piece.len()` lies inside the destination (the caller's
             // allocation of `bytes.len()` bytes); the buffer stays untouched until the event.
@@ -80,21 +74,6 @@ impl BulkUpload {
         }
         Ok(())
     }
-}
-
-/// `dst.copy_from_slice(src)`, split over [`copy_threads`] threads for large pieces.
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    let threads = copy_threads();
-    if threads == 1 || src.len() < (4 << 20) {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let per = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
 }
 
 impl Drop for BulkUpload {

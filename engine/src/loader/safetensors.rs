@@ -69,24 +69,6 @@ fn is_plain_relative(file: &str) -> bool {
 }
 
 /// Maps a file read-only. Errors name the file.
-/// `bytes.to_vec()`, split over up to 8 threads for tensors of 4 MiB and more: reading a mapped
-/// file faults its pages in one at a time, and a 100 GB checkpoint read on one thread takes
-/// minutes.
-fn copy_out(bytes: &[u8]) -> Vec<u8> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if threads == 1 || bytes.len() < (4 << 20) {
-        return bytes.to_vec();
-    }
-    let mut out = vec![0u8; bytes.len()];
-    let per = bytes.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in out.chunks_mut(per).zip(bytes.chunks(per)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
-    out
-}
-
 pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     // SAFETY: the map is read-only; checkpoints are not expected to change while loaded.
@@ -371,8 +353,12 @@ impl TensorSource for SafetensorsSource {
             ),
         };
         let bytes = &self.files[e.file].map[e.start..e.end];
-        HostTensor::new(e.shape.clone(), dtype, copy_out(bytes))
-            .with_context(|| format!("{}: tensor {name}", path.display()))
+        HostTensor::new(
+            e.shape.clone(),
+            dtype,
+            dayone_backend::host_copy::parallel_to_vec(bytes),
+        )
+        .with_context(|| format!("{}: tensor {name}", path.display()))
     }
 
     fn load_split(&self, name: &str, split: &Split) -> Result<HostTensor> {
