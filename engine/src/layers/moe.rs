@@ -112,22 +112,13 @@ impl<B: Backend> Moe<B> {
         let (gate_up, down) = if w.has(&fused) {
             let full = s.expert_dim;
             let gu = w.host_split(&fused, &[e_all, 2 * full, d], mine)?;
-            // `apply` of a whole split copies; a rank holding every column keeps the buffer.
-            let gu = if width.is_whole() {
-                gu
-            } else {
-                Split { dim: 1, ..width }.grouped(2).apply(&gu)?
-            };
+            let gu = Split { dim: 1, ..width }.grouped(2).apply_owned(gu)?;
             let dn = w.host_split(
                 &format!("{prefix}.experts.down_proj"),
                 &[e_all, d, full],
                 mine,
             )?;
-            let dn = if width.is_whole() {
-                dn
-            } else {
-                Split { dim: 2, ..width }.apply(&dn)?
-            };
+            let dn = Split { dim: 2, ..width }.apply_owned(dn)?;
             (w.upload(gu)?, w.upload(dn)?)
         } else if let Some(q) = Self::quant_experts(w, prefix, s, names, limit)? {
             quant = Some(Box::new(q));

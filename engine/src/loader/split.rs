@@ -94,6 +94,15 @@ impl Split {
         Ok(out)
     }
 
+    /// [`Split::apply`] taking the tensor: a whole split hands it back without a copy (an
+    /// expert stack is gigabytes).
+    pub fn apply_owned(&self, t: HostTensor) -> Result<HostTensor> {
+        if self.is_whole() {
+            return Ok(t);
+        }
+        self.apply(&t)
+    }
+
     /// The slice of a host tensor.
     pub fn apply(&self, t: &HostTensor) -> Result<HostTensor> {
         if self.is_whole() {
