@@ -176,6 +176,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.linear(x, w, None)
     }
 
+    /// The same values in f32: `x` any shape, any float dtype → the same shape in f32 (exact:
+    /// every bf16/f16 value is an f32). For the few places where upstream computes in f32 from
+    /// 16-bit activations (HF `Glm5NextTextHyperConnection` norms and projects the streams
+    /// `.float()`). The default reads `x` back and uploads it again; an f32 `x` is returned as is.
+    ///
+    /// Errors: `x` not a float tensor.
+    fn to_f32(&self, x: &Self::Tensor) -> Result<Self::Tensor> {
+        match x.dtype() {
+            DType::F32 => Ok(x.clone()),
+            DType::BF16 | DType::F16 => {
+                let h = self.download(x)?;
+                self.upload(&HostTensor::from_f32(h.shape.clone(), &h.to_f32())?)
+            }
+            d => anyhow::bail!("to_f32: x must be a float tensor, got {d}"),
+        }
+    }
+
     /// RMSNorm over the last dimension: `y = w ⊙ x / sqrt(mean(x²) + eps)`, computed in f32.
     /// `x` `[R, D]`, `w` `[D]` → `[R, D]`. Per-head norms pass `x` as `[N·H, hd]`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;

@@ -143,6 +143,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_silu_mul_limit(b, dt)?;
         check_add(b, dt)?;
         check_stream_mix(b, dt)?;
+        check_to_f32(b, dt)?;
         check_write_kv(b, dt)?;
         check_paged_attention(b, dt)?;
         check_argmax(b, dt)?;
@@ -425,6 +426,27 @@ pub fn check_add<B: Backend>(b: &B, dt: DType) -> Result<()> {
             &want,
             tolerance(dt),
         )?;
+    }
+    Ok(())
+}
+
+/// `to_f32`: every value of a `dt` tensor arrives in f32 unchanged (the widening is exact), in
+/// the same shape, including a size that is not a multiple of the vector width.
+pub fn check_to_f32<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(17);
+    for shape in [vec![3, 1001], vec![1, 7], vec![2, 4, 64]] {
+        let x = rand_tensor(&mut rng, &shape, dt, 5.0)?;
+        let got = b.download(&b.to_f32(&b.upload(&x)?)?)?;
+        ensure!(
+            got.dtype == DType::F32 && got.shape == shape,
+            "to_f32: {dt} {shape:?} gave {} {:?}",
+            got.dtype,
+            got.shape
+        );
+        ensure!(
+            got.to_f32() == x.to_f32(),
+            "to_f32: {dt} {shape:?}: values changed in the widening"
+        );
     }
     Ok(())
 }

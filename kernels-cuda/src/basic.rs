@@ -145,6 +145,35 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// [`Backend::to_f32`]: one elementwise cast (`moe_cast_f32_*`); an f32 `x` is returned as is.
+    pub(crate) fn to_f32_impl(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "to_f32";
+        if x.dtype == DType::F32 {
+            return Ok(x.clone());
+        }
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        self.bind()?;
+        let out = self.alloc(x.shape.clone(), DType::F32)?;
+        let cnt: usize = x.shape.iter().product();
+        if cnt == 0 {
+            return Ok(out);
+        }
+        let f = self.func("moe", sfx, &format!("moe_cast_f32_{sfx}"))?;
+        self.launch(
+            OP,
+            &f,
+            (
+                launch::elementwise_grid(cnt, 4, 256, 16 * self.info.sms),
+                1,
+                1,
+            ),
+            (256, 1, 1),
+            0,
+            kparams![x.device_ptr(), out.device_ptr(), cnt as u64],
+        )?;
+        Ok(out)
+    }
+
     pub(crate) fn rms_norm_impl(
         &self,
         x: &CudaTensor,

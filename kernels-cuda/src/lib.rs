@@ -684,6 +684,10 @@ impl Backend for CudaBackend {
         self.linear_impl(x, w, bias, true)
     }
 
+    fn to_f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.to_f32_impl(x)
+    }
+
     fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor> {
         self.rms_norm_impl(x, w, eps)
     }

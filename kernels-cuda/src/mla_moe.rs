@@ -481,26 +481,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok((ids, weights));
         }
-        let xf = if x.dtype == DType::F32 {
-            x.clone()
-        } else {
-            let xf = self.alloc(vec![n, d], DType::F32)?;
-            let f = self.func("moe", sfx, &format!("moe_cast_f32_{sfx}"))?;
-            let cnt = n * d;
-            self.launch(
-                OP,
-                &f,
-                (
-                    launch::elementwise_grid(cnt, 4, 256, 16 * self.info.sms),
-                    1,
-                    1,
-                ),
-                (256, 1, 1),
-                0,
-                kparams![x.device_ptr(), xf.device_ptr(), cnt as u64],
-            )?;
-            xf
-        };
+        let xf = self.to_f32_impl(x)?;
         let logits = self.linear_impl(&xf, gate_w, None, true)?;
         let f = self.func("moe", sfx, "moe_topk")?;
         self.launch(

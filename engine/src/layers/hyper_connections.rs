@@ -17,11 +17,11 @@
 //! the collapse, mixing and expansion are [`Backend::stream_mix`] on `[N, n, D]` views.
 //!
 //! Precision (HF computes steps 1–2 in f32: `flattened.float()`, `F.linear(·, fn.float())`):
-//! `fn` is held in the weight dtype, as HF holds the parameter, and the projection accumulates
-//! and returns f32. With f32 activations this is HF's computation; with bf16 activations (CUDA)
-//! the normalised row `û` is rounded to bf16 before the projection (HF keeps it f32), a
-//! relative error of about 2⁻⁹ in each mix, well inside the bf16 tolerance; the alternative, an
-//! f32 copy of the `[N, n·D]` streams, would need a cast op the backends do not have.
+//! `fn` is rounded to the weight dtype, as HF holds the parameter, and kept in f32 on the
+//! device; the streams are widened to f32 ([`Backend::to_f32`]) before the norm, so `û` and the
+//! projection are HF's f32 computation whatever the activation dtype. (Rounding `û` to bf16
+//! before the projection put CUDA's bf16 logits 1.8× further from f32 than HF's own bf16 run on
+//! the glm5_next_vision golden.)
 
 use crate::weights::WeightLoader;
 use anyhow::{ensure, Result};
@@ -33,9 +33,9 @@ pub struct HyperConnection<B: Backend> {
     pub n: usize,
     /// Residual width `D`.
     pub hidden: usize,
-    /// `fn` `[(2+n)·n, n·D]` on the device, in the weight dtype.
+    /// `fn` `[(2+n)·n, n·D]` on the device: the weight dtype's values held in f32.
     pub fn_w: B::Tensor,
-    /// Ones `[n·D]` in the weight dtype: the weight of the unweighted input RMSNorm.
+    /// Ones `[n·D]` f32: the weight of the unweighted input RMSNorm (on the f32 streams).
     pub ones: B::Tensor,
     /// `base` `[(2+n)·n]`.
     pub base: Vec<f32>,
@@ -86,8 +86,9 @@ impl<B: Backend> HyperConnection<B> {
         Ok(Self {
             n,
             hidden,
-            fn_w: w.get(&name("fn")?, &[m, n * hidden])?,
-            ones: w.upload(ones)?,
+            // HF holds `fn` in the model dtype and projects with `fn.float()`: round, then widen.
+            fn_w: w.upload_f32(w.host(&name("fn")?, &[m, n * hidden])?)?,
+            ones: w.upload_f32(ones)?,
             base: get("base", &[m])?,
             scale: [scale[0], scale[1], scale[2]],
             norm_eps: norm_eps as f32,
@@ -97,10 +98,12 @@ impl<B: Backend> HyperConnection<B> {
     }
 
     /// The raw mixes `m = fn · û` of the streams `h` `[N, n·D]`: `û` = `h` over its row RMS
-    /// (`rms_norm` with the ones weight) and the projection (`linear_f32`) on the device; only
-    /// the `[N, (2+n)·n]` f32 result is read back.
+    /// (`rms_norm` with the ones weight) and the projection (`linear_f32`) on the device, both
+    /// in f32 from 16-bit streams as HF does (`hidden_streams.float()`, `self.fn.float()`):
+    /// rounding `û` or `fn` to bf16 moved the Sinkhorn weights enough to fail the bf16 golden.
+    /// Only the `[N, (2+n)·n]` f32 result is read back.
     pub fn mixes(&self, b: &B, h: &B::Tensor) -> Result<Vec<f32>> {
-        let u = b.rms_norm(h, &self.ones, self.norm_eps)?;
+        let u = b.rms_norm(&b.to_f32(h)?, &self.ones, self.norm_eps)?;
         Ok(b.download(&b.linear_f32(&u, &self.fn_w)?)?.to_f32())
     }
 
