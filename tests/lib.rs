@@ -170,9 +170,20 @@ pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
 
 /// [`check_golden`] with the engine settings `cfg` (its dtype is the run's).
 pub fn check_golden_with<B: Backend>(b: B, name: &str, cfg: EngineConfig) -> Result<()> {
+    check_golden_dir(b, name, &fixture(name), cfg)
+}
+
+/// [`check_golden_with`] on the checkpoint in `dir` (a rewritten copy of fixture `name`, e.g.
+/// stored in another dtype) against `name`'s reference.
+pub fn check_golden_dir<B: Backend>(
+    b: B,
+    name: &str,
+    dir: &std::path::Path,
+    cfg: EngineConfig,
+) -> Result<()> {
     let dtype = cfg.dtype;
     let r = reference(name)?;
-    let mut e = engine(b, name, cfg)?;
+    let mut e = Engine::new(b, &loader::open(dir)?, &cfg, None)?;
     e.capture_logits = true;
     let tol = tolerance(dtype);
     for (ci, case) in r.cases.iter().enumerate() {

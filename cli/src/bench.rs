@@ -127,10 +127,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         },
         dtype: None,
     };
-    let resolved = a.engine.resolve(&defaults)?;
-    let (kind, cfg) = (resolved.backend, resolved.engine);
-    let path = load::model_path(resolved.model)?;
+    let mut resolved = a.engine.resolve(&defaults)?;
+    let path = load::model_path(resolved.model.clone())?;
     let ckpt = load::open(&path)?;
+    resolved.settle_dtype(&ckpt);
+    let (kind, cfg) = (resolved.backend, resolved.engine);
     // Generation stops at the context window: a run past it would not produce --gen-len tokens.
     let origin = ckpt.path.join("config.json");
     let model = ModelConfig::from_json(&ckpt.config, &origin.display().to_string())?;
@@ -271,10 +272,12 @@ fn bench(
     // The engine runs on its own thread behind the service handle, as under `dayone serve`.
     let handle = load::service(kind, ckpt, cfg, a.json)?;
     let info = handle.model_info().clone();
-    let act = info.activation_dtype;
+    // Float weights are read in the dtype they are stored in (bf16 on WGSL for a 16-bit
+    // checkpoint, although it computes in f32).
+    let wsize = info.weight_dtype.size();
     let weights = WeightBytes {
-        dense: (dense_elems * act.size()) as f64,
-        experts: (expert_elems * act.size()) as f64,
+        dense: (dense_elems * wsize) as f64,
+        experts: (expert_elems * wsize) as f64,
         experts_per_layer: match model {
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
             ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
@@ -571,6 +574,8 @@ impl Run<'_> {
             "backend": info.backend,
             "model": self.model,
             "dtype": act.to_string(),
+            "weight_dtype": info.weight_dtype.to_string(),
+            "weight_resident_bytes": info.weight_bytes,
             "batch": batch,
             "prompt_len": prompt_len,
             "gen_len": a.gen_len,
@@ -614,7 +619,7 @@ impl Run<'_> {
             "model {} | {} | {} | batch {} | prompt {} | gen {}{split}",
             self.model,
             info.backend,
-            act,
+            crate::generate::dtype_note(info),
             batch,
             prompt_len,
             a.gen_len
@@ -659,6 +664,10 @@ impl Run<'_> {
         row(
             "decode tok/s",
             format!("{:.1}", decode_tokens as f64 / decode_time),
+        )?;
+        row(
+            &format!("weights resident ({})", info.weight_dtype),
+            dayone_engine::cache::human_bytes(info.weight_bytes),
         )?;
         row("decode GB/s achieved", format!("{:.1}", achieved / 1e9))?;
         row(

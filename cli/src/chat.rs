@@ -44,9 +44,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
     if a.sampling.seed_was_drawn() {
         eprintln!("seed: {}", params.seed);
     }
-    let r = a.engine.resolve(&CommandDefaults::default())?;
+    let mut r = a.engine.resolve(&CommandDefaults::default())?;
     let path = load::model_path(r.model.clone())?;
     let ckpt = load::open(&path)?;
+    r.settle_dtype(&ckpt);
     if ckpt.assets.tokenizer.is_none() {
         bail!(
             "{}: chat needs a tokenizer (tokenizer.json or GGUF vocabulary)",

@@ -9,7 +9,10 @@ use crate::usage::usage;
 use anyhow::Result;
 use clap::Args;
 use dayone_backend::DType;
-use dayone_engine::serving_config::{BackendName, DtypeName, Origin, Serving, ServingFile};
+use dayone_engine::loader::Checkpoint;
+use dayone_engine::serving_config::{
+    auto_dtype, BackendName, DtypeName, Origin, Serving, ServingFile,
+};
 use dayone_engine::EngineConfig;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -28,8 +31,9 @@ pub struct EngineArgs {
     /// Backend to run on: wgsl, cuda, cpu or auto [default: auto].
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
-    /// Float dtype: bf16 (bfloat16), f32 (float32) or auto [default: auto = bf16 on CUDA, f32
-    /// on WGSL and CPU; f32 for check].
+    /// Float dtype: bf16 (bfloat16), f32 (float32) or auto [default: auto = bf16 on CUDA; on
+    /// WGSL bf16 weights (f32 activations) for a bf16/f16 checkpoint, else f32; f32 on CPU;
+    /// f32 for check].
     #[arg(long, value_parser = parse_dtype)]
     pub dtype: Option<DtypeName>,
     /// Tokens the KV cache holds over all sequences (default: the engine derives it from the
@@ -126,7 +130,7 @@ pub struct EngineArgs {
 pub struct CommandDefaults {
     /// The engine settings the command starts from (its dtype is replaced, see `dtype`).
     pub engine: EngineConfig,
-    /// The dtype when neither file nor flag names one; `None`: bf16 on CUDA, f32 elsewhere.
+    /// The dtype when neither file nor flag names one; `None`: `auto` ([`auto_dtype`]).
     pub dtype: Option<DType>,
 }
 
@@ -140,19 +144,41 @@ pub struct ResolvedEngine {
     /// The model path from the flag or the file; `None`: the default model (see
     /// [`crate::load::model_path`]).
     pub model: Option<PathBuf>,
+    /// Whether the dtype is `auto` (no flag, file key or command default named one): then
+    /// `engine.dtype` is the backend's choice before the checkpoint is known, and
+    /// [`ResolvedEngine::settle_dtype`] makes it the checkpoint's.
+    pub dtype_auto: bool,
 }
 
 impl ResolvedEngine {
     /// The effective settings as a config file (what `dayone config` prints).
     pub fn effective(&self) -> ServingFile {
-        let backend = match self.backend {
-            BackendKind::Wgsl => BackendName::Wgsl,
-            BackendKind::Cuda => BackendName::Cuda,
-            BackendKind::Cpu => BackendName::Cpu,
-        };
-        ServingFile {
-            serving: Serving::effective(&self.engine, self.model.as_deref(), backend),
+        let backend = backend_name_of(self.backend);
+        let mut serving = Serving::effective(&self.engine, self.model.as_deref(), backend);
+        if self.dtype_auto && backend == BackendName::Wgsl {
+            // The checkpoint decides (16-bit weights for a 16-bit checkpoint): still `auto`.
+            serving.model.dtype = Some(DtypeName::Auto);
         }
+        ServingFile { serving }
+    }
+
+    /// Resolves `dtype: auto` for the checkpoint about to load ([`auto_dtype`] of the backend
+    /// and the checkpoint's stored float dtype): on WGSL a bf16 or f16 checkpoint keeps 16-bit
+    /// weights. A dtype that a flag, the config file or the command named stays as it is.
+    pub fn settle_dtype(&mut self, ckpt: &Checkpoint) {
+        if !self.dtype_auto {
+            return;
+        }
+        let stored = dayone_engine::loader::stored_float_dtype(ckpt.tensors.as_ref());
+        self.engine.dtype = auto_dtype(backend_name_of(self.backend), stored);
+    }
+}
+
+fn backend_name_of(kind: BackendKind) -> BackendName {
+    match kind {
+        BackendKind::Wgsl => BackendName::Wgsl,
+        BackendKind::Cuda => BackendName::Cuda,
+        BackendKind::Cpu => BackendName::Cpu,
     }
 }
 
@@ -266,14 +292,13 @@ impl EngineArgs {
         let merged = file.overlaid_by(&flags);
         let backend = backend_arg(merged.runtime.backend.unwrap_or(BackendName::Auto)).resolve();
         let mut engine = defaults.engine.clone();
-        engine.dtype = match merged.model.dtype.and_then(DtypeName::dtype) {
-            Some(d) => d,
-            None => match defaults.dtype {
-                Some(d) => d,
-                None if backend == BackendKind::Cuda => DType::BF16,
-                None => DType::F32,
-            },
-        };
+        let named = merged
+            .model
+            .dtype
+            .and_then(DtypeName::dtype)
+            .or(defaults.dtype);
+        // `auto` before the checkpoint is known; `settle_dtype` finishes it.
+        engine.dtype = named.unwrap_or_else(|| auto_dtype(backend_name_of(backend), None));
         merged
             .apply(&mut engine)
             .map_err(|e| usage(format!("{e:#}")))?;
@@ -290,6 +315,7 @@ impl EngineArgs {
             backend,
             engine,
             model: merged.model.path,
+            dtype_auto: named.is_none(),
         })
     }
 }
@@ -409,5 +435,47 @@ mod tests {
             .resolve(&d)
             .unwrap();
         assert_eq!(r.engine.dtype, DType::BF16);
+    }
+
+    #[test]
+    fn auto_dtype_follows_the_checkpoint_on_wgsl_only() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        // gpt_oss_tiny is stored in bf16 (and MXFP4), llama_tiny in f32.
+        let bf16 = dayone_engine::loader::open(&fixtures.join("gpt_oss_tiny")).unwrap();
+        let f32 = dayone_engine::loader::open(&fixtures.join("llama_tiny")).unwrap();
+        let settled = |flags: &[&str], ckpt: &Checkpoint| {
+            let mut r = args(flags).resolve(&cpu_defaults()).unwrap();
+            r.settle_dtype(ckpt);
+            r.engine.dtype
+        };
+        assert_eq!(settled(&["--backend", "wgsl"], &bf16), DType::BF16);
+        assert_eq!(settled(&["--backend", "wgsl"], &f32), DType::F32);
+        assert_eq!(settled(&["--backend", "cpu"], &bf16), DType::F32);
+        assert_eq!(settled(&["--backend", "cuda"], &f32), DType::BF16);
+        // A named dtype stays whatever the checkpoint.
+        assert_eq!(
+            settled(&["--backend", "wgsl", "--dtype", "f32"], &bf16),
+            DType::F32
+        );
+        assert_eq!(
+            settled(&["--backend", "wgsl", "--dtype", "bf16"], &f32),
+            DType::BF16
+        );
+        let d = CommandDefaults {
+            dtype: Some(DType::F32),
+            ..Default::default()
+        };
+        let mut r = args(&["--backend", "wgsl"]).resolve(&d).unwrap();
+        r.settle_dtype(&bf16);
+        assert_eq!(r.engine.dtype, DType::F32, "the command's default is named");
+        // `dayone config` cannot know the checkpoint: WGSL's dtype stays `auto`.
+        let r = args(&["--backend", "wgsl"])
+            .resolve(&cpu_defaults())
+            .unwrap();
+        assert_eq!(r.effective().serving.model.dtype, Some(DtypeName::Auto));
+        let r = args(&["--backend", "cpu"])
+            .resolve(&cpu_defaults())
+            .unwrap();
+        assert_eq!(r.effective().serving.model.dtype, Some(DtypeName::Float32));
     }
 }

@@ -104,10 +104,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .map(|p| dayone_engine::vision::load_image_file(p).map(std::sync::Arc::new))
         .collect::<Result<Vec<_>>>()?;
     let params = a.sampling.params()?;
-    let resolved = a.engine.resolve(&CommandDefaults::default())?;
-    let (kind, cfg) = (resolved.backend, resolved.engine);
-    let path = load::model_path(resolved.model)?;
+    let mut resolved = a.engine.resolve(&CommandDefaults::default())?;
+    let path = load::model_path(resolved.model.clone())?;
     let ckpt = load::open(&path)?;
+    resolved.settle_dtype(&ckpt);
+    let (kind, cfg) = (resolved.backend, resolved.engine);
     let given = with_image_markup(&ckpt, given, images.len(), a.chat)?;
     let ids = match given {
         Prompt::Ids(ids) => ids,
@@ -398,6 +399,19 @@ fn generate(
     report(&mut stdout, &info, &ids, &outcome, g, max_tokens)
 }
 
+/// The dtypes of a run for the stats line: `bf16`, or `bf16 weights, f32 compute` where the
+/// backend computes in f32 from 16-bit weights (WGSL).
+pub fn dtype_note(info: &ModelInfo) -> String {
+    if info.weight_dtype == info.activation_dtype {
+        info.activation_dtype.to_string()
+    } else {
+        format!(
+            "{} weights, {} compute",
+            info.weight_dtype, info.activation_dtype
+        )
+    }
+}
+
 /// Prints the JSON object (JSON mode) or ends the streamed line (text mode), then the notes and
 /// the stats line on stderr.
 fn report(
@@ -431,6 +445,8 @@ fn report(
             "seed": o.seed,
             "logprobs": first.logprobs_json(want_lp),
             "backend": info.backend,
+            "weight_dtype": info.weight_dtype.to_string(),
+            "activation_dtype": info.activation_dtype.to_string(),
             "batch_invariant": info.batch_invariant,
             "timings": {
                 "load_s": o.load.as_secs_f64(),
@@ -478,13 +494,14 @@ fn report(
         _ => {}
     }
     eprintln!(
-        "load: {:.2} s | prompt: {} tokens, {:.1} tok/s (TTFT {:.3} s) | decode: {} tokens, {:.1} tok/s | finish: {finish_reason} | {}",
+        "load: {:.2} s | prompt: {} tokens, {:.1} tok/s (TTFT {:.3} s) | decode: {} tokens, {:.1} tok/s | finish: {finish_reason} | {} | {}",
         o.load.as_secs_f64(),
         ids.len(),
         prompt_tps,
         o.ttft.as_secs_f64(),
         decode_tokens,
         decode_tps,
+        dtype_note(info),
         info.backend
     );
     Ok(())

@@ -15,6 +15,7 @@ use dayone_engine::config::ModelConfig;
 use dayone_engine::loader::{Checkpoint, GgufFile, SafetensorsSource};
 use dayone_engine::models::Ffn;
 use dayone_engine::scheduler::SchedulerConfig;
+use dayone_engine::serving_config::{auto_dtype, BackendName};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -213,6 +214,18 @@ fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
     Ok(out)
 }
 
+/// What `--dtype auto` stores the float weights in on each backend for this checkpoint
+/// ([`auto_dtype`] of its stored float dtype): `{"cuda": "bf16", "wgsl": …, "cpu": …}`.
+fn auto_dtypes(ckpt: &Checkpoint) -> Value {
+    let stored = dayone_engine::loader::stored_float_dtype(ckpt.tensors.as_ref());
+    let of = |b: BackendName| auto_dtype(b, stored).to_string();
+    json!({
+        "cuda": of(BackendName::Cuda),
+        "wgsl": of(BackendName::Wgsl),
+        "cpu": of(BackendName::Cpu),
+    })
+}
+
 /// `1.23 B`, `134.5 M`, `52.3 K`.
 fn human_count(n: u64) -> String {
     match n {
@@ -336,6 +349,7 @@ pub fn describe(ckpt: &Checkpoint) -> Result<Value> {
         "default_cache_tokens": cache_tokens,
         "state_slots": slots,
         "memory": memory,
+        "auto_dtype": auto_dtypes(ckpt),
         "has_tokenizer": ckpt.assets.tokenizer.is_some(),
         "has_chat_template": ckpt.assets.chat_template.is_some(),
     }))
@@ -388,6 +402,20 @@ pub fn run(a: InfoArgs) -> Result<()> {
         })
         .collect();
     row("stored as", types.join(", "))?;
+    let auto = &j["auto_dtype"];
+    let of = |b: &str| auto[b].as_str().unwrap_or("?").to_string();
+    let wgsl = match of("wgsl").as_str() {
+        "f32" => "f32".to_string(),
+        w => format!("{w} weights, f32 compute"),
+    };
+    row(
+        "dtype auto",
+        format!(
+            "{} on CUDA, {wgsl} on WGSL, {} on CPU",
+            of("cuda"),
+            of("cpu")
+        ),
+    )?;
     if !j["quantization_config"].is_null() {
         row("quantization", j["quantization_config"].to_string())?;
     }

@@ -89,9 +89,10 @@ pub fn run(a: NeedleArgs) -> Result<()> {
     let Some(trials) = u32::try_from(a.trials).ok().filter(|&t| t <= 1000) else {
         return Err(usage(format!("--trials {} is over 1000", a.trials)));
     };
-    let r = a.engine.resolve(&CommandDefaults::default())?;
+    let mut r = a.engine.resolve(&CommandDefaults::default())?;
     let path = load::model_path(r.model.clone())?;
     let ckpt = load::open(&path)?;
+    r.settle_dtype(&ckpt);
     if ckpt.assets.tokenizer.is_none() {
         anyhow::bail!(
             "{}: this checkpoint has no tokenizer (tokenizer.json or GGUF vocabulary); needle prompts are text",

@@ -94,12 +94,13 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     // Everything that can fail without the model fails before loading it.
     let text = read_text(&a.file)?;
     let base = a.kl_base.as_deref().map(Saved::read).transpose()?;
-    let resolved = a.engine.resolve(&CommandDefaults::default())?;
+    let mut resolved = a.engine.resolve(&CommandDefaults::default())?;
+    let path = load::model_path(resolved.model.clone())?;
+    let ckpt = load::open(&path)?;
+    resolved.settle_dtype(&ckpt);
     let (kind, cfg) = (resolved.backend, resolved.engine);
     let (dtype, capped) = (cfg.dtype, cfg.max_model_len.is_some());
     let default_w = (cfg.scheduler.max_batched_tokens / a.ctx).max(1);
-    let path = load::model_path(resolved.model)?;
-    let ckpt = load::open(&path)?;
     let tok = ckpt.assets.tokenizer.clone().with_context(|| {
         format!(
             "{} has no tokenizer: perplexity scores a text",

@@ -148,6 +148,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     r.engine.default_kv_cache_tokens = Some(seqs.saturating_mul(window).clamp(65536, 1 << 22));
     let path = load::model_path(r.model.clone())?;
     let ckpt = load::open(&path)?;
+    r.settle_dtype(&ckpt);
     let (tool_format, reasoning_format) = parser_formats(&a, &ckpt)?;
     let assets = ckpt.assets.clone();
     if assets.tokenizer.is_none() {

@@ -224,6 +224,8 @@ pub struct Engine<B: Backend> {
     state_bytes_per_seq: usize,
     /// The requested dtype as the backend grants it (`Backend::activation_dtype`).
     activation_dtype: DType,
+    /// The dtype float weights were converted to at load (`EngineConfig::dtype`).
+    weight_dtype: DType,
     /// When set, each step's logits rows are kept in [`Engine::last_logits`] (tests, `check`).
     pub capture_logits: bool,
     /// `(sequence id, logits [V] f32)` of the last step, when `capture_logits` is set.
@@ -473,6 +475,7 @@ impl<B: Backend> Engine<B> {
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
             activation_dtype: act,
+            weight_dtype: cfg.dtype,
             backend,
             config,
             model,
@@ -515,6 +518,14 @@ impl<B: Backend> Engine<B> {
     /// as the backend grants it (`Backend::activation_dtype`: f32 on the CPU and WGSL backends).
     pub fn activation_dtype(&self) -> DType {
         self.activation_dtype
+    }
+
+    /// The dtype float weights were stored in at load (`EngineConfig::dtype`; block-quantized
+    /// weights stay in their format). It differs from [`Engine::activation_dtype`] where the
+    /// backend computes in f32 from 16-bit weights (WGSL with bf16: half the bytes read, f32
+    /// accumulation; the CPU backend widens them to f32 at upload).
+    pub fn weight_dtype(&self) -> DType {
+        self.weight_dtype
     }
 
     /// Token ids that stop generation.

@@ -56,7 +56,8 @@ pub struct Serving {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeName {
-    /// bf16 on CUDA, f32 elsewhere.
+    /// By backend and checkpoint ([`auto_dtype`]): bf16 on CUDA; on WGSL bf16 weights for a
+    /// 16-bit checkpoint, else f32; f32 on the CPU backend.
     Auto,
     /// bfloat16.
     #[serde(alias = "bf16")]
@@ -87,6 +88,25 @@ impl DtypeName {
             DType::F16 => DtypeName::Float16,
             _ => DtypeName::Float32,
         }
+    }
+}
+
+/// What `dtype: auto` resolves to on `backend` for a checkpoint whose float weights are stored
+/// in `stored` ([`crate::loader::stored_float_dtype`]; `None`: no float weights, or not known
+/// yet). The engine stores float weights in the result; activations, the KV cache and
+/// accumulation follow [`dayone_backend::Backend::activation_dtype`] of it.
+///
+/// - CUDA: bf16 whatever the checkpoint (weights, activations and cache; tensor cores).
+/// - WGSL: bf16 when the checkpoint is 16-bit, so decode reads half the bytes of f32 (an f16
+///   checkpoint is rounded to bf16 at load: there is no f16 weight kernel); f32 otherwise
+///   (f32 checkpoints, GGUF files whose float tensors are f32). Activations, the cache and
+///   every sum stay f32 on WGSL (the correctness reference).
+/// - CPU, and `Auto` (a backend not resolved yet): f32.
+pub fn auto_dtype(backend: BackendName, stored: Option<DType>) -> DType {
+    match (backend, stored) {
+        (BackendName::Cuda, _) => DType::BF16,
+        (BackendName::Wgsl, Some(DType::BF16 | DType::F16)) => DType::BF16,
+        _ => DType::F32,
     }
 }
 
@@ -714,6 +734,19 @@ impl Serving {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_dtype_keeps_16_bit_checkpoints_16_bit_on_wgsl() {
+        use BackendName::*;
+        for stored in [None, Some(DType::F32), Some(DType::BF16), Some(DType::F16)] {
+            assert_eq!(auto_dtype(Cuda, stored), DType::BF16);
+            assert_eq!(auto_dtype(Cpu, stored), DType::F32);
+        }
+        assert_eq!(auto_dtype(Wgsl, Some(DType::BF16)), DType::BF16);
+        assert_eq!(auto_dtype(Wgsl, Some(DType::F16)), DType::BF16);
+        assert_eq!(auto_dtype(Wgsl, Some(DType::F32)), DType::F32);
+        assert_eq!(auto_dtype(Wgsl, None), DType::F32);
+    }
 
     const SEED_EXAMPLE: &str = "\
 serving:

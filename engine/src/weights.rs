@@ -4,7 +4,7 @@ use crate::layers::Weight;
 use crate::loader::{packed_weight, Split, TensorSource};
 use crate::parallel::Parallel;
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DType, HostTensor, QuantHost, QuantTensor};
+use dayone_backend::{Backend, DType, HostTensor, QuantHost, QuantTensor, TensorInfo};
 use std::cell::Cell;
 
 /// Loads named tensors from a [`TensorSource`] onto a backend in one float dtype.
@@ -135,7 +135,8 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
         self
     }
 
-    /// Bytes uploaded through [`WeightLoader::get`] and its kin so far (this rank's weights).
+    /// Device bytes of the weights uploaded through [`WeightLoader::get`] and its kin so far
+    /// (this rank's weights, in the dtype the backend keeps each tensor in).
     pub fn loaded_bytes(&self) -> u64 {
         self.bytes.get()
     }
@@ -332,7 +333,10 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     fn upload_ref(&self, host: &HostTensor) -> Result<B::Tensor> {
         let t = self.backend.upload(host)?;
         self.loaded.set(self.loaded.get() + 1);
-        self.bytes.set(self.bytes.get() + host.data.len() as u64);
+        // What the device holds, which may differ from the host's bytes (WGSL widens bf16 rows
+        // it cannot pack, the CPU backend widens every 16-bit tensor to f32).
+        let resident = (t.numel() * t.dtype().size()) as u64;
+        self.bytes.set(self.bytes.get() + resident);
         if let Some(p) = self.progress {
             p(self.loaded.get(), self.src.names().len());
         }

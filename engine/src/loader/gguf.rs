@@ -562,6 +562,15 @@ impl TensorSource for GgufSource {
         self.file.path.display().to_string()
     }
 
+    fn stored_dtype(&self, name: &str) -> Option<DType> {
+        match self.info(name)?.ggml_type {
+            GgmlType::F32 => Some(DType::F32),
+            GgmlType::BF16 => Some(DType::BF16),
+            GgmlType::F16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+
     fn quant(&self, name: &str) -> Result<Option<QuantHost>> {
         let Some(&(i, un)) = self.names.get(name) else {
             return Ok(None);

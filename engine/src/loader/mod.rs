@@ -14,7 +14,7 @@ mod text_view;
 
 use crate::tokenizer::Tokenizer;
 use anyhow::Result;
-use dayone_backend::{HostTensor, QuantHost};
+use dayone_backend::{DType, HostTensor, QuantHost};
 use std::path::{Path, PathBuf};
 
 pub use self::compressed_tensors::packed_weight;
@@ -58,6 +58,44 @@ pub trait TensorSource: Send + Sync {
     /// byte scales). Sources without integer tensors answer an error.
     fn load_raw(&self, name: &str) -> Result<RawTensor> {
         anyhow::bail!("{}: tensor {name} has no raw form", self.origin())
+    }
+    /// The float dtype `name` is stored in (`F32`, `BF16` or `F16`); `None` when absent or
+    /// stored otherwise (block-quantized, FP8, integer codes). Sources that cannot tell answer
+    /// `None`. Read by [`stored_float_dtype`].
+    fn stored_dtype(&self, _name: &str) -> Option<DType> {
+        None
+    }
+}
+
+/// The float dtype a checkpoint's weights are stored in: of the tensors stored as `F32`,
+/// `BF16` or `F16` ([`TensorSource::stored_dtype`]), the dtype holding the most elements, with
+/// `BF16` and `F16` counted together against `F32` (a bf16 checkpoint with f32 norms or FP8
+/// scales is a 16-bit checkpoint). `None` when no tensor is stored as a float (an all-quantized
+/// file, or a source that cannot tell). This is what `--dtype auto` reads on WGSL.
+pub fn stored_float_dtype(src: &dyn TensorSource) -> Option<DType> {
+    let (mut f32s, mut bf16s, mut f16s) = (0u64, 0u64, 0u64);
+    for n in src.names() {
+        let Some(dt) = src.stored_dtype(&n) else {
+            continue;
+        };
+        let numel = src
+            .shape(&n)
+            .map_or(0, |s| s.iter().product::<usize>() as u64);
+        match dt {
+            DType::F32 => f32s += numel,
+            DType::BF16 => bf16s += numel,
+            DType::F16 => f16s += numel,
+            _ => {}
+        }
+    }
+    if f32s + bf16s + f16s == 0 {
+        None
+    } else if bf16s + f16s <= f32s {
+        Some(DType::F32)
+    } else if f16s > bf16s {
+        Some(DType::F16)
+    } else {
+        Some(DType::BF16)
     }
 }
 
@@ -154,7 +192,9 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
 
 #[cfg(test)]
 mod tests {
-    use super::layers_beyond;
+    use super::{layers_beyond, stored_float_dtype, TensorSource};
+    use anyhow::Result;
+    use dayone_backend::{DType, HostTensor};
 
     #[test]
     fn layers_beyond_the_config_are_found() {
@@ -172,5 +212,62 @@ mod tests {
         .collect();
         assert_eq!(layers_beyond(&names, 2), vec![3, 10]);
         assert!(layers_beyond(&names, 11).is_empty());
+    }
+
+    /// Tensors `(name, elements, stored float dtype or None for a quantized one)`.
+    struct Stored(Vec<(&'static str, usize, Option<DType>)>);
+
+    impl TensorSource for Stored {
+        fn names(&self) -> Vec<String> {
+            self.0.iter().map(|t| t.0.to_string()).collect()
+        }
+        fn shape(&self, name: &str) -> Option<Vec<usize>> {
+            self.0.iter().find(|t| t.0 == name).map(|t| vec![t.1])
+        }
+        fn load(&self, name: &str) -> Result<HostTensor> {
+            anyhow::bail!("{name}: not loadable")
+        }
+        fn origin(&self) -> String {
+            "test".into()
+        }
+        fn stored_dtype(&self, name: &str) -> Option<DType> {
+            self.0.iter().find(|t| t.0 == name).and_then(|t| t.2)
+        }
+    }
+
+    #[test]
+    fn stored_float_dtype_is_the_one_holding_most_float_elements() {
+        use DType::*;
+        let of = |t: Vec<(&'static str, usize, Option<DType>)>| stored_float_dtype(&Stored(t));
+        // bf16 weights with f32 norms: a bf16 checkpoint.
+        assert_eq!(
+            of(vec![("w", 64, Some(BF16)), ("n", 8, Some(F32))]),
+            Some(BF16)
+        );
+        assert_eq!(
+            of(vec![("w", 64, Some(F16)), ("n", 8, Some(F32))]),
+            Some(F16)
+        );
+        // f32 weights with a few bf16 tensors; a tie stays f32.
+        assert_eq!(
+            of(vec![("w", 64, Some(F32)), ("b", 8, Some(BF16))]),
+            Some(F32)
+        );
+        assert_eq!(
+            of(vec![("w", 8, Some(F32)), ("b", 8, Some(BF16))]),
+            Some(F32)
+        );
+        // bf16 and f16 together outweigh f32; the larger of the two names it.
+        assert_eq!(
+            of(vec![
+                ("a", 5, Some(BF16)),
+                ("b", 6, Some(F16)),
+                ("c", 8, Some(F32))
+            ]),
+            Some(F16)
+        );
+        // Quantized tensors do not count: a Q4 file with f32 norms is an f32 checkpoint.
+        assert_eq!(of(vec![("q", 4096, None), ("n", 8, Some(F32))]), Some(F32));
+        assert_eq!(of(vec![("q", 4096, None)]), None);
     }
 }

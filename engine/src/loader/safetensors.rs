@@ -390,6 +390,15 @@ impl TensorSource for SafetensorsSource {
         self.origin.clone()
     }
 
+    fn stored_dtype(&self, name: &str) -> Option<DType> {
+        match self.entries.get(name)?.dtype {
+            Dtype::F32 => Some(DType::F32),
+            Dtype::BF16 => Some(DType::BF16),
+            Dtype::F16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+
     fn load_raw(&self, name: &str) -> Result<super::RawTensor> {
         let e = self
             .entries

@@ -7,7 +7,7 @@
 
 use super::{RawTensor, Split, TensorSource};
 use anyhow::Result;
-use dayone_backend::{HostTensor, QuantHost};
+use dayone_backend::{DType, HostTensor, QuantHost};
 
 /// Which multimodal layout the checkpoint uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,5 +92,9 @@ impl TensorSource for TextModelView<'_> {
 
     fn load_raw(&self, name: &str) -> Result<RawTensor> {
         self.inner.load_raw(&self.map(name))
+    }
+
+    fn stored_dtype(&self, name: &str) -> Option<DType> {
+        self.inner.stored_dtype(&self.map(name))
     }
 }

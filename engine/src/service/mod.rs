@@ -84,6 +84,11 @@ pub struct ModelInfo {
     /// The dtype activations and weights are computed in on this backend (the configured
     /// dtype as [`Backend::activation_dtype`] grants it).
     pub activation_dtype: DType,
+    /// The dtype float weights are stored in on the device ([`Engine::weight_dtype`]).
+    pub weight_dtype: DType,
+    /// Device bytes of rank 0's weights as the backend holds them (16-bit weights count 2
+    /// bytes, block-quantized ones their blocks; [`Engine::rank_memory`]).
+    pub weight_bytes: u64,
     /// Whether the backend runs its batch-invariant kernels
     /// ([`dayone_backend::Backend::batch_invariant`]: bit-exact results whatever the batch).
     pub batch_invariant: bool,
@@ -143,6 +148,8 @@ impl EngineHandle {
                 cache_bytes_per_token: engine.cache_bytes_per_token(),
                 state_bytes_per_seq: engine.state_bytes_per_seq(),
                 activation_dtype: engine.activation_dtype(),
+                weight_dtype: engine.weight_dtype(),
+                weight_bytes: engine.rank_memory().first().map_or(0, |m| m.0),
                 batch_invariant: engine.backend().batch_invariant(),
             };
             Ok((engine, model))

@@ -146,6 +146,8 @@ fn start(fake: Fake) -> Result<EngineHandle> {
             cache_bytes_per_token: 0,
             state_bytes_per_seq: 0,
             activation_dtype: DType::F32,
+            weight_dtype: DType::F32,
+            weight_bytes: 0,
             batch_invariant: true,
         };
         Ok((fake, model))
