@@ -11,13 +11,15 @@
 //! Cache row per token (`[blocks, bs, 3d]`): `[pooled key | k | γ]`: the raw `(k, γ)` of every
 //! token, and pool `p`'s key in the row of its last token `pK + K − 1` once the pool is complete
 //! (a pool's key never changes, and it lives in a block holding the pool's own tokens, so a
-//! prefix-shared block stays consistent). Pooling, scoring and top-k run on the host (composed
-//! from `read_rows` / `write_rows`; the backends have no pooled-indexer op).
+//! prefix-shared block stays consistent). Pooling runs on the host over the blocks of the pools
+//! a step completes (`read_rows` / `write_rows`); scoring and top-k run on the device as DSA's
+//! [`Backend::dsa_topk`] over the pooled keys gathered into a paged tensor of their own, so the
+//! per-step cost on the host follows the step's tokens, not the context.
 
 use super::{Linear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor, TensorInfo};
 
 /// One layer's pooled indexer.
 pub struct PooledDsaIndexer<B: Backend> {
@@ -43,14 +45,6 @@ pub struct PooledDsaIndexer<B: Backend> {
     pub kpool: usize,
     /// Append the query's incomplete pool.
     pub tail: bool,
-}
-
-/// Sorted by score (descending), ties lower pool first; the first `m`.
-fn best(scores: &[f32], m: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..scores.len()).collect();
-    idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    idx.truncate(m);
-    idx
 }
 
 impl<B: Backend> PooledDsaIndexer<B> {
@@ -116,39 +110,90 @@ impl<B: Backend> PooledDsaIndexer<B> {
         b.write_cache(&k, cache, d, meta)?;
         b.write_cache(&g, cache, 2 * d, meta)?;
 
-        // Every block of the step's sequences up to their last position in this step.
-        let bs = host.block_size;
-        let mut last = vec![None::<usize>; host.num_seqs()];
-        for t in 0..n {
-            let s = host.token_seq[t] as usize;
-            let p = host.positions[t] as usize;
-            last[s] = Some(last[s].map_or(p, |q: usize| q.max(p)));
+        self.pool_completed(b, meta, cache)?;
+
+        let m_max = self.topk / kp;
+        let visible = |t: usize| (host.positions[t] as usize + 1) / kp;
+        if (0..n).all(|t| visible(t) <= m_max) {
+            return Ok(None);
         }
-        let mut blocks: Vec<u32> = Vec::new();
-        let mut base = vec![0usize; host.num_seqs()]; // index into `blocks` of the seq's block 0
-        for (s, l) in last.iter().enumerate() {
-            base[s] = blocks.len();
-            if let Some(l) = l {
-                for j in 0..=l / bs {
-                    blocks.push(host.block_tables[s * host.max_blocks + j]);
+        let h = self.heads;
+        let q = b.reshape(&self.wq_b.forward(b, c_q)?, &[n, h, d])?;
+        let wts = self.weights_proj.forward(b, x)?;
+        let (keys, pool_meta) = self.pooled_keys(b, meta, cache)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let best = b.download(&b.dsa_topk(&q, &wts, &keys, &pool_meta, scale, m_max)?)?;
+        let best = best.to_u32()?;
+        let width = self.width();
+        let mut sel = vec![u32::MAX; n * width];
+        for t in 0..n {
+            let (p, vis) = (host.positions[t] as usize, visible(t));
+            let out = &mut sel[t * width..(t + 1) * width];
+            // The scorer sees pool positions `0..=max(vis, 1) - 1`: drop a pool the query cannot
+            // see yet (only when `vis` is 0) and the padding.
+            let pools = best[t * m_max..(t + 1) * m_max]
+                .iter()
+                .map(|&pool| pool as usize)
+                .filter(|&pool| pool < vis);
+            let mut i = 0;
+            for pool in pools {
+                for j in 0..kp {
+                    out[i] = (pool * kp + j) as u32;
+                    i += 1;
+                }
+            }
+            if self.tail {
+                for pos in vis * kp..=p {
+                    out[i] = pos as u32;
+                    i += 1;
                 }
             }
         }
-        let rows = b.read_rows(cache, &blocks)?;
-        let dtype = rows.dtype;
-        let mut vals = rows.to_f32();
-        let w3 = 3 * d;
-        let row = |s: usize, pos: usize| (base[s] + pos / bs) * bs * w3 + (pos % bs) * w3;
-
-        // Pools completed in this step.
-        let mut touched = false;
-        for t in 0..n {
+        Ok(Some(
+            b.upload(&HostTensor::from_u32(vec![n, width], &sel)?)?,
+        ))
+    }
+    /// Writes the key of every pool that a token of this step completes (position `p` with
+    /// `(p + 1) % K == 0`) into the row of the pool's last token. Reads and writes back only the
+    /// cache blocks holding those pools' tokens, so a step's cost follows its own tokens, not
+    /// the context.
+    fn pool_completed(
+        &self,
+        b: &B,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &B::Tensor,
+    ) -> Result<()> {
+        let (d, kp) = (self.head_dim, self.kpool);
+        let host = &meta.host;
+        let bs = host.block_size;
+        let block_of = |s: usize, pos: usize| host.block_tables[s * host.max_blocks + pos / bs];
+        // (sequence, first token) of each completed pool, and the blocks holding their tokens.
+        let mut pools = Vec::new();
+        let mut blocks: Vec<u32> = Vec::new();
+        let mut slot = std::collections::HashMap::new();
+        for t in 0..host.num_tokens() {
             let (s, p) = (host.token_seq[t] as usize, host.positions[t] as usize);
             if (p + 1) % kp != 0 {
                 continue;
             }
-            let pool = (p + 1) / kp - 1;
-            let start = pool * kp;
+            let start = p + 1 - kp;
+            pools.push((s, start));
+            for pos in (start..=p).step_by(bs).chain([p]) {
+                let blk = block_of(s, pos);
+                slot.entry(blk).or_insert_with(|| {
+                    blocks.push(blk);
+                    blocks.len() - 1
+                });
+            }
+        }
+        if pools.is_empty() {
+            return Ok(());
+        }
+        let rows = b.read_rows(cache, &blocks)?;
+        let mut vals = rows.to_f32();
+        let w3 = 3 * d;
+        let row = |s: usize, pos: usize| (slot[&block_of(s, pos)] * bs + pos % bs) * w3;
+        for &(s, start) in &pools {
             let mut key = vec![0f32; d];
             for (c, kc) in key.iter_mut().enumerate() {
                 let logits: Vec<f32> = (0..kp)
@@ -163,68 +208,76 @@ impl<B: Backend> PooledDsaIndexer<B> {
             }
             let r = row(s, start + kp - 1);
             vals[r..r + d].copy_from_slice(&key);
-            touched = true;
         }
-        if touched {
-            let shape = rows.shape.clone();
-            let back = HostTensor::from_f32_as(shape, &vals, dtype)?;
-            // Re-round to the cache dtype, as stored.
-            vals = back.to_f32();
-            b.write_rows(cache, &blocks, &back)?;
-        }
+        let back = HostTensor::from_f32_as(rows.shape.clone(), &vals, rows.dtype)?;
+        b.write_rows(cache, &blocks, &back)
+    }
 
-        let m_max = self.topk / kp;
-        let sparse = host
-            .positions
-            .iter()
-            .any(|&p| (p as usize + 1) / kp > m_max);
-        if !sparse {
-            return Ok(None);
-        }
-        let h = self.heads;
-        let q = b.download(&self.wq_b.forward(b, c_q)?)?.to_f32();
-        let wts = b.download(&self.weights_proj.forward(b, x)?)?.to_f32();
-        let (qs, hs) = (1.0 / (d as f32).sqrt(), 1.0 / (h as f32).sqrt());
-        let width = self.width();
-        let mut sel = vec![u32::MAX; n * width];
-        for t in 0..n {
+    /// The pooled keys the step's queries can see, gathered on the device into a paged tensor
+    /// of their own (`[blocks', POOL_BLOCK, d]`, pool `i` of a sequence at pool position `i`),
+    /// and the step's metadata in pool positions (query at `p` → `⌊(p+1)/K⌋ − 1`, at least 0),
+    /// so that [`Backend::dsa_topk`] scores pools as DSA scores tokens.
+    fn pooled_keys(
+        &self,
+        b: &B,
+        meta: &DeviceStepMeta<B::Tensor>,
+        cache: &B::Tensor,
+    ) -> Result<(B::Tensor, DeviceStepMeta<B::Tensor>)> {
+        const POOL_BLOCK: usize = 64;
+        let (d, kp) = (self.head_dim, self.kpool);
+        let host = &meta.host;
+        let (bs, seqs) = (host.block_size, host.num_seqs());
+        let mut vis = vec![0usize; seqs];
+        let mut positions = Vec::with_capacity(host.num_tokens());
+        for t in 0..host.num_tokens() {
             let (s, p) = (host.token_seq[t] as usize, host.positions[t] as usize);
-            let visible = (p + 1) / kp;
-            let out = &mut sel[t * width..(t + 1) * width];
-            let pools: Vec<usize> = if visible <= m_max {
-                (0..visible).collect()
-            } else {
-                let scores: Vec<f32> = (0..visible)
-                    .map(|pool| {
-                        let r = row(s, pool * kp + kp - 1);
-                        let key = &vals[r..r + d];
-                        (0..h)
-                            .map(|hh| {
-                                let qh = &q[(t * h + hh) * d..(t * h + hh + 1) * d];
-                                let dot: f32 = qh.iter().zip(key).map(|(a, b)| a * b).sum();
-                                wts[t * h + hh] * hs * (dot * qs).max(0.0)
-                            })
-                            .sum()
-                    })
-                    .collect();
-                best(&scores, m_max)
-            };
-            let mut i = 0;
-            for pool in pools {
-                for j in 0..kp {
-                    out[i] = (pool * kp + j) as u32;
-                    i += 1;
-                }
+            let v = (p + 1) / kp;
+            vis[s] = vis[s].max(v);
+            positions.push(v.saturating_sub(1) as u32);
+        }
+        let max_blocks = vis
+            .iter()
+            .map(|v| v.max(&1).div_ceil(POOL_BLOCK))
+            .max()
+            .unwrap_or(1);
+        // Row ids into the cache viewed as `[blocks · bs · 3, d]` (sub-row 0 of a token's row is
+        // its pooled-key slot); padding rows read row 0 and are never visible.
+        let mut ids = vec![0u32; seqs * max_blocks * POOL_BLOCK];
+        let mut tables = Vec::with_capacity(seqs * max_blocks);
+        for (s, &v) in vis.iter().enumerate() {
+            for j in 0..max_blocks {
+                tables.push((s * max_blocks + j) as u32);
             }
-            if self.tail {
-                for pos in visible * kp..=p {
-                    out[i] = pos as u32;
-                    i += 1;
-                }
+            for pool in 0..v {
+                let pos = pool * kp + kp - 1;
+                let blk = host.block_tables[s * host.max_blocks + pos / bs] as usize;
+                ids[s * max_blocks * POOL_BLOCK + pool] = (3 * (blk * bs + pos % bs)) as u32;
             }
         }
-        Ok(Some(
-            b.upload(&HostTensor::from_u32(vec![n, width], &sel)?)?,
-        ))
+        let blocks = cache.shape()[0];
+        let table = b.reshape(cache, &[blocks * bs * 3, d])?;
+        let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
+        let keys = b.reshape(
+            &b.embedding(&table, &ids)?,
+            &[seqs * max_blocks, POOL_BLOCK, d],
+        )?;
+        let mut pool_host = host.clone();
+        pool_host.positions = positions;
+        pool_host.block_tables = tables;
+        pool_host.max_blocks = max_blocks;
+        pool_host.block_size = POOL_BLOCK;
+        let u = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
+        let pool_meta = DeviceStepMeta {
+            positions: u(&pool_host.positions)?,
+            block_tables: u(&pool_host.block_tables)?,
+            token_seq: meta.token_seq.clone(),
+            slot_mapping: meta.slot_mapping.clone(),
+            seq_lens: meta.seq_lens.clone(),
+            query_start: meta.query_start.clone(),
+            logit_rows: meta.logit_rows.clone(),
+            state_slots: meta.state_slots.clone(),
+            host: pool_host,
+        };
+        Ok((keys, pool_meta))
     }
 }
