@@ -5,18 +5,22 @@
 //!
 //! Usage: `moe-bench [--backend cuda|wgsl|cpu] [--tokens 1,64,512,8192] [--hidden 7168]
 //!         [--experts 256] [--expert-dim 2048] [--top-k 8] [--groups 8] [--topk-group 4]
-//!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--json]`
+//!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--quant-path auto,direct,decode]
+//!         [--json]`
 //!
-//! With `--experts-format mxfp4|int4` the routed experts stay low-bit on the device and each
-//! step decodes the experts it routed to into a workspace before the expert GEMMs (the engine's
-//! `QuantExperts`); the time includes that conversion and the read-back of the routing.
+//! With `--experts-format mxfp4|int4` the routed experts stay low-bit on the device (the
+//! engine's `QuantExperts`) and run by each path of `--quant-path`, timed apart: `decode`
+//! converts the experts a step routed to into a workspace before the expert GEMMs (the time
+//! includes that conversion and the read-back of the routing), `direct` reads the codes in the
+//! grouped low-bit GEMV (`Backend::moe_experts_quant`), `auto` is the engine's choice (direct up
+//! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 16).
 
 use anyhow::{bail, Result};
 use clap::Parser;
 use dayone_backend::conformance::Rng;
 use dayone_backend::quant::ScaleType;
 use dayone_backend::{Backend, DType, HostTensor, MoeRouting, QuantFormat, QuantHost, QuantTensor};
-use dayone_engine::layers::{ExpertWorkspace, QuantExperts};
+use dayone_engine::layers::{ExpertWorkspace, QuantExperts, QuantPath};
 use std::time::Instant;
 
 /// Command-line flags.
@@ -54,6 +58,9 @@ struct Args {
     /// and decoded per step.
     #[arg(long, default_value = "bf16")]
     experts_format: String,
+    /// Low-bit expert paths to time, comma-separated: auto, direct, decode (ignored for bf16).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    quant_path: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -103,7 +110,17 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         "int4" => Some(QuantFormat::int4(32, ScaleType::BF16)),
         other => bail!("--experts-format must be bf16, mxfp4 or int4, got {other}"),
     };
-    let (gate_up, down, quant) = match format {
+    let mut paths = Vec::new();
+    for p in &a.quant_path {
+        paths.push(match (p.as_str(), format) {
+            (_, None) => break,
+            ("auto", _) => QuantPath::Auto,
+            ("direct", _) => QuantPath::Direct,
+            ("decode", _) => QuantPath::Decode,
+            (other, _) => bail!("--quant-path must be auto, direct or decode, got {other}"),
+        });
+    }
+    let (gate_up, down, mut quant) = match format {
         None => (
             b.upload(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?,
             b.upload(&filled(&[e, d, f], &mut rng, 0.02)?)?,
@@ -115,6 +132,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
                 gate_up: QuantTensor::upload(&b, &low_bit(fmt, [e, 2 * f, d], &mut rng)?)?,
                 down: QuantTensor::upload(&b, &low_bit(fmt, [e, d, f], &mut rng)?)?,
                 workspace: ExpertWorkspace::new(&b, e, f, d, act)?,
+                path: QuantPath::Auto,
             };
             (one.clone(), one, Some(q))
         }
@@ -130,19 +148,20 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         norm_topk_prob: true,
         routed_scaling_factor: 2.5,
     };
-    let block = |x: &B::Tensor| -> Result<(B::Tensor, B::Tensor)> {
-        let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
-        let y = match &quant {
-            Some(q) => q.forward(&b, x, &ids, &w)?,
-            None => b.moe_experts(x, &ids, &w, &gate_up, &down)?,
+    let block =
+        |x: &B::Tensor, quant: &Option<QuantExperts<B>>| -> Result<(B::Tensor, B::Tensor)> {
+            let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
+            let y = match quant {
+                Some(q) => q.forward(&b, x, &ids, &w)?,
+                None => b.moe_experts(x, &ids, &w, &gate_up, &down)?,
+            };
+            let s = b.linear(
+                &b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?,
+                &sh_down,
+                None,
+            )?;
+            Ok((b.add(&y, &s)?, ids))
         };
-        let s = b.linear(
-            &b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?,
-            &sh_down,
-            None,
-        )?;
-        Ok((b.add(&y, &s)?, ids))
-    };
     if !a.json {
         println!(
             "MoE block on {}: D {d}, {e} experts × F {f} ({}), top-{}, groups {}/{}, {} shared; {act}",
@@ -154,39 +173,52 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
             a.shared
         );
         println!(
-            "{:>7} {:>10} {:>10} {:>12} {:>9}",
-            "tokens", "ms", "TFLOP/s", "weight GB/s", "experts"
+            "{:>7} {:>7} {:>10} {:>10} {:>12} {:>9}",
+            "path", "tokens", "ms", "TFLOP/s", "weight GB/s", "experts"
         );
     }
-    for &t in &a.tokens {
-        let x = b.upload(&HostTensor::from_f32_as(
-            vec![t, d],
-            &rng.vec(t * d, 1.0),
-            act,
-        )?)?;
-        let (_, ids) = block(&x)?;
-        let ids = b.download(&ids)?.to_u32()?;
-        let mut used: Vec<u32> = ids.clone();
-        used.sort_unstable();
-        used.dedup();
-        b.synchronize()?;
-        let iters = if t >= 4096 { 5 } else { 20 };
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            block(&x)?;
+    let runs: Vec<Option<QuantPath>> = if paths.is_empty() {
+        vec![None]
+    } else {
+        paths.into_iter().map(Some).collect()
+    };
+    for run in runs {
+        if let (Some(q), Some(p)) = (quant.as_mut(), run) {
+            q.path = p;
         }
-        b.synchronize()?;
-        let s = t0.elapsed().as_secs_f64() / iters as f64;
-        let flops = 2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64;
-        let expert_bytes = match format {
-            None => 2.0,
-            Some(f) => f.code_bits() as f64 / 8.0 + f.scale.size() as f64 / f.group as f64,
+        let label = match run {
+            None => "-".to_string(),
+            Some(p) => format!("{p:?}").to_lowercase(),
         };
-        let bytes =
-            3.0 * (d * f) as f64 * (expert_bytes * used.len() as f64 + 2.0 * a.shared as f64);
-        if a.json {
-            println!(
-                "{{\"format\":\"{}\",\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
+        for &t in &a.tokens {
+            let x = b.upload(&HostTensor::from_f32_as(
+                vec![t, d],
+                &rng.vec(t * d, 1.0),
+                act,
+            )?)?;
+            let (_, ids) = block(&x, &quant)?;
+            let ids = b.download(&ids)?.to_u32()?;
+            let mut used: Vec<u32> = ids.clone();
+            used.sort_unstable();
+            used.dedup();
+            b.synchronize()?;
+            let iters = if t >= 4096 { 5 } else { 20 };
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                block(&x, &quant)?;
+            }
+            b.synchronize()?;
+            let s = t0.elapsed().as_secs_f64() / iters as f64;
+            let flops = 2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64;
+            let expert_bytes = match format {
+                None => 2.0,
+                Some(f) => f.code_bits() as f64 / 8.0 + f.scale.size() as f64 / f.group as f64,
+            };
+            let bytes =
+                3.0 * (d * f) as f64 * (expert_bytes * used.len() as f64 + 2.0 * a.shared as f64);
+            if a.json {
+                println!(
+                "{{\"format\":\"{}\",\"path\":\"{label}\",\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
                 a.experts_format,
                 s * 1e3,
                 flops / s / 1e12,
@@ -194,14 +226,15 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
                 used.len(),
                 b.name()
             );
-        } else {
-            println!(
-                "{t:>7} {:>10.3} {:>10.2} {:>12.1} {:>9}",
-                s * 1e3,
-                flops / s / 1e12,
-                bytes / s / 1e9,
-                used.len()
-            );
+            } else {
+                println!(
+                    "{label:>7} {t:>7} {:>10.3} {:>10.2} {:>12.1} {:>9}",
+                    s * 1e3,
+                    flops / s / 1e12,
+                    bytes / s / 1e9,
+                    used.len()
+                );
+            }
         }
     }
     Ok(())

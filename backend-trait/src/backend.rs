@@ -1,7 +1,8 @@
 //! The [`Backend`] trait: the tensor ops a decoder needs, at the level of fused layer ops.
 
 use crate::{
-    DType, DeviceStepMeta, DeviceVarlenMeta, HostTensor, QuantTensor, StepMeta, VarlenResult,
+    DType, DeviceStepMeta, DeviceVarlenMeta, HostTensor, QuantFormat, QuantTensor, StepMeta,
+    VarlenResult,
 };
 use anyhow::Result;
 
@@ -613,6 +614,36 @@ pub trait Backend: Send + Sync + Sized + 'static {
             );
         }
         self.moe_experts(x, ids, weights, gate_up, down)
+    }
+
+    /// Routed experts whose weights are block-quantized ([`crate::quant`]):
+    /// [`Backend::moe_experts_ext`] with `gate_up` `[E, 2F, D]` and `down` `[E, D, F]` kept
+    /// low-bit. `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32, biases of `opts`
+    /// `[E, 2F]` / `[E, D]` in `x`'s dtype → `[N, D]` in `x`'s dtype, f32 accumulation;
+    /// reference: [`crate::reference::moe_experts_ext`] on the decoded weights. The default
+    /// reads the ids back, decodes the step's distinct experts into temporaries and runs the
+    /// float experts ([`crate::quant_moe::moe_experts_decoded_temp`]); a backend may instead
+    /// read the codes directly (a grouped low-bit GEMV for decode, see
+    /// [`Backend::moe_quant_direct_tokens`]).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts_quant(
+        &self,
+        x: &Self::Tensor,
+        ids: &Self::Tensor,
+        weights: &Self::Tensor,
+        gate_up: &QuantTensor<Self::Tensor>,
+        down: &QuantTensor<Self::Tensor>,
+        opts: &ExpertOptions<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        crate::quant_moe::moe_experts_decoded_temp(self, x, ids, weights, gate_up, down, opts)
+    }
+
+    /// The largest step, in tokens, for which [`Backend::moe_experts_quant`] reads the codes of
+    /// `format` directly and is faster than decoding the experts into a workspace first; 0
+    /// (the default): never, so the MoE layers decode into their shared workspace at every
+    /// step size.
+    fn moe_quant_direct_tokens(&self, _format: QuantFormat) -> usize {
+        0
     }
 
     /// Uploads one step's metadata (one host→device copy per field).

@@ -1,9 +1,11 @@
 //! Conformance of the quantized-weight ops ([`Backend::dequantize_into`],
-//! [`Backend::linear_quant`]) against [`crate::quant`]'s host decode, for every format.
+//! [`Backend::linear_quant`]) against [`crate::quant`]'s host decode, for every format, and of
+//! the low-bit routed experts ([`Backend::moe_experts_quant`], [`check_experts_quant`]) against
+//! the reference experts on the decoded weights.
 
 use crate::conformance::{compare, rand_tensor, tolerance, Rng};
 use crate::quant::{QuantFormat, QuantHost, QuantTensor, ScaleType};
-use crate::{reference, Backend, HostTensor};
+use crate::{reference, Backend, DType, ExpertAct, ExpertOptions, HostTensor};
 use anyhow::{ensure, Result};
 
 /// The formats checked: MXFP4, INT4 (bf16 scale, group 32; f16 scale, group 64), Q4_0, Q4_1,
@@ -155,5 +157,91 @@ pub fn check_quant<B: Backend>(b: &B) -> Result<()> {
         r.is_err(),
         "linear_quant: x of 64 columns against a weight of 32 must be an error"
     );
+    Ok(())
+}
+
+/// `moe_experts_quant` for MXFP4 (E8M0 per 32) and INT4 (bf16 scale per 32, f16 per 64) experts,
+/// and Q4_1 (a min: CUDA's direct kernels decline it and decode instead), at 1, 3 and 8 tokens with top-k 4, 2 and 4 over 6 experts (experts repeated across tokens,
+/// and once within a token), for SwiGLU, the clamped SwiGLU and the gpt-oss GLU with biases (and
+/// SwiGLU with biases), against [`reference::moe_experts_ext`] on the decoded weights. Not in
+/// [`crate::conformance::check_all`]: run by the backends with a direct low-bit kernel (and the
+/// reference backend, whose default decodes).
+pub fn check_experts_quant<B: Backend>(b: &B) -> Result<()> {
+    let mut rng = Rng::new(73);
+    let (e, d, f) = (6, 128, 64);
+    let gpt_oss = ExpertAct::GptOss {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    let acts = [
+        (ExpertAct::Swiglu, false),
+        (ExpertAct::Swiglu, true),
+        (ExpertAct::SwigluClamped { limit: 7.0 }, false),
+        (gpt_oss, true),
+    ];
+    for fmt in [
+        QuantFormat::MXFP4,
+        QuantFormat::int4(32, ScaleType::BF16),
+        QuantFormat::int4(64, ScaleType::F16),
+        QuantFormat::Q4_1,
+    ] {
+        let gu = rand_quant(&mut rng, fmt, [e, 2 * f, d])?;
+        let dn = rand_quant(&mut rng, fmt, [e, d, f])?;
+        let (gud, dnd) = (QuantTensor::upload(b, &gu)?, QuantTensor::upload(b, &dn)?);
+        let (guf, dnf) = (gu.to_host(DType::F32)?, dn.to_host(DType::F32)?);
+        for dt in crate::conformance::activation_dtypes(b) {
+            let gu_bias = rand_tensor(&mut rng, &[e, 2 * f], dt, 1.0)?;
+            let dn_bias = rand_tensor(&mut rng, &[e, d], dt, 1.0)?;
+            let (gbd, dbd) = (b.upload(&gu_bias)?, b.upload(&dn_bias)?);
+            // (tokens, k, ids): distinct experts of one token; expert 4 in every token and twice
+            // in the last; eight tokens over six experts.
+            let mut cases = vec![
+                (1usize, 4usize, vec![3u32, 0, 5, 1]),
+                (3, 2, vec![4, 1, 2, 4, 4, 4]),
+            ];
+            let mut ids8 = Vec::new();
+            for _ in 0..8 {
+                let mut all: Vec<u32> = (0..e as u32).collect();
+                rng.shuffle(&mut all);
+                ids8.extend_from_slice(&all[..4]);
+            }
+            cases.push((8, 4, ids8));
+            for (n, k, ids) in cases {
+                let x = rand_tensor(&mut rng, &[n, d], dt, 3.0)?;
+                let w: Vec<f32> = (0..n * k)
+                    .map(|_| 0.1 + 0.4 * rng.uniform().abs())
+                    .collect();
+                let ids = HostTensor::from_u32(vec![n, k], &ids)?;
+                let weights = HostTensor::from_f32(vec![n, k], &w)?;
+                let (xd, idd, wd) = (b.upload(&x)?, b.upload(&ids)?, b.upload(&weights)?);
+                for (act, biased) in acts {
+                    let (gb, db) = if biased {
+                        (Some(&gu_bias), Some(&dn_bias))
+                    } else {
+                        (None, None)
+                    };
+                    let want =
+                        reference::moe_experts_ext(&x, &ids, &weights, &guf, &dnf, act, gb, db)?;
+                    let opts = ExpertOptions {
+                        act,
+                        gate_up_bias: biased.then_some(&gbd),
+                        down_bias: biased.then_some(&dbd),
+                    };
+                    let got = b.moe_experts_quant(&xd, &idd, &wd, &gud, &dnd, &opts)?;
+                    compare(
+                        "moe_experts_quant",
+                        &format!(
+                            "{} {dt} {act:?} biases {biased} x [{n}, {d}] E {e} F {f} ids {:?}",
+                            fmt.name(),
+                            ids.to_u32()?
+                        ),
+                        &b.download(&got)?,
+                        &want,
+                        tolerance(dt),
+                    )?;
+                }
+            }
+        }
+    }
     Ok(())
 }

@@ -512,6 +512,13 @@ mod tests {
         crate::conformance_ext::check_ext(&CpuBackend).unwrap();
     }
 
+    /// The default `moe_experts_quant` (decode the step's experts, run the float experts)
+    /// against the reference experts on the host-decoded weights.
+    #[test]
+    fn cpu_quantized_experts() {
+        crate::conformance_quant::check_experts_quant(&CpuBackend).unwrap();
+    }
+
     /// The DSA checks (not in `check_all`) on the reference backend: input construction (margin
     /// resampling) and selection bookkeeping.
     #[test]

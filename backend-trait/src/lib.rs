@@ -31,6 +31,7 @@ pub mod cpu;
 pub mod host_copy;
 pub mod host_rows;
 pub mod quant;
+pub mod quant_moe;
 pub mod reference;
 #[cfg(test)]
 mod reference_tests;

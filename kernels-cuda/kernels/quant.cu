@@ -242,3 +242,203 @@ __device__ void gemv_q_impl(const T* x, const unsigned char* codes, const unsign
                            group);                                                            \
     }
 DAYONE_FOR_FLOAT_TYPES(QUANT)
+
+// ---------------------------------------------------------------------------------------------
+// Routed experts on the codes (decode steps): the grouped GEMV of moe.cu's `moe_gemv` with the
+// weights decoded in registers. The (token, choice) pairs are sorted by expert by the moe
+// family's `moe_sort` (tiles of at most MT pairs of one expert, `bt` = MT: 1 for one token, else
+// 8, rows past a tile's pairs skipped, so two variants serve every step); each warp owns one
+// output of one tile (GU: its gate and up rows, [gate; up] or, for gpt-oss, interleaved) and
+// streams those weight rows once for the tile's pairs, 32 codes (16 bytes) per lane and step.
+//   moe_q_gu  h[sp, o] = act(gate[e, o]·x[tok] + b, up[e, o]·x[tok] + b)   f32 [P, F]
+//   moe_q_dn  y2[sp, o] = down[e, o]·h[sp] + b_d[e, o]                     f32 [P, D]
+//   moe_q_combine  y[t, o] = Σ_j weights[t, j] · y2[pos[t·k + j], o]       (f32, j in order)
+// 4-bit codes only (KIND 0 FP4 E2M1, 1 u4 − 8), scales E8M0, f16 or bf16 without a min, groups
+// of a multiple of 32 (one scale per lane and step); the reduction width is a multiple of 32 and
+// the codes 16-byte aligned (checked by the host).
+// act 0 silu(g)·u, 1 gpt-oss (interleaved rows, clamp, (u + 1)·g·σ(αg)), 2 silu(min(g, l))·
+// clamp(u, ±l) — as moe_ext.cu.
+__device__ __forceinline__ uint4 q_ld_stream16(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+template <int KIND> __device__ __forceinline__ float q_value4(u32 c) {
+    if (KIND == 0) {
+        const u32 e = (c >> 1) & 3u, m = c & 1u;
+        const u32 mag = e == 0 ? (m ? 0x3f000000u : 0u) : (((e + 126u) << 23) | (m << 22));
+        return __uint_as_float(mag | ((c & 8u) << 28));
+    }
+    return (float)(int)(c & 15u) - 8.f;
+}
+
+__device__ __forceinline__ float q_act(float g, float u, u32 act, float alpha, float limit) {
+    if (act == 1) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.f) * g / (1.f + expf(-alpha * g));
+    }
+    if (act == 2) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
+    return g / (1.f + expf(-g)) * u;
+}
+
+// The scale of group g for the direct kernels' scale types: E8M0, f16 or bf16.
+__device__ __forceinline__ float q_scale32(const unsigned char* s, u32 scale, u64 g) {
+    if (scale == 0) {
+        const u32 b = s[g];
+        return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
+    }
+    return q_half(s, scale, g);
+}
+
+// A: activation type of the reduction input (T for gate_up's x, float for down's h).
+template <typename T, typename A, int KIND, bool GU, int MT>
+__device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsigned char* codes,
+                                           const unsigned char* scales, const T* __restrict__ bias,
+                                           float* __restrict__ out, const u32* __restrict__ offsets,
+                                           const u32* __restrict__ sorted,
+                                           const u32* __restrict__ tiles,
+                                           const u32* __restrict__ ntiles, u32 gather_k, u32 nout,
+                                           u32 kdim, u32 scale, u32 group, u32 act, float alpha,
+                                           float limit) {
+    constexpr int NW = GU ? 2 : 1;
+    grid_dep_wait();
+    const u32 ti = blockIdx.y;
+    if (ti >= *ntiles) return;
+    const u32 expert = tiles[2 * ti];
+    const u32 r0 = tiles[2 * ti + 1];
+    const u32 first = offsets[expert] + r0;
+    const u32 rows = min((u32)MT, offsets[expert + 1] - first);
+    const u32 lane = threadIdx.x & 31;
+    const u32 o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (o >= nout) return;
+    const u32 wrows = GU ? 2 * nout : nout;
+    u64 row[NW];
+    if (GU) {
+        row[0] = (u64)expert * wrows + (act == 1 ? 2 * o : o);
+        row[NW - 1] = (u64)expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
+    } else {
+        row[0] = (u64)expert * wrows + o;
+    }
+    const A* xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        const u32 sp = first + min((u32)i, rows - 1);
+        xr[i] = a + (u64)(gather_k ? sorted[sp] / gather_k : sp) * kdim;
+    }
+    float acc[NW][MT];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
+    for (u32 c0 = lane * 32; c0 < kdim; c0 += 32 * 32) {
+        uint4 w[NW];
+        float s[NW];
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            const u64 e = row[r] * kdim + c0;
+            w[r] = q_ld_stream16(codes + e / 2);
+            s[r] = q_scale32(scales, scale, e / group);
+        }
+        // Not unrolled: four copies of the body cost NVRTC seconds at load, not speed (the
+        // loads are issued above).
+#pragma unroll 1
+        for (int j = 0; j < 4; j++) {
+            float wv[NW][8];
+#pragma unroll
+            for (int r = 0; r < NW; r++) {
+                const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+#pragma unroll
+                for (int q = 0; q < 8; q++) wv[r][q] = q_value4<KIND>((word >> (4 * q)) & 15u);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < (int)rows) {
+                    Vec8<A> xv;
+                    xv.load(xr[i] + c0 + 8 * j);
+                    float xf[8];
+                    xv.to_float(xf);
+#pragma unroll
+                    for (int r = 0; r < NW; r++) {
+                        float dsum = 0.f;
+#pragma unroll
+                        for (int q = 0; q < 8; q++) dsum = fmaf(wv[r][q], xf[q], dsum);
+                        acc[r][i] = fmaf(dsum, s[r], acc[r][i]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        if (i >= (int)rows) break;  // uniform over the block: every lane stops together
+        float v[NW];
+#pragma unroll
+        for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
+        if (lane == 0) {
+            float y;
+            if (GU) {
+                float g = v[0], u = v[NW - 1];
+                if (bias) {
+                    g += to_f(bias[row[0]]);
+                    u += to_f(bias[row[NW - 1]]);
+                }
+                y = q_act(g, u, act, alpha, limit);
+            } else {
+                y = v[0] + (bias ? to_f(bias[row[0]]) : 0.f);
+            }
+            out[(u64)(first + i) * nout + o] = y;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
+                                                   const u32* __restrict__ pos,
+                                                   const float* __restrict__ weights,
+                                                   T* __restrict__ y, u32 n, u32 k, u32 d) {
+    grid_dep_wait();
+    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
+        for (u32 c = threadIdx.x; c < d; c += blockDim.x) {
+            float acc = 0.f;
+            for (u32 j = 0; j < k; j++) {
+                const u32 sp = pos[(u64)t * k + j];
+                if (sp == 0xffffffffu) continue;
+                acc = fmaf(weights[(u64)t * k + j], y2[(u64)sp * d + c], acc);
+            }
+            y[(u64)t * d + c] = from_f<T>(acc);
+        }
+    }
+}
+
+#define MOE_Q_ARGS(A, T)                                                                      \
+    const A *a, const unsigned char *codes, const unsigned char *scales, const T *bias,       \
+        float *out, const u32 *offsets, const u32 *sorted, const u32 *tiles, const u32 *ntiles, \
+        u32 gather_k, u32 nout, u32 kdim, u32 scale, u32 group, u32 act, float alpha, float limit
+#define MOE_Q_PASS                                                                            \
+    a, codes, scales, bias, out, offsets, sorted, tiles, ntiles, gather_k, nout, kdim, scale, \
+        group, act, alpha, limit
+#define MOE_Q_ONE(S, T, KN, KIND, MT)                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        moe_q_##S##_##KN##_gu_m##MT(MOE_Q_ARGS(T, T)) {                                          \
+        moe_q_impl<T, T, KIND, true, MT>(MOE_Q_PASS);                                         \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                         \
+        moe_q_##S##_##KN##_dn_m##MT(MOE_Q_ARGS(float, T)) {                                      \
+        moe_q_impl<T, float, KIND, false, MT>(MOE_Q_PASS);                                    \
+    }
+#define MOE_Q_KIND(S, T, KN, KIND)                                                            \
+    MOE_Q_ONE(S, T, KN, KIND, 1) MOE_Q_ONE(S, T, KN, KIND, 8)
+#define MOE_Q(S, T)                                                                           \
+    MOE_Q_KIND(S, T, fp4, 0) MOE_Q_KIND(S, T, int4, 1)                                        \
+    extern "C" __global__ void moe_q_combine_##S(const float* y2, const u32* pos,             \
+                                                 const float* wts, T* y, u32 n, u32 k, u32 d) { \
+        moe_q_combine_impl<T>(y2, pos, wts, y, n, k, d);                                      \
+    }
+DAYONE_FOR_FLOAT_TYPES(MOE_Q)

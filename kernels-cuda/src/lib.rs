@@ -45,7 +45,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
     AttentionOptions, Backend, DType, DeviceStepMeta, DeviceVarlenMeta, ExpertOptions, HostRow,
-    HostTensor, MoeRouting, QuantTensor, RopeStyle, StepMeta, TensorInfo, VarlenResult,
+    HostTensor, MoeRouting, QuantFormat, QuantTensor, RopeStyle, StepMeta, TensorInfo,
+    VarlenResult,
 };
 use device::{drv, Pool, Staging};
 use nvrtc_cache::Target;
@@ -76,6 +77,8 @@ mod invariant;
 mod kda;
 mod linear;
 mod mla_moe;
+mod moe_quant;
+pub use moe_quant::MOE_QUANT_DIRECT_TOKENS;
 mod quant;
 mod rows;
 
@@ -843,6 +846,22 @@ impl Backend for CudaBackend {
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
         self.linear_quant_impl(x, q, bias)
+    }
+
+    fn moe_experts_quant(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &QuantTensor<CudaTensor>,
+        down: &QuantTensor<CudaTensor>,
+        opts: &ExpertOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.moe_experts_quant_impl(x, ids, weights, gate_up, down, opts)
+    }
+
+    fn moe_quant_direct_tokens(&self, format: QuantFormat) -> usize {
+        self.moe_quant_direct_tokens_impl(format)
     }
 
     fn moe_experts(

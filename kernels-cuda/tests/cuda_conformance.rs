@@ -56,6 +56,16 @@ fn batch_invariant_mode() {
     dayone_backend::conformance_ext::check_ext(&b).unwrap();
 }
 
+/// Low-bit routed experts read from their codes (MXFP4, INT4; `moe_q_*` in `kernels/quant.cu`)
+/// at 1, 3 and 8 tokens, against the reference experts on the decoded weights.
+#[test]
+fn quantized_experts() {
+    let Some(b) = backend("quantized_experts") else {
+        return;
+    };
+    dayone_backend::conformance_quant::check_experts_quant(&b).unwrap();
+}
+
 #[test]
 fn window_sinks_and_biased_experts() {
     let Some(b) = backend("window_sinks_and_biased_experts") else {

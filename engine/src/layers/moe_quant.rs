@@ -2,10 +2,13 @@
 //! decoded per step: only the experts a step's tokens were routed to are converted, into one
 //! float workspace that every MoE layer of the model reuses (the layers run one after another,
 //! so one layer's decoded experts are dead when the next layer decodes). Never an offline
-//! float copy of the experts, never a decoded copy at load.
+//! float copy of the experts, never a decoded copy at load. Decode steps (few tokens) may
+//! instead read the codes directly ([`Backend::moe_experts_quant`]) where the backend says that
+//! is faster ([`Backend::moe_quant_direct_tokens`]; [`QuantPath`]).
 
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
+use dayone_backend::quant_moe::moe_experts_decoded;
 use dayone_backend::{
     Backend, DType, ExpertAct, ExpertOptions, HostTensor, QuantHost, QuantTensor, TensorInfo,
 };
@@ -47,6 +50,19 @@ impl<B: Backend> ExpertWorkspace<B> {
     }
 }
 
+/// Which way the low-bit experts run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QuantPath {
+    /// Read the codes directly ([`Backend::moe_experts_quant`]) for steps of at most
+    /// [`Backend::moe_quant_direct_tokens`] tokens, else decode into the workspace.
+    #[default]
+    Auto,
+    /// Always read the codes directly.
+    Direct,
+    /// Always decode the chosen experts into the workspace first.
+    Decode,
+}
+
 /// One layer's routed experts, low-bit.
 pub struct QuantExperts<B: Backend> {
     /// `[E, 2F, D]` (gate rows first).
@@ -55,6 +71,8 @@ pub struct QuantExperts<B: Backend> {
     pub down: QuantTensor<B::Tensor>,
     /// Where a step's experts are decoded.
     pub workspace: ExpertWorkspace<B>,
+    /// Direct or decoded ([`QuantPath::Auto`] at load; benchmarks pin one).
+    pub path: QuantPath,
 }
 
 impl<B: Backend> QuantExperts<B> {
@@ -73,11 +91,27 @@ impl<B: Backend> QuantExperts<B> {
             gate_up: w.upload_quant(gate_up)?,
             down: w.upload_quant(down)?,
             workspace: w.expert_workspace(e, f2 / 2, d)?,
+            path: QuantPath::Auto,
         })
     }
 
-    /// `y[n] = Σ_j weights[n, j] · Expert_{ids[n, j]}(x[n])` (SwiGLU) with the chosen experts
-    /// decoded first: `x` `[N, D]`, `ids` `[N, k]` u32, `weights` `[N, k]` f32 → `[N, D]`.
+    /// Whether a step of `n` tokens reads the codes directly.
+    fn direct(&self, b: &B, n: usize) -> bool {
+        match self.path {
+            QuantPath::Direct => true,
+            QuantPath::Decode => false,
+            QuantPath::Auto => {
+                let max = b
+                    .moe_quant_direct_tokens(self.gate_up.format)
+                    .min(b.moe_quant_direct_tokens(self.down.format));
+                n > 0 && n <= max
+            }
+        }
+    }
+
+    /// `y[n] = Σ_j weights[n, j] · Expert_{ids[n, j]}(x[n])` (SwiGLU): `x` `[N, D]`, `ids`
+    /// `[N, k]` u32, `weights` `[N, k]` f32 → `[N, D]`. Small steps read the codes directly
+    /// (no read-back of the ids); others read the ids back and decode the chosen experts.
     pub fn forward(
         &self,
         b: &B,
@@ -85,13 +119,20 @@ impl<B: Backend> QuantExperts<B> {
         ids: &B::Tensor,
         weights: &B::Tensor,
     ) -> Result<B::Tensor> {
+        let opts = ExpertOptions {
+            act: ExpertAct::Swiglu,
+            gate_up_bias: None,
+            down_bias: None,
+        };
+        if self.direct(b, x.shape()[0]) {
+            return b.moe_experts_quant(x, ids, weights, &self.gate_up, &self.down, &opts);
+        }
         let host = b.download(ids)?.to_u32()?;
-        self.forward_with(b, x, &host, weights, ExpertAct::Swiglu, None)
+        self.decoded(b, x, &host, weights, &opts)
     }
 
     /// [`QuantExperts::forward`] with the routed ids already on the host (`[N·k]`, the shape
-    /// of `weights`), another activation and the projections' biases (`[E, 2F]`, `[E, D]`,
-    /// gathered per step into the workspace's slot order).
+    /// of `weights`), another activation and the projections' biases (`[E, 2F]`, `[E, D]`).
     pub fn forward_with(
         &self,
         b: &B,
@@ -101,50 +142,39 @@ impl<B: Backend> QuantExperts<B> {
         act: ExpertAct,
         biases: Option<(&B::Tensor, &B::Tensor)>,
     ) -> Result<B::Tensor> {
-        let e = self.gate_up.shape[0];
-        // The distinct experts in order of first use; each gets the next workspace slot.
-        let mut slot = vec![u32::MAX; e];
-        let mut items = Vec::new();
-        for &i in host {
-            let i = i as usize;
-            if i < e && slot[i] == u32::MAX {
-                slot[i] = items.len() as u32;
-                items.push(i as u32);
-            }
-        }
-        let slots = self.workspace.slots();
-        if items.len() > slots {
-            bail!(
-                "moe: {} experts chosen in one step but the workspace holds {slots}",
-                items.len()
-            );
-        }
-        let local: Vec<u32> = host
-            .iter()
-            .map(|&i| slot.get(i as usize).copied().unwrap_or(u32::MAX))
-            .collect();
-        let (gu, dn) = &*self.workspace.tensors;
-        let chosen = b.upload(&HostTensor::from_u32(vec![items.len()], &items)?)?;
-        b.dequantize_into(&self.gate_up, &chosen, gu)?;
-        b.dequantize_into(&self.down, &chosen, dn)?;
-        let local = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), &local)?)?;
-        // Biases in slot order, one row per workspace slot (slots past the chosen repeat the
-        // first chosen expert's row; no token reads them).
-        let gathered = match biases {
-            Some((gub, dnb)) => {
-                let mut rows = items.clone();
-                rows.resize(slots, items.first().copied().unwrap_or(0));
-                let rows = b.upload(&HostTensor::from_u32(vec![slots], &rows)?)?;
-                Some((b.embedding(gub, &rows)?, b.embedding(dnb, &rows)?))
-            }
-            None => None,
-        };
         let opts = ExpertOptions {
             act,
-            gate_up_bias: gathered.as_ref().map(|g| &g.0),
-            down_bias: gathered.as_ref().map(|g| &g.1),
+            gate_up_bias: biases.map(|b| b.0),
+            down_bias: biases.map(|b| b.1),
         };
-        b.moe_experts_ext(x, &local, weights, gu, dn, &opts)
+        if self.direct(b, x.shape()[0]) {
+            let ids = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), host)?)?;
+            return b.moe_experts_quant(x, &ids, weights, &self.gate_up, &self.down, &opts);
+        }
+        self.decoded(b, x, host, weights, &opts)
+    }
+
+    /// The chosen experts decoded into the shared workspace, then the float experts
+    /// ([`dayone_backend::quant_moe::moe_experts_decoded`]).
+    fn decoded(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        host: &[u32],
+        weights: &B::Tensor,
+        opts: &ExpertOptions<B::Tensor>,
+    ) -> Result<B::Tensor> {
+        let (gu, dn) = &*self.workspace.tensors;
+        moe_experts_decoded(
+            b,
+            x,
+            host,
+            weights,
+            &self.gate_up,
+            &self.down,
+            opts,
+            (gu, dn),
+        )
     }
 }
 

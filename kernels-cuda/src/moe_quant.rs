@@ -1,0 +1,274 @@
+//! Routed experts read from their low-bit codes (`Backend::moe_experts_quant`, issue [11]'s
+//! direct path for decode): the moe family's `moe_sort` groups the (token, choice) pairs by
+//! expert, then `moe_q_*_gu` (gate/up with the activation and biases), `moe_q_*_dn` (down and its
+//! bias) and `moe_q_combine_*` (routing weights, f32, deterministic) from `kernels/quant.cu`.
+//! MXFP4 and symmetric INT4 (E8M0, f16 or bf16 scales per a multiple of 32 columns, no min)
+//! with reduction widths a multiple of 32; other formats and shapes decode the step's experts into temporaries instead
+//! ([`dayone_backend::quant_moe::moe_experts_decoded_temp`]).
+
+use crate::{check_dtype, dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
+use anyhow::{bail, Result};
+use dayone_backend::quant::Codes;
+use dayone_backend::{DType, ExpertAct, ExpertOptions, QuantFormat, QuantTensor};
+
+/// The largest step (tokens) the MoE layers send to the direct kernels by default.
+pub const MOE_QUANT_DIRECT_TOKENS: usize = 16;
+
+/// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace), default
+/// [`MOE_QUANT_DIRECT_TOKENS`]; read once.
+fn direct_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("DAYONE_MOE_QUANT_DIRECT_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MOE_QUANT_DIRECT_TOKENS)
+    })
+}
+
+/// The code tag of the direct kernels for `f` (`fp4`, `int4`), or `None` when they do not
+/// take it (other codes, a min, super-block scale records, groups not a multiple of 32).
+fn direct_kind(f: &QuantFormat) -> Option<&'static str> {
+    if f.has_min || f.scale.is_super_block() || !f.group.is_multiple_of(32) {
+        return None;
+    }
+    match f.codes {
+        Codes::Fp4E2M1 => Some("fp4"),
+        Codes::U4Offset8 => Some("int4"),
+        _ => None,
+    }
+}
+
+impl CudaBackend {
+    pub(crate) fn moe_quant_direct_tokens_impl(&self, f: QuantFormat) -> usize {
+        // Batch-invariant mode: one path (decode + the tiled kernels) for every step size.
+        if self.invariant() || direct_kind(&f).is_none() {
+            0
+        } else {
+            direct_max()
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn moe_experts_quant_impl(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &QuantTensor<CudaTensor>,
+        down: &QuantTensor<CudaTensor>,
+        opts: &ExpertOptions<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "moe_experts_quant";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let [e, f2, d] = gate_up.shape;
+        let f = f2 / 2;
+        if x.shape.len() != 2 || x.shape[1] != d || !f2.is_multiple_of(2) {
+            bail!(
+                "{OP}: expected x [N, {d}] and gate_up [E, 2F, {d}], got x {:?} and gate_up {:?}",
+                x.shape,
+                gate_up.shape
+            );
+        }
+        if down.shape != [e, d, f] {
+            bail!("{OP}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
+        }
+        let n = x.shape[0];
+        if ids.dtype != DType::U32
+            || ids.shape.len() != 2
+            || ids.shape[0] != n
+            || weights.shape != ids.shape
+            || weights.dtype != DType::F32
+        {
+            bail!(
+                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
+                ids.dtype,
+                ids.shape,
+                weights.dtype,
+                weights.shape
+            );
+        }
+        for (b, shape, what) in [
+            (opts.gate_up_bias, [e, f2], "gate_up_bias"),
+            (opts.down_bias, [e, d], "down_bias"),
+        ] {
+            if let Some(b) = b {
+                if b.shape != shape {
+                    bail!("{OP}: {what} must be {shape:?}, got {:?}", b.shape);
+                }
+                check_dtype(OP, what, b, x.dtype)?;
+            }
+        }
+        for (q, what) in [(gate_up, "gate_up"), (down, "down")] {
+            for (t, part) in [(&q.codes, "codes"), (&q.scales, "scales")] {
+                if t.dtype != DType::U32 {
+                    bail!("{OP}: {what} {part} must be u32 words, got {}", t.dtype);
+                }
+            }
+        }
+        let k = ids.shape[1];
+        // The kernels' 16-byte loads: codes rows of 32 values, x rows of 8 values, aligned.
+        let aligned = d.is_multiple_of(32)
+            && f.is_multiple_of(32)
+            && [&gate_up.codes, &down.codes, x]
+                .iter()
+                .all(|t| t.device_ptr().is_multiple_of(16));
+        let (Some(gu_kind), Some(dn_kind), true) = (
+            direct_kind(&gate_up.format),
+            direct_kind(&down.format),
+            aligned,
+        ) else {
+            return dayone_backend::quant_moe::moe_experts_decoded_temp(
+                self, x, ids, weights, gate_up, down, opts,
+            );
+        };
+        self.bind()?;
+        let out = self.alloc(vec![n, d], x.dtype)?;
+        if n == 0 || d == 0 {
+            return Ok(out);
+        }
+        if k == 0 || e == 0 || f == 0 {
+            self.memset0(&out)?;
+            return Ok(out);
+        }
+        if 3 * e * 4 > 48 * 1024 {
+            bail!("{OP}: {e} experts are above the supported 4096");
+        }
+        let (act, alpha, limit) = match opts.act {
+            ExpertAct::Swiglu => (0u32, 0f32, 0f32),
+            ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+            ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
+        };
+        // Tiles of at most `mt` pairs of one expert (the GEMV's rows; the m8 kernels skip the
+        // rows a tile lacks).
+        let mt: usize = if n == 1 { 1 } else { 8 };
+        let p = n * k;
+        let max_tiles = p.div_ceil(mt) + e.min(p);
+        let maxt = to_u32(OP, "tiles", max_tiles)?;
+        if maxt > 65535 {
+            bail!("{OP}: {p} (token, expert) pairs need {maxt} tiles, above 65535");
+        }
+        let offsets = self.alloc(vec![e + 1], DType::U32)?;
+        let pos = self.alloc(vec![p], DType::U32)?;
+        let sorted = self.alloc(vec![p], DType::U32)?;
+        let tiles = self.alloc(vec![2 * max_tiles], DType::U32)?;
+        let ntiles = self.alloc(vec![1], DType::U32)?;
+        let h = self.scratch_f32(p * f)?;
+        let y2 = self.scratch_f32(p * d)?;
+        let sort = self.func("moe", sfx, "moe_sort")?;
+        self.launch(
+            OP,
+            &sort,
+            (1, 1, 1),
+            (1024, 1, 1),
+            (3 * e * 4) as u32,
+            kparams![
+                ids.device_ptr(),
+                to_u32(OP, "N·k", p)?,
+                e as u32,
+                mt as u32,
+                offsets.device_ptr(),
+                pos.device_ptr(),
+                sorted.device_ptr(),
+                tiles.device_ptr(),
+                ntiles.device_ptr()
+            ],
+        )?;
+        // (input, weight, bias, output, kernel tag, gather k, outputs, reduction width)
+        let projections = [
+            (
+                x.device_ptr(),
+                gate_up,
+                opts.gate_up_bias,
+                &h,
+                format!("{gu_kind}_gu"),
+                k as u32,
+                f,
+                d,
+            ),
+            (
+                h.device_ptr(),
+                down,
+                opts.down_bias,
+                &y2,
+                format!("{dn_kind}_dn"),
+                0u32,
+                d,
+                f,
+            ),
+        ];
+        // One warp per output, eight per block.
+        for (a, q, bias, o, tag, gather, nout, kdim) in projections {
+            let [_, scale, _, group] = q.format.kernel_params();
+            let fun = self.func("quant", sfx, &format!("moe_q_{sfx}_{tag}_m{mt}"))?;
+            self.launch(
+                OP,
+                &fun,
+                (to_u32(OP, "grid.x", nout.div_ceil(8))?, maxt, 1),
+                (256, 1, 1),
+                0,
+                kparams![
+                    a,
+                    q.codes.device_ptr(),
+                    q.scales.device_ptr(),
+                    bias.map_or(0u64, |b| b.device_ptr()),
+                    o.device_ptr(),
+                    offsets.device_ptr(),
+                    sorted.device_ptr(),
+                    tiles.device_ptr(),
+                    ntiles.device_ptr(),
+                    gather,
+                    to_u32(OP, "output width", nout)?,
+                    to_u32(OP, "reduction width", kdim)?,
+                    scale,
+                    group,
+                    act,
+                    alpha,
+                    limit
+                ],
+            )?;
+        }
+        let comb = self.func("quant", sfx, &format!("moe_q_combine_{sfx}"))?;
+        self.launch(
+            OP,
+            &comb,
+            (launch::row_grid(n, 65535), 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                y2.device_ptr(),
+                pos.device_ptr(),
+                weights.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "k", k)?,
+                to_u32(OP, "D", d)?
+            ],
+        )?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::direct_kind;
+    use dayone_backend::quant::ScaleType;
+    use dayone_backend::QuantFormat;
+
+    #[test]
+    fn direct_kernels_take_mxfp4_and_int4_only() {
+        assert_eq!(direct_kind(&QuantFormat::MXFP4), Some("fp4"));
+        assert_eq!(
+            direct_kind(&QuantFormat::int4(32, ScaleType::BF16)),
+            Some("int4")
+        );
+        assert_eq!(
+            direct_kind(&QuantFormat::int4(128, ScaleType::F16)),
+            Some("int4")
+        );
+        assert_eq!(direct_kind(&QuantFormat::int4(16, ScaleType::BF16)), None);
+        for f in [QuantFormat::Q4_1, QuantFormat::Q4_K, QuantFormat::Q8_0] {
+            assert_eq!(direct_kind(&f), None, "{}", f.name());
+        }
+    }
+}
