@@ -337,15 +337,23 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
     for (int r = 0; r < NW; r++)
 #pragma unroll
         for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
-    for (u32 c0 = lane * 32; c0 < kdim; c0 += 32 * 32) {
-        uint4 w[NW];
-        float s[NW];
+    // Codes and scales of the next step are loaded before this step's arithmetic (two steps'
+    // bytes in flight per lane).
+    uint4 w[NW];
+    float s[NW];
+    auto load = [&](u32 c, uint4* wd, float* sd) {
 #pragma unroll
         for (int r = 0; r < NW; r++) {
-            const u64 e = row[r] * kdim + c0;
-            w[r] = q_ld_stream16(codes + e / 2);
-            s[r] = q_scale32(scales, scale, e / group);
+            const u64 e = row[r] * kdim + c;
+            wd[r] = q_ld_stream16(codes + e / 2);
+            sd[r] = q_scale32(scales, scale, e / group);
         }
+    };
+    if (lane * 32 < kdim) load(lane * 32, w, s);
+    for (u32 c0 = lane * 32; c0 < kdim; c0 += 32 * 32) {
+        uint4 wn[NW];
+        float sn[NW];
+        if (c0 + 32 * 32 < kdim) load(c0 + 32 * 32, wn, sn);
         // Not unrolled: four copies of the body cost NVRTC seconds at load, not speed (the
         // loads are issued above).
 #pragma unroll 1
@@ -373,6 +381,11 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
                     }
                 }
             }
+        }
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            w[r] = wn[r];
+            s[r] = sn[r];
         }
     }
 #pragma unroll
