@@ -200,3 +200,71 @@ impl<B: Backend> WeightLoader<'_, B> {
         Ok(ws)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ExpertWorkspace, QuantExperts, QuantPath};
+    use dayone_backend::conformance::{compare, rand_tensor, Rng};
+    use dayone_backend::conformance_quant::rand_quant;
+    use dayone_backend::cpu::CpuBackend;
+    use dayone_backend::{Backend, DType, ExpertAct, HostTensor, QuantFormat, QuantTensor};
+
+    /// Both paths of the layer (the backend's `moe_experts_quant` with the ids on the device or
+    /// uploaded from the host, and decoding into the shared workspace) give the same experts.
+    #[test]
+    fn direct_and_decoded_paths_agree() {
+        let b = CpuBackend;
+        let mut rng = Rng::new(5);
+        let (e, d, f, n, k) = (5, 64, 32, 3, 2);
+        let q = |rng: &mut Rng, shape| {
+            QuantTensor::upload(&b, &rand_quant(rng, QuantFormat::MXFP4, shape).unwrap()).unwrap()
+        };
+        let mut layer = QuantExperts {
+            gate_up: q(&mut rng, [e, 2 * f, d]),
+            down: q(&mut rng, [e, d, f]),
+            workspace: ExpertWorkspace::new(&b, e, f, d, DType::F32).unwrap(),
+            path: QuantPath::Decode,
+        };
+        let x = b
+            .upload(&rand_tensor(&mut rng, &[n, d], DType::F32, 1.0).unwrap())
+            .unwrap();
+        let host = [4u32, 1, 1, 0, 4, 4];
+        let ids = b
+            .upload(&HostTensor::from_u32(vec![n, k], &host).unwrap())
+            .unwrap();
+        let w = b
+            .upload(&HostTensor::from_f32(vec![n, k], &[0.5, 0.25, 1.0, 0.1, 0.3, 0.7]).unwrap())
+            .unwrap();
+        let gu_bias = b
+            .upload(&rand_tensor(&mut rng, &[e, 2 * f], DType::F32, 1.0).unwrap())
+            .unwrap();
+        let dn_bias = b
+            .upload(&rand_tensor(&mut rng, &[e, d], DType::F32, 1.0).unwrap())
+            .unwrap();
+        let act = ExpertAct::GptOss {
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let run = |layer: &QuantExperts<CpuBackend>| {
+            let plain = layer.forward(&b, &x, &ids, &w).unwrap();
+            let ext = layer
+                .forward_with(&b, &x, &host, &w, act, Some((&gu_bias, &dn_bias)))
+                .unwrap();
+            (b.download(&plain).unwrap(), b.download(&ext).unwrap())
+        };
+        let decoded = run(&layer);
+        layer.path = QuantPath::Direct;
+        let direct = run(&layer);
+        compare("forward", "direct vs decode", &direct.0, &decoded.0, 0.0).unwrap();
+        compare(
+            "forward_with",
+            "direct vs decode",
+            &direct.1,
+            &decoded.1,
+            0.0,
+        )
+        .unwrap();
+        // Auto on a backend without a direct kernel decodes.
+        assert_eq!(b.moe_quant_direct_tokens(QuantFormat::MXFP4), 0);
+    }
+}
