@@ -9,10 +9,12 @@
 //! family's module under `ops/` (`basic`, `linear`, `attention`, `mla`, `moe`, `kda`, `dsa`).
 //!
 //! Design:
-//! - Storage dtypes: f32 uploads stay f32; bf16 uploads whose rows hold a multiple of 8 values
-//!   stay packed bf16 (dtype `BF16`, half the bytes: `linear` weights and `embedding` tables are
-//!   read packed, other ops widen such inputs on the device first); other bf16 and all f16 uploads
-//!   are widened to f32 on the host. `download` returns the stored dtype.
+//! - Storage dtypes: f32 uploads stay f32; bf16 matrices (2 or more dims) whose rows hold a
+//!   multiple of 8 values stay packed bf16 (dtype `BF16`, half the bytes: `linear` weights,
+//!   `embedding` tables and expert stacks are read packed, other ops widen such inputs on the
+//!   device first); other bf16 (vectors such as norm weights and biases: tiny, and widened once
+//!   here instead of at every op that reads them) and all f16 uploads are widened to f32 on the
+//!   host. `download` returns the stored dtype.
 //! - Ops are recorded into one command encoder and one compute pass and submitted lazily: on
 //!   `download`, `synchronize`, before an upload (pool buffers may still be referenced by pending
 //!   work, and queue writes are ordered before it), or every [`MAX_PENDING_OPS`] ops. Kernel
@@ -649,9 +651,12 @@ impl Backend for WgslBackend {
             host.dtype,
             host.data.len()
         );
-        // bf16 whose rows hold a multiple of 8 values stays packed (half the bytes for weights);
-        // other bf16 and all f16 tensors are widened to f32 here.
-        let packable = host.shape.last().is_some_and(|&d| d.is_multiple_of(8)) && numel > 0;
+        // A bf16 matrix whose rows hold a multiple of 8 values stays packed (half the bytes for
+        // weights); other bf16 (vectors: norm weights, biases, which ops would otherwise widen at
+        // every call) and all f16 tensors are widened to f32 here.
+        let packable = host.shape.len() >= 2
+            && host.shape.last().is_some_and(|&d| d.is_multiple_of(8))
+            && numel > 0;
         let (dtype, bytes): (DType, std::borrow::Cow<[u8]>) = match host.dtype {
             DType::F32 | DType::U32 | DType::I32 => (host.dtype, (&host.data[..]).into()),
             DType::BF16 if packable => (DType::BF16, (&host.data[..]).into()),

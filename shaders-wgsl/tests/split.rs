@@ -131,16 +131,35 @@ fn packed_bf16_weights() -> anyhow::Result<()> {
             &reference::embedding(&table, &ids)?,
             0.0,
         )?;
-        // A bf16 norm weight goes through the device-side widening.
+        // A bf16 norm weight (a vector: widened to f32 at upload).
         let x = conformance::rand_tensor(&mut rng, &[3, 16], DType::F32, 1.0)?;
         let nw = conformance::rand_tensor(&mut rng, &[16], DType::BF16, 1.0)?;
-        let got = b.rms_norm(&b.upload(&x)?, &b.upload(&nw)?, 1e-6)?;
+        let nwd = b.upload(&nw)?;
+        assert_eq!(
+            nwd.dtype(),
+            DType::F32,
+            "a bf16 vector is widened at upload"
+        );
+        let got = b.rms_norm(&b.upload(&x)?, &nwd, 1e-6)?;
         conformance::compare(
             "rms_norm (bf16 w)",
             "[3,16]",
             &b.download(&got)?,
             &reference::rms_norm(&x, &nw, 1e-6)?,
             1e-4,
+        )?;
+        // A packed bf16 matrix read by an op without a packed kernel is widened on the device.
+        let pm = conformance::rand_tensor(&mut rng, &[3, 16], DType::BF16, 1.0)?;
+        let pmd = b.upload(&pm)?;
+        assert_eq!(pmd.dtype(), DType::BF16);
+        let got = b.add(&pmd, &b.upload(&x)?)?;
+        conformance::compare(
+            "add (packed bf16 a)",
+            "[3,16]",
+            &b.download(&got)?,
+            // The reference adds in f32 (it would round a bf16 sum to bf16).
+            &reference::add(&HostTensor::from_f32(pm.shape.clone(), &pm.to_f32())?, &x)?,
+            1e-6,
         )?;
     }
     Ok(())
