@@ -99,7 +99,16 @@ pub fn check_experts_ext<B: Backend>(b: &B, dt: DType) -> Result<()> {
         limit: 7.0,
     };
     // (N, D, E, F, k)
-    for &(n, d, e, f, k) in &[(1, 64, 8, 32, 4), (9, 64, 8, 32, 4), (5, 96, 6, 16, 2)] {
+    // Token counts that reach each grouped kernel on CUDA (GEMV, tensor-core tiles over several
+    // tiles of one expert, FMA for widths that are not multiples of 8).
+    let cases: &[(usize, usize, usize, usize, usize)] = &[
+        (1, 64, 8, 32, 4),
+        (9, 64, 8, 32, 4),
+        (5, 96, 6, 16, 2),
+        (70, 64, 6, 40, 2),
+        (11, 36, 5, 12, 3),
+    ];
+    for &(n, d, e, f, k) in cases {
         let x = rand_tensor(&mut rng, &[n, d], dt, 1.0)?;
         // Large enough that |g|, |u| pass the clamp of 7 for some outputs.
         let gate_up = rand_tensor(&mut rng, &[e, 2 * f, d], dt, 20.0 / (d as f32).sqrt())?;

@@ -169,6 +169,27 @@ __device__ __forceinline__ float swiglu_f(float g, float u, float limit) {
     return silu_f(g) * u;
 }
 
+// The expert activations of dayone_backend::ExpertAct, as the kernels number them: act 0/2
+// SwiGLU on rows [gate; up] (clamped when limit > 0); act 1 gpt-oss's GLU on interleaved rows
+// (2i gate, 2i + 1 up): g = min(g, limit), u = clamp(u, −limit, limit), (u + 1) · g · σ(αg)
+// (HF `GptOssExperts._apply_gate`).
+__device__ __forceinline__ u32 moe_gu_row(u32 o, bool up, u32 nout, u32 act) {
+    return act == 1 ? 2 * o + (up ? 1u : 0u) : (up ? nout + o : o);
+}
+__device__ __forceinline__ float moe_act_f(float g, float u, float limit, u32 act, float alpha) {
+    if (act == 1) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.f) * g / (1.f + expf(-alpha * g));
+    }
+    return swiglu_f(g, u, limit);
+}
+// Per-expert bias of weight row `row` (`bias` [E, wrows] or null).
+template <typename T>
+__device__ __forceinline__ float moe_bias(const T* bias, u32 expert, u32 wrows, u32 row) {
+    return bias ? to_f(bias[(u64)expert * wrows + row]) : 0.f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped GEMV (decode: at most MT rows per tile). A block of 256 threads owns RPW outputs of
 // one tile; GU: weight rows o (gate) and F + o (up) per output, else row o. Every weight byte of
@@ -196,7 +217,8 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
                                               const u32* __restrict__ sorted,
                                               const u32* __restrict__ tiles,
                                               const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                              u32 nout, u32 kdim, u32 wrows, float limit) {
+                                              u32 nout, u32 kdim, u32 wrows, float limit,
+                                              const T* __restrict__ bias, u32 act, float alpha) {
     constexpr int NW = GU ? 2 * RPW : RPW;
     __shared__ float red[8][NW * MT];
     grid_dep_wait();
@@ -209,8 +231,8 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
 #pragma unroll
     for (int r = 0; r < RPW; r++) {
         const u32 o = min(o0 + r, nout - 1);
-        wr[r] = wexp + (u64)o * kdim;
-        if (GU) wr[RPW + r] = wexp + (u64)(nout + o) * kdim;
+        wr[r] = wexp + (u64)(GU ? moe_gu_row(o, false, nout, act) : o) * kdim;
+        if (GU) wr[RPW + r] = wexp + (u64)moe_gu_row(o, true, nout, act) * kdim;
     }
     const T* xr[MT];
 #pragma unroll
@@ -268,8 +290,18 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
             g += red[wi][r * MT + i];
             if (GU) u += red[wi][(RPW + r) * MT + i];
         }
-        if (o0 + r < nout && i < tl.rows)
-            out[(u64)(tl.first + i) * nout + o0 + r] = from_f<T>(GU ? swiglu_f(g, u, limit) : g);
+        const u32 o = o0 + r;
+        if (o < nout && i < tl.rows) {
+            float v;
+            if (GU) {
+                g += moe_bias(bias, tl.expert, wrows, moe_gu_row(o, false, nout, act));
+                u += moe_bias(bias, tl.expert, wrows, moe_gu_row(o, true, nout, act));
+                v = moe_act_f(g, u, limit, act, alpha);
+            } else {
+                v = g + moe_bias(bias, tl.expert, wrows, o);
+            }
+            out[(u64)(tl.first + i) * nout + o] = from_f<T>(v);
+        }
     }
 }
 
@@ -290,7 +322,8 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
                                              const u32* __restrict__ sorted,
                                              const u32* __restrict__ tiles,
                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                             u32 nout, u32 kdim, u32 wrows, float limit) {
+                                             u32 nout, u32 kdim, u32 wrows, float limit,
+                                             const T* __restrict__ bias, u32 act, float alpha) {
     __shared__ __align__(16) T sa[MOE_STAGES][MOE_BM * MOE_LD];
     __shared__ __align__(16) T sb[MOE_STAGES][MOE_BN * MOE_LD];
     grid_dep_wait();
@@ -317,7 +350,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
         if (GU) {
             const u32 o = n0 + (br & 63);
             b_ok[i] = o < nout;
-            wrow = br < 64 ? o : nout + o;
+            wrow = moe_gu_row(o, br >= 64, nout, act);
         } else {
             wrow = n0 + br;
             b_ok[i] = wrow < nout;
@@ -394,13 +427,17 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     const u32 col = n0 + wn * 16 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) orow[col] = from_f<T>(swiglu_f(acc[mt][j][e], acc[mt][j + 2][e], limit));
+                    if (col < nout) {
+                        const float gv = acc[mt][j][e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, false, nout, act));
+                        const float uv = acc[mt][j + 2][e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, true, nout, act));
+                        orow[col] = from_f<T>(moe_act_f(gv, uv, limit, act, alpha));
+                    }
                 }
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const u32 col = n0 + wn * 32 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) orow[col] = from_f<T>(acc[mt][j][e]);
+                    if (col < nout) orow[col] = from_f<T>(acc[mt][j][e] + moe_bias(bias, tl.expert, wrows, col));
                 }
             }
         }
@@ -416,7 +453,8 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
                                              const u32* __restrict__ sorted,
                                              const u32* __restrict__ tiles,
                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                             u32 nout, u32 kdim, u32 wrows, float limit) {
+                                             u32 nout, u32 kdim, u32 wrows, float limit,
+                                             const T* __restrict__ bias, u32 act, float alpha) {
     __shared__ float sa[32][17];
     __shared__ float sw[64][17];
     grid_dep_wait();
@@ -439,7 +477,10 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
             const u32 r = e / 16, c = e % 16, kk = k0 + c;
             const u32 o = n0 + (r & 31);
             float v = 0.f;
-            if (o < nout && kk < kdim) v = to_f(wexp[(u64)(r < 32 ? o : nout + o) * kdim + kk]);
+            if (o < nout && kk < kdim) {
+                const u32 wrow = GU ? moe_gu_row(o, r >= 32, nout, act) : o;
+                v = to_f(wexp[(u64)wrow * kdim + kk]);
+            }
             sw[r][c] = v;
         }
         __syncthreads();
@@ -461,9 +502,17 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const u32 row = ty * 2 + i, col = n0 + tx * 2 + j;
-            if (row < tl.rows && col < nout)
-                out[(u64)(tl.first + row) * nout + col] =
-                    from_f<T>(GU ? swiglu_f(acc[0][i][j], acc[1][i][j], limit) : acc[0][i][j]);
+            if (row < tl.rows && col < nout) {
+                float v;
+                if (GU) {
+                    const float gv = acc[0][i][j] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, false, nout, act));
+                    const float uv = acc[1][i][j] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, true, nout, act));
+                    v = moe_act_f(gv, uv, limit, act, alpha);
+                } else {
+                    v = acc[0][i][j] + moe_bias(bias, tl.expert, wrows, col);
+                }
+                out[(u64)(tl.first + row) * nout + col] = from_f<T>(v);
+            }
         }
 }
 
@@ -495,8 +544,10 @@ __device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __
 
 #define MOE_ARGS(T)                                                                            \
     const T *a, const T *w, T *out, const u32 *offsets, const u32 *sorted, const u32 *tiles,  \
-        const u32 *ntiles, u32 bt, u32 gather_k, u32 nout, u32 kdim, u32 wrows, float limit
-#define MOE_PASS a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows, limit
+        const u32 *ntiles, u32 bt, u32 gather_k, u32 nout, u32 kdim, u32 wrows, float limit,  \
+        const T *bias, u32 act, float alpha
+#define MOE_PASS                                                                              \
+    a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows, limit, bias, act, alpha
 #define MOE_GEMV(S, T, MT)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_gu_m##MT(MOE_ARGS(T)) {     \
         moe_gemv_impl<T, true, MT, 2>(MOE_PASS);                                              \

@@ -2,6 +2,7 @@
 //! `moe_experts_ext` (projection biases, the interleaved clamped GLU), as plain kernels
 //! (`kernels/attention_ext.cu`, `kernels/moe_ext.cu`); without extras the tuned kernels run.
 
+use crate::mla_moe::MoeEpilogue;
 use crate::{check_dtype, dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{AttentionOptions, DType, DeviceStepMeta, ExpertAct, ExpertOptions};
@@ -107,16 +108,26 @@ impl CudaBackend {
         opts: &ExpertOptions<CudaTensor>,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts_ext";
-        // Without biases SwiGLU, clamped or not, takes the grouped GEMM/GEMV kernels.
-        let unbiased = opts.gate_up_bias.is_none() && opts.down_bias.is_none();
-        match opts.act {
-            ExpertAct::Swiglu if unbiased => {
-                return self.moe_experts_impl(x, ids, weights, gate_up, down, 0.0)
-            }
-            ExpertAct::SwigluClamped { limit } if unbiased && limit > 0.0 => {
-                return self.moe_experts_impl(x, ids, weights, gate_up, down, limit)
-            }
-            _ => {}
+        // The grouped GEMM/GEMV kernels (one launch per projection, tensor cores from a few
+        // tokens per expert) take SwiGLU, clamped or not, and gpt-oss's GLU with its biases;
+        // the plain kernels below are left for a SwiGLU with biases (no checkpoint has one).
+        let ep = match opts.act {
+            ExpertAct::Swiglu => Some(MoeEpilogue::swiglu(0.0)),
+            ExpertAct::SwigluClamped { limit } if limit > 0.0 => Some(MoeEpilogue::swiglu(limit)),
+            ExpertAct::GptOss { alpha, limit } => Some(MoeEpilogue {
+                act: 1,
+                limit,
+                alpha,
+                gate_up_bias: None,
+                down_bias: None,
+            }),
+            _ => None,
+        };
+        let biased = opts.gate_up_bias.is_some() || opts.down_bias.is_some();
+        if let Some(mut ep) = ep.filter(|ep| ep.act == 1 || !biased) {
+            ep.gate_up_bias = opts.gate_up_bias;
+            ep.down_bias = opts.down_bias;
+            return self.moe_experts_impl(x, ids, weights, gate_up, down, &ep);
         }
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d, e, f) = crate::mla_moe::check_experts(OP, x, ids, weights, gate_up, down)?;

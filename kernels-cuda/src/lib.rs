@@ -872,7 +872,14 @@ impl Backend for CudaBackend {
         gate_up: &CudaTensor,
         down: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.moe_experts_impl(x, ids, weights, gate_up, down, 0.0)
+        self.moe_experts_impl(
+            x,
+            ids,
+            weights,
+            gate_up,
+            down,
+            &mla_moe::MoeEpilogue::swiglu(0.0),
+        )
     }
 
     fn short_conv(

@@ -517,7 +517,7 @@ impl CudaBackend {
         weights: &CudaTensor,
         gate_up: &CudaTensor,
         down: &CudaTensor,
-        limit: f32,
+        ep: &MoeEpilogue,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -577,12 +577,46 @@ impl CudaBackend {
                 ntiles.device_ptr()
             ],
         )?;
-        // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert)
+        for (b, rows, what) in [
+            (ep.gate_up_bias, 2 * f, "gate_up_bias"),
+            (ep.down_bias, d, "down_bias"),
+        ] {
+            if let Some(b) = b {
+                if b.shape != [e, rows] {
+                    bail!("{OP}: {what} must be [{e}, {rows}], got {:?}", b.shape);
+                }
+                check_dtype(OP, what, b, x.dtype)?;
+            }
+        }
+        let bias_ptr = |b: Option<&CudaTensor>| b.map_or(0, |t| t.device_ptr());
+        // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert, bias)
         let projections = [
-            (plan.gate_up, x, gate_up, &h, k as u32, f, d, 2 * f, "gu"),
-            (plan.down, &h, down, &y2, 0u32, d, f, d, "dn"),
+            (
+                plan.gate_up,
+                x,
+                gate_up,
+                &h,
+                k as u32,
+                f,
+                d,
+                2 * f,
+                "gu",
+                bias_ptr(ep.gate_up_bias),
+            ),
+            (
+                plan.down,
+                &h,
+                down,
+                &y2,
+                0u32,
+                d,
+                f,
+                d,
+                "dn",
+                bias_ptr(ep.down_bias),
+            ),
         ];
-        for (kernel, a, w, o, gather, nout, kdim, wrows, tag) in projections {
+        for (kernel, a, w, o, gather, nout, kdim, wrows, tag, bias) in projections {
             let (name, cols) = match kernel {
                 MoeKernel::Gemv(mt) => (
                     format!("moe_gemv_{sfx}_{tag}_m{mt}"),
@@ -614,7 +648,10 @@ impl CudaBackend {
                     to_u32(OP, "output width", nout)?,
                     to_u32(OP, "reduction width", kdim)?,
                     to_u32(OP, "weight rows", wrows)?,
-                    limit
+                    ep.limit,
+                    bias,
+                    ep.act,
+                    ep.alpha
                 ],
             )?;
         }
@@ -636,5 +673,31 @@ impl CudaBackend {
             ],
         )?;
         Ok(out)
+    }
+}
+
+/// What the grouped expert kernels apply around their GEMMs (`kernels/moe.cu`, `moe_act_f`).
+pub(crate) struct MoeEpilogue<'a> {
+    /// 0: SwiGLU on rows `[gate; up]` (clamped when `limit` > 0); 1: gpt-oss's GLU on
+    /// interleaved rows with `alpha` and `limit`.
+    pub act: u32,
+    pub limit: f32,
+    pub alpha: f32,
+    /// `[E, 2F]` in the activation dtype, added before the activation.
+    pub gate_up_bias: Option<&'a CudaTensor>,
+    /// `[E, D]` in the activation dtype, added to each expert's output before the routing weight.
+    pub down_bias: Option<&'a CudaTensor>,
+}
+
+impl MoeEpilogue<'_> {
+    /// Plain SwiGLU, clamped at `limit` when > 0, no biases.
+    pub(crate) fn swiglu(limit: f32) -> Self {
+        MoeEpilogue {
+            act: 0,
+            limit,
+            alpha: 0.0,
+            gate_up_bias: None,
+            down_bias: None,
+        }
     }
 }
