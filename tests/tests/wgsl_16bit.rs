@@ -13,15 +13,25 @@ use dayone_tests::{check_golden_dir, fixture, wgsl};
 use dayone_wgsl::{KernelChoice, Options, WgslBackend};
 use std::path::Path;
 
-/// Writes `tensors` (name, shape, little-endian bf16 bytes) as one safetensors file.
-fn write_bf16_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]) -> Result<()> {
+/// Writes `tensors` (name, shape, little-endian bytes of `dtype`, BF16 or F16) as one
+/// safetensors file.
+fn write_safetensors(
+    path: &Path,
+    dtype: DType,
+    tensors: &[(String, Vec<usize>, Vec<u8>)],
+) -> Result<()> {
+    let spelled = match dtype {
+        DType::BF16 => "BF16",
+        DType::F16 => "F16",
+        other => anyhow::bail!("write_safetensors: {other} is not a 16-bit float"),
+    };
     let mut header = serde_json::Map::new();
     let mut offset = 0usize;
     for (name, shape, bytes) in tensors {
         header.insert(
             name.clone(),
             serde_json::json!({
-                "dtype": "BF16",
+                "dtype": spelled,
                 "shape": shape,
                 "data_offsets": [offset, offset + bytes.len()],
             }),
@@ -39,8 +49,9 @@ fn write_bf16_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)]
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
-/// A copy of fixture `name` (an f32 safetensors checkpoint) with every tensor stored in bf16.
-fn bf16_copy(name: &str) -> Result<tempfile::TempDir> {
+/// A copy of fixture `name` (an f32 safetensors checkpoint) with every tensor stored in
+/// `dtype` (BF16 or F16, rounded to nearest even).
+fn copy_as(name: &str, dtype: DType) -> Result<tempfile::TempDir> {
     let src_dir = fixture(name);
     let dir = tempfile::tempdir()?;
     for entry in std::fs::read_dir(&src_dir)? {
@@ -57,11 +68,11 @@ fn bf16_copy(name: &str) -> Result<tempfile::TempDir> {
         .into_iter()
         .map(|n| {
             let t = src.load(&n)?;
-            let b = HostTensor::from_f32_as(t.shape.clone(), &t.to_f32(), DType::BF16)?;
+            let b = HostTensor::from_f32_as(t.shape.clone(), &t.to_f32(), dtype)?;
             Ok((n, b.shape, b.data))
         })
         .collect::<Result<_>>()?;
-    write_bf16_safetensors(&dir.path().join("model.safetensors"), &tensors)?;
+    write_safetensors(&dir.path().join("model.safetensors"), dtype, &tensors)?;
     Ok(dir)
 }
 
@@ -75,7 +86,7 @@ fn config(dtype: DType) -> EngineConfig {
 
 #[test]
 fn auto_keeps_a_bf16_checkpoint_16_bit_on_wgsl() -> Result<()> {
-    let dir = bf16_copy("llama_tiny")?;
+    let dir = copy_as("llama_tiny", DType::BF16)?;
     let ckpt16 = loader::open(dir.path())?;
     let ckpt32 = loader::open(&fixture("llama_tiny"))?;
     let stored16 = loader::stored_float_dtype(ckpt16.tensors.as_ref());
@@ -115,4 +126,20 @@ fn auto_keeps_a_bf16_checkpoint_16_bit_on_wgsl() -> Result<()> {
         ..Default::default()
     })?;
     check_golden_dir(gpu_kernels, "llama_tiny", dir.path(), config(auto16))
+}
+
+/// An f16 checkpoint: there is no f16 weight kernel, so `auto` on WGSL rounds it to bf16 at
+/// load (16-bit on the device, still within the bf16 golden rule).
+#[test]
+fn auto_stores_an_f16_checkpoint_as_bf16_on_wgsl() -> Result<()> {
+    let dir = copy_as("llama_tiny", DType::F16)?;
+    let ckpt = loader::open(dir.path())?;
+    let stored = loader::stored_float_dtype(ckpt.tensors.as_ref());
+    ensure!(stored == Some(DType::F16), "f16 copy read as {stored:?}");
+    let dtype = auto_dtype(BackendName::Wgsl, stored);
+    ensure!(dtype == DType::BF16, "auto on WGSL for f16: {dtype}");
+    let e = Engine::new(wgsl(), &ckpt, &config(dtype), None)?;
+    ensure!(e.weight_dtype() == DType::BF16 && e.activation_dtype() == DType::F32);
+    drop(e);
+    check_golden_dir(wgsl(), "llama_tiny", dir.path(), config(dtype))
 }
