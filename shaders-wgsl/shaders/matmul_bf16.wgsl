@@ -53,10 +53,6 @@ fn x8(base: u32, i: u32) -> X8 {
     return X8(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));
 }
 
-fn dot8(x: X8, w: vec4<u32>) -> f32 {
-    return dot(x.e, lo(w)) + dot(x.o, hi(w));
-}
-
 // Decode, lanes over n (CPU). Grid: x = ceil(ceil(n_chunk / 4) / 64), y = M.
 @compute @workgroup_size(64)
 fn matvec_b16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -147,40 +143,87 @@ fn matmul_b16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
-// Decode, workgroup reduction along K (GPU). Grid: 2-D over ceil(n_chunk / 4) * M workgroups.
-var<workgroup> red: array<vec4<f32>, 64>;
+// Decode and short steps on GPUs (M <= WG_MAX_M in linear.rs): a workgroup computes 4 outputs
+// (n) for up to 4 tokens (m). Its 64 invocations stride along K with 16-byte loads (8 weights),
+// each weight load serving every token of the tile, then a workgroup tree reduction. A token's
+// sums are formed in the same order whatever the other tokens of its tile (M = 1 sums as M = 4).
+// Grid: 2-D over ceil(n_chunk / 4) * ceil(M / 4) workgroups.
+var<workgroup> red: array<array<vec4<f32>, 64>, 4>;
+
+// The 4 outputs of one token for one 8-weight step of the 4 rows (unpacked as lo/hi pairs).
+fn dot4x8(x: X8, l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>,
+          h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(x.e, l0) + dot(x.o, h0), dot(x.e, l1) + dot(x.o, h1),
+                     dot(x.e, l2) + dot(x.o, h2), dot(x.e, l3) + dot(x.o, h3));
+}
 
 @compute @workgroup_size(64)
 fn matvec_wg_b16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let tiles = (P.n_chunk + 3u) / 4u;
     let id = wid.x + wid.y * nwg.x;
-    let m = id / tiles;
-    let n0 = (id - m * tiles) * 4u;
-    if (m >= P.m) {
+    let mt = id / tiles;
+    let n0 = (id - mt * tiles) * 4u;
+    let m0 = mt * 4u;
+    if (m0 >= P.m) {
         return;
     }
+    // Tokens of this tile (uniform in the workgroup).
+    let mc = min(4u, P.m - m0);
     let k8 = P.k / 8u;
+    let k4 = P.k / 4u;
     let last = P.n_chunk - 1u;
     let r0 = n0 * k8;
     let r1 = min(n0 + 1u, last) * k8;
     let r2 = min(n0 + 2u, last) * k8;
     let r3 = min(n0 + 3u, last) * k8;
-    let xb = m * (P.k / 4u);
-    var acc = vec4<f32>(0.0);
+    // One accumulator per token, named (not an indexed array, which a GPU compiler may put in
+    // local memory); the branches on `mc` are uniform.
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
     for (var i = lid; i < k8; i += 64u) {
-        let xv = x8(xb, i);
-        acc += vec4<f32>(dot8(xv, w8[r0 + i]), dot8(xv, w8[r1 + i]), dot8(xv, w8[r2 + i]), dot8(xv, w8[r3 + i]));
+        let v0 = w8[r0 + i];
+        let v1 = w8[r1 + i];
+        let v2 = w8[r2 + i];
+        let v3 = w8[r3 + i];
+        let l0 = lo(v0);
+        let h0 = hi(v0);
+        let l1 = lo(v1);
+        let h1 = hi(v1);
+        let l2 = lo(v2);
+        let h2 = hi(v2);
+        let l3 = lo(v3);
+        let h3 = hi(v3);
+        a0 += dot4x8(x8(m0 * k4, i), l0, h0, l1, h1, l2, h2, l3, h3);
+        if (mc > 1u) {
+            a1 += dot4x8(x8((m0 + 1u) * k4, i), l0, h0, l1, h1, l2, h2, l3, h3);
+        }
+        if (mc > 2u) {
+            a2 += dot4x8(x8((m0 + 2u) * k4, i), l0, h0, l1, h1, l2, h2, l3, h3);
+        }
+        if (mc > 3u) {
+            a3 += dot4x8(x8((m0 + 3u) * k4, i), l0, h0, l1, h1, l2, h2, l3, h3);
+        }
     }
-    red[lid] = acc;
+    red[0][lid] = a0;
+    red[1][lid] = a1;
+    red[2][lid] = a2;
+    red[3][lid] = a3;
     workgroupBarrier();
     for (var st = 32u; st > 0u; st >>= 1u) {
         if (lid < st) {
-            red[lid] += red[lid + st];
+            for (var j = 0u; j < mc; j++) {
+                red[j][lid] += red[j][lid + st];
+            }
         }
         workgroupBarrier();
     }
-    if (lid < 4u) {
-        store(m, n0 + lid, red[0][lid]);
+    if (lid < 16u) {
+        let j = lid / 4u;
+        if (j < mc) {
+            store(m0 + j, n0 + lid % 4u, red[j][0][lid % 4u]);
+        }
     }
 }

@@ -105,6 +105,11 @@ fn packed_bf16_weights() -> anyhow::Result<()> {
             (5, 64, 33, true),
             (9, 40, 21, false),
             (4, 16, 120, false),
+            // GPU kernels: 4 tokens per workgroup up to 16 tokens (a partial last tile, the
+            // limit), the tiled matmul above it.
+            (7, 64, 30, true),
+            (16, 24, 13, false),
+            (17, 24, 9, true),
         ] {
             let x = conformance::rand_tensor(&mut rng, &[m, k], DType::F32, 1.0)?;
             let w = conformance::rand_tensor(&mut rng, &[n, k], DType::BF16, 1.0)?;
@@ -120,6 +125,23 @@ fn packed_bf16_weights() -> anyhow::Result<()> {
             );
             conformance::compare("linear (bf16 w)", &case, &b.download(&got)?, &want, 1e-4)?;
             conformance::compare("upload/download (bf16)", &case, &b.download(&wd)?, &w, 0.0)?;
+        }
+        // Long rows in one buffer: each invocation of a K-splitting workgroup sums several steps.
+        let whole = WgslBackend::with_options(Options {
+            kernels,
+            ..Default::default()
+        })?;
+        for &(m, k, n) in &[(1usize, 1040usize, 12usize), (6, 1040, 9), (3, 2048, 5)] {
+            let x = conformance::rand_tensor(&mut rng, &[m, k], DType::F32, 1.0)?;
+            let w = conformance::rand_tensor(&mut rng, &[n, k], DType::BF16, 1.0)?;
+            let got = whole.linear(&whole.upload(&x)?, &whole.upload(&w)?, None)?;
+            conformance::compare(
+                "linear (bf16 w, long rows)",
+                &format!("{kernels:?} [{m},{k}]x[{n},{k}]"),
+                &whole.download(&got)?,
+                &reference::linear(&x, &w, None)?,
+                1e-4,
+            )?;
         }
         let table = conformance::rand_tensor(&mut rng, &[50, 24], DType::BF16, 1.0)?;
         let ids = HostTensor::from_u32(vec![6], &[49, 0, 7, 7, 30, 1])?;

@@ -4,6 +4,12 @@ use crate::{pipelines, WTensor, WgslBackend, MAX_GROUPS};
 use anyhow::{ensure, Result};
 use dayone_backend::DType;
 
+/// Largest step (tokens) whose bf16 `linear` takes the workgroup-reduction kernel on GPU
+/// adapters (`matvec_wg_b16`, weights read once per 4 tokens) instead of the 4×4-tile matmul,
+/// which splits no sum along K and so launches only `N/256 · M/4` workgroups: too few to fill a
+/// large GPU for short steps (decode batches, the tail of a chunked prefill).
+const WG_MAX_M: usize = 16;
+
 impl WgslBackend {
     pub(crate) fn embedding_impl(&self, table: &WTensor, ids: &WTensor) -> Result<WTensor> {
         const OP: &str = "embedding";
@@ -128,19 +134,21 @@ impl WgslBackend {
             let bufs = [xb, &c.buf, bb, ob];
             let bf16 = w.dtype == DType::BF16;
             let tiles = (n_chunk as u64).div_ceil(4);
-            // (kernel, grid): decode (M < 4) and prefill kernels, f32 or packed-bf16 weights.
+            // (kernel, grid): decode (M < 4; bf16 on GPUs: M ≤ WG_MAX_M) and prefill kernels,
+            // f32 or packed-bf16 weights.
             let (spec, g) = if !bf16 && !k.is_multiple_of(4) {
                 (
                     &pipelines::MATMUL_S,
                     Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?,
                 )
+            } else if bf16 && m <= WG_MAX_M && !self.cpu_kernels && !self.invariant() {
+                // 4 outputs × up to 4 tokens per workgroup: each weight load serves 4 tokens.
+                (
+                    &pipelines::MATVEC_WG_B16,
+                    Self::grid(OP, tiles * (m as u64).div_ceil(4))?,
+                )
             } else if m < 4 && !self.cpu_kernels && !self.invariant() {
-                let spec = if bf16 {
-                    &pipelines::MATVEC_WG_B16
-                } else {
-                    &pipelines::MATVEC_WG
-                };
-                (spec, Self::grid(OP, tiles * m as u64)?)
+                (&pipelines::MATVEC_WG, Self::grid(OP, tiles * m as u64)?)
             } else if m < 4 && !self.invariant() {
                 let spec = if bf16 {
                     &pipelines::MATVEC_B16
