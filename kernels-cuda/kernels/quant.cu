@@ -417,8 +417,9 @@ __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
                                                    const float* __restrict__ weights,
                                                    T* __restrict__ y, u32 n, u32 k, u32 d) {
     grid_dep_wait();
-    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
-        for (u32 c = threadIdx.x; c < d; c += blockDim.x) {
+    // grid = (column blocks, tokens): a decode step's one token still spreads over the SMs.
+    for (u32 t = blockIdx.y; t < n; t += gridDim.y) {
+        for (u32 c = blockIdx.x * blockDim.x + threadIdx.x; c < d; c += gridDim.x * blockDim.x) {
             float acc = 0.f;
             for (u32 j = 0; j < k; j++) {
                 const u32 sp = pos[(u64)t * k + j];

@@ -232,7 +232,11 @@ impl CudaBackend {
         self.launch(
             OP,
             &comb,
-            (launch::row_grid(n, 65535), 1, 1),
+            (
+                to_u32(OP, "column blocks", d.div_ceil(256).min(65535))?,
+                launch::row_grid(n, 65535),
+                1,
+            ),
             (256, 1, 1),
             0,
             kparams![
