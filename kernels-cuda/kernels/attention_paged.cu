@@ -525,6 +525,9 @@ DAYONE_FOR_FLOAT_TYPES(ATTN_ALL)
 // Requirements (checked on the host): hd_k and hd_v multiples of 16, hd_k <= 256, hd_v <= DV.
 // Dynamic shared memory: Q [64][hdk+8], K [64][hdk+8], V [64][hdv+8] in T, then [64] u32.
 // grid = (ceil(max query tokens / tq), Hkv · ceil(G / hc), S), block = 128, tq · hc <= 64.
+// attn_mma_ext_*: the same with gpt-oss's extras (dayone_backend::AttentionOptions): a sliding
+// window (keys p + 1 − window ..= p; 0: all; tiles before the block's first visible key are
+// skipped) and per-head sink logits `sinks` [H] f32 (or null) that start each row's softmax.
 
 // smem_addr, ldsm_x4, ldsm_x4_t and Mma<T> live in common.cuh.
 
@@ -534,7 +537,8 @@ __device__ __forceinline__ void attn_mma_impl(
     const u32* __restrict__ query_start, const u32* __restrict__ positions,
     const u32* __restrict__ block_tables, T* __restrict__ out, u32 h, u32 hkv, u32 hdk, u32 hdv,
     u32 bs, u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, u32 ichunk,
-    u32 nsplit, u32 qtiles, float* __restrict__ part_o, float* __restrict__ part_ml) {
+    u32 nsplit, u32 qtiles, float* __restrict__ part_o, float* __restrict__ part_ml,
+    const float* __restrict__ sinks, u32 window) {
     constexpr int ROWS = 64, BK = 64, NT = DV / 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* sq = reinterpret_cast<T*>(smem_raw);
@@ -558,9 +562,16 @@ __device__ __forceinline__ void attn_mma_impl(
     const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const u32 g = lane >> 2, t4 = lane & 3;
 
-    u32 kv_end = 0;
-    for (u32 i = 0; i < ntok; i++) kv_end = max(kv_end, positions[t0 + i] + 1);
+    u32 kv_end = 0, kv_begin = 0xffffffffu;
+    for (u32 i = 0; i < ntok; i++) {
+        const u32 p = positions[t0 + i];
+        kv_end = max(kv_end, p + 1);
+        // Sliding window (gpt-oss): row p sees keys p + 1 - window ..= p; the first tile that
+        // any row of the block sees.
+        kv_begin = min(kv_begin, (window > 0 && p + 1 > window) ? p + 1 - window : 0u);
+    }
     kv_end = min(kv_end, max_blocks * bs);
+    kv_begin = (kv_begin / BK) * BK;
 
     // Q rows into shared memory (zeros for rows past the block's tokens/heads).
     const u32 qvec = hdk / 8;
@@ -581,6 +592,18 @@ __device__ __forceinline__ void attn_mma_impl(
         rpos[i] = rvalid[i] ? positions[t0 + tok] : 0;
     }
     float m[2] = {NEG_INF_F, NEG_INF_F}, l[2] = {0.f, 0.f};
+    if (sinks) {
+        // Attention sinks (gpt-oss): one more logit per row, taking mass and adding no value;
+        // the online softmax starts from it (l counted once per quad of lanes sharing a row).
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const u32 r = w * 16 + g + 8 * i;
+            if (rvalid[i]) {
+                m[i] = sinks[hbase + r % hc] * 1.4426950408889634f;
+                l[i] = t4 == 0 ? 1.f : 0.f;
+            }
+        }
+    }
     float o[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
@@ -598,7 +621,7 @@ __device__ __forceinline__ void attn_mma_impl(
         c_last = nsplit > 1 ? split + 1 : (kv_end + ichunk - 1) / ichunk;
     }
     for (u32 c = c_first; c < c_last; c++) {
-    const u32 kbeg = INV ? c * ichunk : 0;
+    const u32 kbeg = INV ? c * ichunk : kv_begin;
     const u32 kfin = INV ? min(kbeg + ichunk, kv_end) : kv_end;
     for (u32 kb = kbeg; kb < kfin; kb += BK) {
         __syncthreads();  // previous tile consumed (and Q written, the first time)
@@ -649,7 +672,8 @@ __device__ __forceinline__ void attn_mma_impl(
             for (int e = 0; e < 4; e++) {
                 const int i = e >> 1;
                 const u32 kj = j * 8 + t4 * 2 + (e & 1);
-                const bool ok = rvalid[i] && kb + kj <= rpos[i] && sok[kj] != 0u;
+                const bool ok = rvalid[i] && kb + kj <= rpos[i] && sok[kj] != 0u &&
+                                (window == 0 || kb + kj + window > rpos[i]);
                 sc[j][e] = ok ? sc[j][e] * scale_log2 : NEG_INF_F;
                 mx[i] = fmaxf(mx[i], sc[j][e]);
             }
@@ -789,7 +813,17 @@ __device__ __forceinline__ void attn_mma_impl(
         grid_dep_wait();                                                                      \
         attn_mma_impl<T, DV, false>(q, kc, vc, query_start, positions, block_tables, out, h,  \
                                     hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,        \
-                                    scale_log2, 0, 1, 1, nullptr, nullptr);                   \
+                                    scale_log2, 0, 1, 1, nullptr, nullptr, nullptr, 0);       \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma_ext_##S##_d##DV(               \
+        const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
+        const u32* block_tables, T* out, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs,            \
+        u32 max_blocks, u32 num_blocks, u32 hc, u32 tq, float scale_log2, const float* sinks, \
+        u32 window) {                                                                         \
+        grid_dep_wait();                                                                      \
+        attn_mma_impl<T, DV, false>(q, kc, vc, query_start, positions, block_tables, out, h,  \
+                                    hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,        \
+                                    scale_log2, 0, 1, 1, nullptr, nullptr, sinks, window);    \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(128) attn_mma_inv_##S##_d##DV(               \
         const T* q, const T* kc, const T* vc, const u32* query_start, const u32* positions,   \
@@ -799,7 +833,8 @@ __device__ __forceinline__ void attn_mma_impl(
         grid_dep_wait();                                                                      \
         attn_mma_impl<T, DV, true>(q, kc, vc, query_start, positions, block_tables, out, h,   \
                                    hkv, hdk, hdv, bs, max_blocks, num_blocks, hc, tq,         \
-                                   scale_log2, ichunk, nsplit, qtiles, part_o, part_ml);      \
+                                   scale_log2, ichunk, nsplit, qtiles, part_o, part_ml,       \
+                                   nullptr, 0);                                               \
     }
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 ATTN_MMA(bf16, bf16, 64) ATTN_MMA(bf16, bf16, 128) ATTN_MMA(bf16, bf16, 256)

@@ -16,6 +16,31 @@ impl CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
         scale: f32,
     ) -> Result<CudaTensor> {
+        self.attention_with(q, k_cache, v_cache, meta, scale, None)
+    }
+
+    /// Whether [`Self::attention_with`] takes gpt-oss's extras for these shapes: the
+    /// tensor-core kernel (bf16/f16, head dims it covers), outside batch-invariant mode.
+    pub(crate) fn attention_ext_on_mma(&self, q: &CudaTensor, hdk: usize, hdv: usize) -> bool {
+        q.dtype != DType::F32
+            && self.mma_attention
+            && !self.invariant()
+            && launch::mma_dv(hdk, hdv).is_some()
+            && launch::mma_smem_bytes(hdk, hdv) <= self.info.max_smem_optin as usize
+    }
+
+    /// Paged attention; with `ext` = (sinks pointer or 0, window or 0) every step (decode too)
+    /// runs on the tensor-core kernel with the extras (the caller checked
+    /// [`Self::attention_ext_on_mma`]).
+    pub(crate) fn attention_with(
+        &self,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+        scale: f32,
+        ext: Option<(u64, u32)>,
+    ) -> Result<CudaTensor> {
         const OP: &str = "paged_attention";
         let sfx = dtype_suffix(OP, q.dtype)?;
         if q.shape.len() != 3 {
@@ -88,7 +113,9 @@ impl CudaBackend {
         let tpk = launch::decode_tpk(hdk, hdv);
         // Batch-invariant mode: decode takes the prefill kernels (per-row, keys in tiles from
         // position 0), whose result for a query does not depend on the step's other queries.
-        if let Some(tpk) = tpk.filter(|_| max_q <= 1 && n <= 65535 && !self.invariant()) {
+        if let Some(tpk) =
+            tpk.filter(|_| ext.is_none() && max_q <= 1 && n <= 65535 && !self.invariant())
+        {
             let gb = launch::decode_gb(g);
             let gchunks = g.div_ceil(gb as usize);
             let step = (launch::ATTN_THREADS / tpk) * launch::DECODE_UNROLL;
@@ -173,6 +200,7 @@ impl CudaBackend {
             s,
             max_q,
             max_kv,
+            ext,
         };
         // Tensor-core kernel: prefill, chunked prefill and mixed steps in bf16/f16.
         let mma_smem = launch::mma_smem_bytes(hdk, hdv);
@@ -182,15 +210,23 @@ impl CudaBackend {
                 && mma_smem <= self.info.max_smem_optin as usize
         }) {
             let (hc, tq) = launch::mma_rows(g);
+            let family = if ext.is_some() {
+                "attn_mma_ext"
+            } else {
+                "attn_mma"
+            };
             self.launch_tiled(
                 &common,
-                "attn_mma",
+                family,
                 sfx,
                 &format!("d{dv}"),
                 (hc, tq, g),
                 mma_smem,
             )?;
             return Ok(out);
+        }
+        if ext.is_some() {
+            bail!("{OP}: the sink/window kernel needs bf16/f16 and head dims the tensor-core kernel takes");
         }
         // Tiled FMA kernel: f32, or head dims the other kernels do not cover.
         let vpl = launch::tiled_vpl(hdv)
@@ -302,6 +338,8 @@ struct TiledLaunch<'a> {
     s: usize,
     max_q: usize,
     max_kv: usize,
+    /// gpt-oss's (sinks pointer or 0, window or 0) for `attn_mma_ext`.
+    ext: Option<(u64, u32)>,
 }
 
 impl CudaBackend {
@@ -384,15 +422,44 @@ impl CudaBackend {
             po,
             pml
         ];
-        // The default kernels take the first 17 parameters; the `_inv` ones also the chunking.
-        let used = if inv { params.len() } else { 17 };
+        // The default kernels take the first 17 parameters; the `_inv` ones also the chunking;
+        // `attn_mma_ext` the sinks and the window instead.
+        let (sinks, window) = c.ext.unwrap_or((0, 0));
+        let ext_params = kparams![
+            ptrs[0],
+            ptrs[1],
+            ptrs[2],
+            ptrs[3],
+            ptrs[4],
+            ptrs[5],
+            ptrs[6],
+            hu,
+            hkvu,
+            hdku,
+            hdvu,
+            bsu,
+            mbu,
+            nbu,
+            hc,
+            tq,
+            c.scale_log2,
+            sinks,
+            window
+        ];
+        let params: &mut [_] = if c.ext.is_some() {
+            &mut ext_params[..]
+        } else if inv {
+            &mut params[..]
+        } else {
+            &mut params[..17]
+        };
         self.launch(
             OP,
             &f,
             (to_u32(OP, "grid.x", qtiles * nsplit)?, gy, c.s as u32),
             (launch::ATTN_THREADS, 1, 1),
             smem as u32,
-            &mut params[..used],
+            params,
         )?;
         if nsplit > 1 {
             let f = self.func("attention_paged", sfx, &format!("attn_fold_{sfx}"))?;

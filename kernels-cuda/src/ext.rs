@@ -63,11 +63,18 @@ impl CudaBackend {
             }
         }
         hm.check_tables(OP, n)?;
+        if self.attention_ext_on_mma(q, hdk, hdv) {
+            // bf16/f16: the tensor-core kernel with the extras, for prefill and decode alike.
+            let sinks = opts.sinks.map_or(0u64, |s| s.device_ptr());
+            let window = to_u32(OP, "window", opts.window.unwrap_or(0))?;
+            return self.attention_with(q, k_cache, v_cache, meta, scale, Some((sinks, window)));
+        }
         self.bind()?;
         let out = self.alloc(vec![n, h, hdv], q.dtype)?;
         if n == 0 || h == 0 {
             return Ok(out);
         }
+        // f32, batch-invariant mode, or head dims the tensor-core kernel does not take.
         let f = self.func("attention_ext", sfx, &format!("attn_ext_{sfx}"))?;
         self.launch(
             OP,
