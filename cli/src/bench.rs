@@ -237,14 +237,23 @@ fn bench(
 ) -> Result<()> {
     let names = ckpt.tensors.names();
     let tied = !names.iter().any(|n| n == "lm_head.weight");
-    let elems = |keep: &dyn Fn(&str) -> bool| -> usize {
+    // (float elements, low-bit bytes): float weights are resident in the weight dtype, packed
+    // codes and scales kept low-bit on the device in their stored bytes.
+    let keep_low_bit = !cfg.dequantize_at_load;
+    let elems = |keep: &dyn Fn(&str) -> bool| -> (usize, usize) {
         names
             .iter()
             .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
             .filter(|n| !n.ends_with("_scale_inv") && keep(n))
-            .filter_map(|n| ckpt.tensors.shape(n))
-            .map(|s| s.iter().product::<usize>())
-            .sum()
+            .filter_map(|n| {
+                let low = ckpt.tensors.low_bit_bytes(n).filter(|_| keep_low_bit);
+                let shape = ckpt.tensors.shape(n)?;
+                Some(match low {
+                    Some(bytes) => (0, bytes),
+                    None => (shape.iter().product::<usize>(), 0),
+                })
+            })
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     };
     // Routed experts are read only when chosen: count them separately (see `WeightBytes`).
     // A vision tower and its projector run once per image, not per decode step.
@@ -276,8 +285,8 @@ fn bench(
     // checkpoint, although it computes in f32).
     let wsize = info.weight_dtype.size();
     let weights = WeightBytes {
-        dense: (dense_elems * wsize) as f64,
-        experts: (expert_elems * wsize) as f64,
+        dense: (dense_elems.0 * wsize + dense_elems.1) as f64,
+        experts: (expert_elems.0 * wsize + expert_elems.1) as f64,
         experts_per_layer: match model {
             ModelConfig::DeepseekV3(c) => (c.n_routed_experts, c.num_experts_per_tok),
             ModelConfig::KimiLinear(c) => (c.num_local_experts, c.num_experts_per_tok),
