@@ -646,6 +646,34 @@ pub trait Backend: Send + Sync + Sized + 'static {
         0
     }
 
+    /// Records the device work `f` queues (a decode step's forward) as a graph that
+    /// [`Backend::replay_graph`] re-runs on the same buffers: `f` runs once, capturing instead
+    /// of executing, and its output tensor is the one every replay writes. The inputs `f` reads
+    /// must be tensors that outlive the graph and are refreshed in place before each replay
+    /// ([`Backend::write_rows`]); host-dependent choices made inside `f` (kernel variants,
+    /// grids) are frozen. `Ok(None)`: the backend has no graphs (the default). Errors: `f`
+    /// failed, or did something a graph cannot hold (a read-back, an upload, a synchronisation);
+    /// nothing is kept then and the caller runs eagerly.
+    #[allow(clippy::type_complexity)]
+    fn capture_graph(
+        &self,
+        _f: &mut dyn FnMut() -> Result<Self::Tensor>,
+    ) -> Result<Option<(u64, Self::Tensor)>> {
+        Ok(None)
+    }
+
+    /// Re-runs graph `id` of [`Backend::capture_graph`] (queued like other work). Errors: an
+    /// unknown id, or a backend without graphs.
+    fn replay_graph(&self, id: u64) -> Result<()> {
+        anyhow::bail!(
+            "replay_graph({id}): the {} backend has no graphs",
+            self.name()
+        )
+    }
+
+    /// Frees graph `id` and the memory reserved for it (no-op for an unknown id).
+    fn drop_graph(&self, _id: u64) {}
+
     /// Uploads one step's metadata (one host→device copy per field).
     fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<Self::Tensor>> {
         let u = |v: &[u32]| {

@@ -123,6 +123,11 @@ pub struct EngineArgs {
     /// The shape-dependent (faster) kernels even if the config file asks for batch invariance.
     #[arg(long)]
     pub no_batch_invariant: bool,
+    /// Run every decode step eagerly (kernel by kernel), never as a CUDA graph. By default
+    /// CUDA captures pure-decode steps of attention-only models once per batch bucket and
+    /// context-width bucket and replays them (vLLM's `--enforce-eager` turns the same off).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// A command's own defaults, below the config file and the flags.
@@ -267,6 +272,9 @@ impl EngineArgs {
         }
         if self.no_batch_invariant {
             s.runtime.batch_invariant = Some(false);
+        }
+        if self.enforce_eager {
+            s.runtime.enforce_eager = Some(true);
         }
         s
     }

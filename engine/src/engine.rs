@@ -16,6 +16,7 @@ use dayone_backend::{Backend, DType, HostTensor, StepMeta, TensorInfo};
 use std::time::Instant;
 
 mod follow;
+pub mod graphs;
 mod media;
 mod paging;
 mod vision_tower;
@@ -84,6 +85,9 @@ pub struct EngineConfig {
     /// cut (prefix-cache hits, chunk sizes, preemption). CPU and WGSL always are; CUDA gives up
     /// cuBLAS, the decode GEMV and split-K decode attention for it.
     pub batch_invariant: bool,
+    /// Never run decode steps as graphs (`--enforce-eager`; see `engine/graphs.rs`).
+    #[serde(default)]
+    pub enforce_eager: bool,
 }
 
 /// `DAYONE_MLA_PREFILL` = `absorbed`, `expanded` or `auto` (the default; anything else is
@@ -153,6 +157,7 @@ impl Default for EngineConfig {
             mla_prefill: mla_prefill_from_env(),
             dequantize_at_load: false,
             batch_invariant: false,
+            enforce_eager: false,
         }
     }
 }
@@ -238,6 +243,8 @@ pub struct Engine<B: Backend> {
     rank_memory: Vec<(u64, u64)>,
     /// The vision tower, encoder cache and requests' image spans ([`media`]).
     media: media::Media<B>,
+    /// Decode steps as graphs ([`graphs`]); `None` with `--enforce-eager`.
+    graphs: Option<graphs::DecodeGraphs<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -472,6 +479,7 @@ impl<B: Backend> Engine<B> {
         }
         Ok(Self {
             media,
+            graphs: (!cfg.enforce_eager).then(graphs::DecodeGraphs::default),
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
             activation_dtype: act,
@@ -804,9 +812,8 @@ impl<B: Backend> Engine<B> {
         }
         // Prefix hits on a recurrent model resume from a state checkpoint.
         self.copy_state_slots(&plan.restores)?;
-        let (ids, meta, rows) = self.build_step(&chunks);
+        let (host_ids, meta, rows) = self.build_step(&chunks);
         let b = &self.backend;
-        let ids = b.upload(&HostTensor::from_u32(vec![ids.len()], &ids)?)?;
         let want: Vec<usize> = chunks
             .iter()
             .filter(|c| c.wants_logits)
@@ -817,10 +824,45 @@ impl<B: Backend> Engine<B> {
             .map(|c| self.scheduler.running[c.index].id)
             .collect();
         let splice = self.media.splice(&chunks, &seq_ids, &meta.query_start)?;
-        let meta = b.upload_meta(meta)?;
-        let logits =
-            self.model
-                .forward_spliced(b, &ids, splice.as_ref(), &meta, &self.cache, None)?;
+        // Pure decode of an attention-only model on one device: a graph when the backend has
+        // them ([`graphs`]); its logits have `bucket` rows, the real ones first.
+        let decode_only = chunks.iter().all(|c| c.len == 1 && c.wants_logits)
+            && rows.scored.is_empty()
+            && splice.is_none()
+            && self.mirror.is_none()
+            && !self.cache_spec_recurrent;
+        let max_blocks = self.max_context.div_ceil(self.cache.block_size);
+        let graphed = match self.graphs.as_mut().filter(|_| decode_only) {
+            Some(g) => g.run(
+                b,
+                self.model.as_ref(),
+                &self.cache,
+                &host_ids,
+                &meta,
+                max_blocks,
+            )?,
+            None => None,
+        };
+        let (logits, logit_rows_total) = match graphed {
+            Some(l) => {
+                let rows_total = l.shape()[0];
+                (l, rows_total)
+            }
+            None => {
+                let ids = b.upload(&HostTensor::from_u32(vec![host_ids.len()], &host_ids)?)?;
+                let total = meta.logit_rows.len();
+                let meta = b.upload_meta(meta)?;
+                let l = self.model.forward_spliced(
+                    b,
+                    &ids,
+                    splice.as_ref(),
+                    &meta,
+                    &self.cache,
+                    None,
+                )?;
+                (l, total)
+            }
+        };
         let greedy = want.iter().all(|&i| {
             let seq = &self.scheduler.running[i];
             seq.params.is_greedy() && seq.params.logprobs.is_none() && seq.processor.is_none()
@@ -850,9 +892,10 @@ impl<B: Backend> Engine<B> {
         } else {
             let host = b.download(&logits)?.to_f32();
             let n_rows = rows.sample.len() + rows.scored.iter().map(|s| s.3).sum::<usize>();
-            let v = host.len() / n_rows.max(1);
+            // A graph's logits carry padding rows after the real ones.
+            let v = host.len() / logit_rows_total.max(1);
             // No row wants logits (a prefill chunk mid-prompt traced by `check`): nothing to do.
-            if n_rows > 0 && v * n_rows != host.len() {
+            if n_rows > 0 && (v * logit_rows_total != host.len() || n_rows > logit_rows_total) {
                 bail!("internal: {} logits for {n_rows} rows", host.len());
             }
             self.score_prompt_rows(&host, v, &rows.scored);
@@ -1107,6 +1150,14 @@ impl<B: Backend> Engine<B> {
             }
         }
         (ids, m, rows)
+    }
+
+    /// Decode graphs so far: `(captures, replays, why graphs are off)`; `None` with
+    /// `--enforce-eager` ([`graphs`]).
+    pub fn graph_stats(&self) -> Option<(u64, u64, Option<String>)> {
+        self.graphs
+            .as_ref()
+            .map(|g| (g.captures, g.replays, g.off_reason().map(str::to_string)))
     }
 
     /// Runs every queued request to completion; returns the generated ids per request id order.

@@ -284,6 +284,10 @@ pub struct RuntimeSection {
     /// batching on every backend; slower on CUDA). vLLM: `VLLM_BATCH_INVARIANT=1`.
     #[serde(alias = "batch-invariant", skip_serializing_if = "Option::is_none")]
     pub batch_invariant: Option<bool>,
+    /// Decode steps run eagerly, never as CUDA graphs (default false: graphs where the
+    /// backend and the model allow them). vLLM: `enforce_eager`.
+    #[serde(alias = "enforce-eager", skip_serializing_if = "Option::is_none")]
+    pub enforce_eager: Option<bool>,
 }
 
 /// Where a layer of settings came from, for error messages.
@@ -588,6 +592,7 @@ impl Serving {
                 long_prefill_token_cap: pick!(runtime.long_prefill_token_cap),
                 max_queued_requests: pick!(runtime.max_queued_requests),
                 batch_invariant: pick!(runtime.batch_invariant),
+                enforce_eager: pick!(runtime.enforce_eager),
             },
         }
     }
@@ -675,6 +680,9 @@ impl Serving {
         if let Some(b) = r.batch_invariant {
             cfg.batch_invariant = b;
         }
+        if let Some(b) = r.enforce_eager {
+            cfg.enforce_eager = b;
+        }
         let (interval, bs) = (cfg.state_checkpoint_interval, cfg.scheduler.block_size);
         if !interval.is_multiple_of(bs) {
             bail!(
@@ -726,6 +734,7 @@ impl Serving {
                 long_prefill_token_cap: Some(s.long_prefill_token_cap),
                 max_queued_requests: Some(s.max_queued_requests),
                 batch_invariant: Some(cfg.batch_invariant),
+                enforce_eager: Some(cfg.enforce_eager),
             },
         }
     }

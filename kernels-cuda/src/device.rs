@@ -76,6 +76,12 @@ struct PoolState {
     free: HashMap<usize, Vec<u64>>,
     cached_bytes: usize,
     live_bytes: usize,
+    /// The graph being captured: its allocations and frees use its own free lists.
+    capturing: Option<u64>,
+    /// Per captured graph, the free buffers reserved for it: a graph replays its kernels on the
+    /// addresses they were captured with, so no memory it touched may serve other tensors
+    /// while it lives (PyTorch's graph-private pools, the same idea).
+    graphs: HashMap<u64, HashMap<usize, Vec<u64>>>,
 }
 
 /// A caching device allocator: freed buffers go back to a per-size-class free list and are
@@ -106,22 +112,36 @@ impl Pool {
             return Ok(DeviceBuffer {
                 ptr: 0,
                 class: 0,
+                graph: 0,
                 pool: self.clone(),
             });
         }
         let class = size_class(bytes);
-        {
+        let graph = {
             let mut st = self.lock();
-            if let Some(ptr) = st.free.get_mut(&class).and_then(|v| v.pop()) {
-                st.cached_bytes -= class;
+            let graph = st.capturing;
+            let reused = match graph {
+                Some(g) => st
+                    .graphs
+                    .get_mut(&g)
+                    .and_then(|f| f.get_mut(&class))
+                    .and_then(|v| v.pop()),
+                None => st.free.get_mut(&class).and_then(|v| v.pop()),
+            };
+            if let Some(ptr) = reused {
+                if graph.is_none() {
+                    st.cached_bytes -= class;
+                }
                 st.live_bytes += class;
                 return Ok(DeviceBuffer {
                     ptr,
                     class,
+                    graph: graph.unwrap_or(0),
                     pool: self.clone(),
                 });
             }
-        }
+            graph
+        };
         self.ctx.bind_to_thread().map_err(drv("bind context"))?;
         // SAFETY: plain device allocation; freed by `release`/`Drop` through the pool.
         let ptr = match unsafe { dr::malloc_sync(class) } {
@@ -142,15 +162,55 @@ impl Pool {
         Ok(DeviceBuffer {
             ptr,
             class,
+            graph: graph.unwrap_or(0),
             pool: self.clone(),
         })
     }
 
-    fn release(&self, class: usize, ptr: u64) {
+    /// A buffer goes back to the graph it belongs to while that graph lives; any buffer freed
+    /// during a capture joins the captured graph (its kernels may still address it).
+    fn release(&self, class: usize, ptr: u64, graph: u64) {
         let mut st = self.lock();
         st.live_bytes = st.live_bytes.saturating_sub(class);
+        let owner = st.capturing.or((graph != 0).then_some(graph));
+        if let Some(list) = owner.and_then(|g| st.graphs.get_mut(&g)) {
+            list.entry(class).or_default().push(ptr);
+            return;
+        }
         st.cached_bytes += class;
         st.free.entry(class).or_default().push(ptr);
+    }
+
+    /// Starts routing allocations to graph `id`'s private lists (a capture begins).
+    pub(crate) fn begin_graph(&self, id: u64) {
+        let mut st = self.lock();
+        st.graphs.entry(id).or_default();
+        st.capturing = Some(id);
+    }
+
+    /// The capture ended: allocations go back to the shared lists.
+    pub(crate) fn end_graph(&self) {
+        self.lock().capturing = None;
+    }
+
+    /// Whether a capture is in progress (uploads and read-backs are refused then).
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.lock().capturing.is_some()
+    }
+
+    /// Graph `id` is gone: its reserved buffers return to the shared lists (buffers of it still
+    /// held by tensors follow when those are dropped).
+    pub(crate) fn drop_graph(&self, id: u64) {
+        let mut st = self.lock();
+        if st.capturing == Some(id) {
+            st.capturing = None;
+        }
+        if let Some(lists) = st.graphs.remove(&id) {
+            for (class, ptrs) in lists {
+                st.cached_bytes += class * ptrs.len();
+                st.free.entry(class).or_default().extend(ptrs);
+            }
+        }
     }
 
     /// Frees every cached (unused) buffer back to the driver, after the stream has drained.
@@ -189,13 +249,15 @@ impl Drop for Pool {
 pub(crate) struct DeviceBuffer {
     ptr: u64,
     class: usize,
+    /// The graph whose capture allocated it (0: none).
+    graph: u64,
     pool: Arc<Pool>,
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            self.pool.release(self.class, self.ptr);
+            self.pool.release(self.class, self.ptr, self.graph);
         }
     }
 }

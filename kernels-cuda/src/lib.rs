@@ -71,6 +71,7 @@ pub mod comm;
 mod dsa;
 mod ext;
 mod flash;
+mod graph;
 pub use flash::FlashVariant;
 mod host_rows;
 mod invariant;
@@ -141,6 +142,8 @@ pub struct CudaBackend {
     batch_invariant: std::sync::atomic::AtomicBool,
     /// Page-locked, device-mapped host memory of the host-memory tier (`host_rows.rs`).
     pinned: Arc<host_rows::PinnedPool>,
+    /// Captured CUDA graphs by id (`graph.rs`).
+    graphs: Mutex<graph::Graphs>,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -255,6 +258,7 @@ impl CudaBackend {
                 dayone_backend::batch_invariant_from_env(),
             ),
             pinned: host_rows::PinnedPool::new(ctx.clone()),
+            graphs: Mutex::new(graph::Graphs::default()),
             mma_attention,
             pdl,
             staging,
@@ -594,6 +598,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CudaTensor> {
+        self.not_capturing("upload")?;
         let want = host.numel() * host.dtype.size();
         if host.data.len() != want {
             bail!(
@@ -626,6 +631,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, t: &CudaTensor) -> Result<HostTensor> {
+        self.not_capturing("download")?;
         self.bind()?;
         let mut data = vec![0u8; t.num_bytes()];
         if !data.is_empty() {
@@ -670,6 +676,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.not_capturing("synchronize")?;
         self.bind()?;
         self.stream.synchronize().map_err(drv("stream synchronize"))
     }
@@ -955,6 +962,7 @@ impl Backend for CudaBackend {
     /// All eight fields in one pinned host→device copy (when they fit a staging slot); each
     /// field is a view into the shared buffer, 16-byte aligned.
     fn upload_meta(&self, meta: StepMeta) -> Result<DeviceStepMeta<CudaTensor>> {
+        self.not_capturing("upload_meta")?;
         let fields: [&[u32]; 8] = [
             &meta.positions,
             &meta.token_seq,
@@ -1054,11 +1062,28 @@ impl Backend for CudaBackend {
     }
 
     fn read_rows(&self, t: &CudaTensor, rows: &[u32]) -> Result<HostTensor> {
+        self.not_capturing("read_rows")?;
         self.read_rows_impl(t, rows)
     }
 
     fn write_rows(&self, t: &CudaTensor, rows: &[u32], src: &HostTensor) -> Result<()> {
+        self.not_capturing("write_rows")?;
         self.write_rows_impl(t, rows, src)
+    }
+
+    fn capture_graph(
+        &self,
+        f: &mut dyn FnMut() -> Result<CudaTensor>,
+    ) -> Result<Option<(u64, CudaTensor)>> {
+        self.capture_graph_impl(f).map(Some)
+    }
+
+    fn replay_graph(&self, id: u64) -> Result<()> {
+        self.replay_graph_impl(id)
+    }
+
+    fn drop_graph(&self, id: u64) {
+        self.drop_graph_impl(id)
     }
 
     /// Into page-locked, device-mapped chunks, written by one kernel (`host_rows.rs`).
