@@ -247,9 +247,10 @@ DAYONE_FOR_FLOAT_TYPES(QUANT)
 // Routed experts on the codes (decode steps): the grouped GEMV of moe.cu's `moe_gemv` with the
 // weights decoded in registers. The (token, choice) pairs are sorted by expert by the moe
 // family's `moe_sort` (tiles of at most MT pairs of one expert, `bt` = MT: 1 for one token, else
-// 8, rows past a tile's pairs skipped, so two variants serve every step); each warp owns one
-// output of one tile (GU: its gate and up rows, [gate; up] or, for gpt-oss, interleaved) and
-// streams those weight rows once for the tile's pairs, 32 codes (16 bytes) per lane and step.
+// 8, rows past a tile's pairs skipped, so two variants serve every step); each warp owns RPW
+// outputs of one tile (m1: 2 for gate_up, 4 for down; m8: 1; GU: their gate and up rows,
+// [gate; up] or, for gpt-oss, interleaved) and streams those weight rows once for the tile's
+// pairs, 32 codes (16 bytes) per lane and step; a block is 8 warps.
 //   moe_q_gu  h[sp, o] = act(gate[e, o]·x[tok] + b, up[e, o]·x[tok] + b)   f32 [P, F]
 //   moe_q_dn  y2[sp, o] = down[e, o]·h[sp] + b_d[e, o]                     f32 [P, D]
 //   moe_q_combine  y[t, o] = Σ_j weights[t, j] · y2[pos[t·k + j], o]       (f32, j in order)
@@ -297,8 +298,10 @@ __device__ __forceinline__ float q_scale32(const unsigned char* s, u32 scale, u6
     return q_half(s, scale, g);
 }
 
-// A: activation type of the reduction input (T for gate_up's x, float for down's h).
-template <typename T, typename A, int KIND, bool GU, int MT>
+// A: activation type of the reduction input (T for gate_up's x, float for down's h). A warp owns
+// RPW consecutive outputs (GU: their gate and up rows): more rows in flight per warp, and the
+// tile lookup paid once for them.
+template <typename T, typename A, int KIND, bool GU, int MT, int RPW>
 __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsigned char* codes,
                                            const unsigned char* scales, const T* __restrict__ bias,
                                            float* __restrict__ out, const u32* __restrict__ offsets,
@@ -307,24 +310,29 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
                                            const u32* __restrict__ ntiles, u32 gather_k, u32 nout,
                                            u32 kdim, u32 scale, u32 group, u32 act, float alpha,
                                            float limit) {
-    constexpr int NW = GU ? 2 : 1;
+    constexpr int NW = GU ? 2 * RPW : RPW;  // weight rows per warp: gates then ups
     grid_dep_wait();
     const u32 ti = blockIdx.y;
     if (ti >= *ntiles) return;
+    const u32 lane = threadIdx.x & 31;
+    const u32 o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RPW;
+    if (o0 >= nout) return;
     const u32 expert = tiles[2 * ti];
     const u32 r0 = tiles[2 * ti + 1];
     const u32 first = offsets[expert] + r0;
     const u32 rows = min((u32)MT, offsets[expert + 1] - first);
-    const u32 lane = threadIdx.x & 31;
-    const u32 o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= nout) return;
     const u32 wrows = GU ? 2 * nout : nout;
+    // Outputs past nout (the last warp) read row nout − 1 and store nothing.
     u64 row[NW];
-    if (GU) {
-        row[0] = (u64)expert * wrows + (act == 1 ? 2 * o : o);
-        row[NW - 1] = (u64)expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
-    } else {
-        row[0] = (u64)expert * wrows + o;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const u32 o = RPW == 1 ? o0 : min(o0 + r, nout - 1);
+        if (GU) {
+            row[r] = (u64)expert * wrows + (act == 1 ? 2 * o : o);
+            row[NW - RPW + r] = (u64)expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
+        } else {
+            row[r] = (u64)expert * wrows + o;
+        }
     }
     const A* xr[MT];
 #pragma unroll
@@ -395,18 +403,22 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
 #pragma unroll
         for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
         if (lane == 0) {
-            float y;
-            if (GU) {
-                float g = v[0], u = v[NW - 1];
-                if (bias) {
-                    g += to_f(bias[row[0]]);
-                    u += to_f(bias[row[NW - 1]]);
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                if (RPW > 1 && o0 + r >= nout) break;
+                float y;
+                if (GU) {
+                    float g = v[r], u = v[NW - RPW + r];
+                    if (bias) {
+                        g += to_f(bias[row[r]]);
+                        u += to_f(bias[row[NW - RPW + r]]);
+                    }
+                    y = q_act(g, u, act, alpha, limit);
+                } else {
+                    y = v[r] + (bias ? to_f(bias[row[r]]) : 0.f);
                 }
-                y = q_act(g, u, act, alpha, limit);
-            } else {
-                y = v[0] + (bias ? to_f(bias[row[0]]) : 0.f);
+                out[(u64)(first + i) * nout + o0 + r] = y;
             }
-            out[(u64)(first + i) * nout + o] = y;
         }
     }
 }
@@ -438,17 +450,21 @@ __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
 #define MOE_Q_PASS                                                                            \
     a, codes, scales, bias, out, offsets, sorted, tiles, ntiles, gather_k, nout, kdim, scale, \
         group, act, alpha, limit
-#define MOE_Q_ONE(S, T, KN, KIND, MT)                                                         \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-        moe_q_##S##_##KN##_gu_m##MT(MOE_Q_ARGS(T, T)) {                                          \
-        moe_q_impl<T, T, KIND, true, MT>(MOE_Q_PASS);                                         \
+// Rows per warp: one token's tiles (m1) take 2 gate/up outputs or 4 down outputs per warp, else
+// 1. Minimum blocks per SM as register caps (ptxas takes up to 145 registers unasked): 3 (≤ 80
+// registers; m1 spills nothing, m8's down a few bytes) except m8's gate/up, 2 (96 registers;
+// at 80 it spills 88 bytes).
+#define MOE_Q_ONE(S, T, KN, KIND, MT, RPW_GU, RPW_DN, MINB_GU, MINB_DN)                       \
+    extern "C" __global__ void __launch_bounds__(256, MINB_GU)                                \
+        moe_q_##S##_##KN##_gu_m##MT(MOE_Q_ARGS(T, T)) {                                       \
+        moe_q_impl<T, T, KIND, true, MT, RPW_GU>(MOE_Q_PASS);                                 \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-        moe_q_##S##_##KN##_dn_m##MT(MOE_Q_ARGS(float, T)) {                                      \
-        moe_q_impl<T, float, KIND, false, MT>(MOE_Q_PASS);                                    \
+    extern "C" __global__ void __launch_bounds__(256, MINB_DN)                                \
+        moe_q_##S##_##KN##_dn_m##MT(MOE_Q_ARGS(float, T)) {                                   \
+        moe_q_impl<T, float, KIND, false, MT, RPW_DN>(MOE_Q_PASS);                            \
     }
 #define MOE_Q_KIND(S, T, KN, KIND)                                                            \
-    MOE_Q_ONE(S, T, KN, KIND, 1) MOE_Q_ONE(S, T, KN, KIND, 8)
+    MOE_Q_ONE(S, T, KN, KIND, 1, 2, 4, 3, 3) MOE_Q_ONE(S, T, KN, KIND, 8, 1, 1, 2, 3)
 #define MOE_Q(S, T)                                                                           \
     MOE_Q_KIND(S, T, fp4, 0) MOE_Q_KIND(S, T, int4, 1)                                        \
     extern "C" __global__ void moe_q_combine_##S(const float* y2, const u32* pos,             \

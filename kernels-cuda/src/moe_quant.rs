@@ -197,14 +197,20 @@ impl CudaBackend {
                 f,
             ),
         ];
-        // One warp per output, eight per block.
+        // Eight warps per block, each owning `rpw` outputs (the kernels' RPW: one token's
+        // tiles take 2 gate/up or 4 down outputs per warp, else 1).
         for (a, q, bias, o, tag, gather, nout, kdim) in projections {
+            let rpw = match (mt, tag.ends_with("_gu")) {
+                (1, true) => 2,
+                (1, false) => 4,
+                _ => 1,
+            };
             let [_, scale, _, group] = q.format.kernel_params();
             let fun = self.func("quant", sfx, &format!("moe_q_{sfx}_{tag}_m{mt}"))?;
             self.launch(
                 OP,
                 &fun,
-                (to_u32(OP, "grid.x", nout.div_ceil(8))?, maxt, 1),
+                (to_u32(OP, "grid.x", nout.div_ceil(8 * rpw))?, maxt, 1),
                 (256, 1, 1),
                 0,
                 kparams![
