@@ -13,7 +13,7 @@
 //! converts the experts a step routed to into a workspace before the expert GEMMs (the time
 //! includes that conversion and the read-back of the routing), `direct` reads the codes in the
 //! grouped low-bit GEMV (`Backend::moe_experts_quant`), `auto` is the engine's choice (direct up
-//! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 16).
+//! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 64).
 
 use anyhow::{bail, Result};
 use clap::Parser;

@@ -11,8 +11,10 @@ use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
 use dayone_backend::{DType, ExpertAct, ExpertOptions, QuantFormat, QuantTensor};
 
-/// The largest step (tokens) the MoE layers send to the direct kernels by default.
-pub const MOE_QUANT_DIRECT_TOKENS: usize = 16;
+/// The largest step (tokens) the MoE layers send to the direct kernels by default. Measured on
+/// the H200 (docs/perf.md, issue [11] third run; Kimi-K2-shaped layer, MXFP4 and INT4): direct
+/// 2.5× faster than decoding at 1 token and 1.9× at 64, slower at 512 (crossing ≈ 180 tokens).
+pub const MOE_QUANT_DIRECT_TOKENS: usize = 64;
 
 /// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace), default
 /// [`MOE_QUANT_DIRECT_TOKENS`]; read once.
