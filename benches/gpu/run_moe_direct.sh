@@ -20,7 +20,7 @@ done
 SHAPE="--backend cuda --hidden 7168 --experts 384 --expert-dim 2048 --top-k 8 --groups 1 --topk-group 1 --shared 1"
 TOKENS=${TOKENS:-1,2,8,16,32,64,128,256}
 echo "== moe-bench kimi-k2 shape bf16" | tee -a "$OUT/moe.log"
-timeout 200 .bin/moe-bench $SHAPE --tokens $TOKENS --experts-format bf16 2>&1 | tail -9 | tee -a "$OUT/moe.log"
+timeout 200 .bin/moe-bench $SHAPE --tokens $TOKENS --experts-format bf16 2>&1 | tail -10 | tee -a "$OUT/moe.log"
 for fmt in mxfp4 int4; do
   echo "== moe-bench kimi-k2 shape $fmt" | tee -a "$OUT/moe.log"
   timeout 300 .bin/moe-bench $SHAPE --tokens $TOKENS --experts-format $fmt --quant-path direct,decode 2>&1 \
