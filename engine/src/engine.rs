@@ -245,6 +245,8 @@ pub struct Engine<B: Backend> {
     media: media::Media<B>,
     /// Decode steps as graphs ([`graphs`]); `None` with `--enforce-eager`.
     graphs: Option<graphs::DecodeGraphs<B>>,
+    /// The recurrent-state row that padding sequences of a graph step read and write.
+    scratch_state_slot: u32,
 }
 
 impl<B: Backend> Engine<B> {
@@ -370,13 +372,15 @@ impl<B: Backend> Engine<B> {
                 prefix.checkpoints
             );
         }
-        // Checkpoint slots are extra rows of the state tensors, after the running slots.
-        let state_slots = cfg.scheduler.max_num_seqs
+        // Checkpoint slots are extra rows of the state tensors, after the running slots; the
+        // last row is scratch for the padding sequences of decode graphs ([`graphs`]).
+        let scratch_state_slot = cfg.scheduler.max_num_seqs
             + if prefix.enabled && prefix.recurrent {
                 prefix.checkpoints
             } else {
                 0
             };
+        let state_slots = scratch_state_slot + usize::from(spec.has_recurrent());
         // Sized after the weights are loaded, against what the device still has free.
         let num_blocks = crate::cache::cache_blocks(&crate::cache::CacheRequest {
             requested_tokens: cfg.kv_cache_tokens,
@@ -480,6 +484,7 @@ impl<B: Backend> Engine<B> {
         Ok(Self {
             media,
             graphs: (!cfg.enforce_eager).then(graphs::DecodeGraphs::default),
+            scratch_state_slot: scratch_state_slot as u32,
             cache_bytes_per_token: model.cache_spec().elements_per_token() * act.size(),
             state_bytes_per_seq: model.cache_spec().state_elements_per_seq() * 4,
             activation_dtype: act,
@@ -824,22 +829,21 @@ impl<B: Backend> Engine<B> {
             .map(|c| self.scheduler.running[c.index].id)
             .collect();
         let splice = self.media.splice(&chunks, &seq_ids, &meta.query_start)?;
-        // Pure decode of an attention-only model on one device: a graph when the backend has
-        // them ([`graphs`]); its logits have `bucket` rows, the real ones first.
+        // Pure decode on one device: a graph when the backend has them ([`graphs`]); its logits
+        // have `bucket` rows, the real ones first.
         let decode_only = chunks.iter().all(|c| c.len == 1 && c.wants_logits)
             && rows.scored.is_empty()
             && splice.is_none()
-            && self.mirror.is_none()
-            && !self.cache_spec_recurrent;
+            && self.mirror.is_none();
         let max_blocks = self.max_context.div_ceil(self.cache.block_size);
         let graphed = match self.graphs.as_mut().filter(|_| decode_only) {
             Some(g) => g.run(
                 b,
                 self.model.as_ref(),
                 &self.cache,
-                &host_ids,
-                &meta,
+                (&host_ids, &meta),
                 max_blocks,
+                self.scratch_state_slot,
             )?,
             None => None,
         };

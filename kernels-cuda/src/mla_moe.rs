@@ -194,7 +194,11 @@ impl CudaBackend {
                 slots.len()
             );
         }
-        if let Some(&s) = slots.iter().find(|&&s| s as usize >= blocks * bs) {
+        // u32::MAX marks a padding token (a graph's padded batch): skipped by the kernel.
+        if let Some(&s) = slots
+            .iter()
+            .find(|&&s| s != u32::MAX && s as usize >= blocks * bs)
+        {
             bail!("{OP}: slot {s} outside the cache ({blocks}×{bs})");
         }
         if n == 0 || w == 0 {

@@ -2,8 +2,9 @@
 //! `enforce_eager`, in batch-invariant mode: every step's logits bit for bit and the tokens, for
 //! three concurrent requests (batch buckets 4 → 2 → 1 as they finish at different lengths) whose
 //! contexts grow past a block-table width bucket (a second capture). On CUDA the graphs must
-//! actually replay for the attention-only models; CPU and WGSL have no graphs and run eagerly
-//! both times (the comparison then checks that the flag changes nothing there).
+//! actually replay for llama, qwen3 and kimi_linear (recurrent state: padding on the scratch
+//! row); CPU and WGSL have no graphs and run eagerly both times (the comparison then checks
+//! that the flag changes nothing there).
 
 use anyhow::{ensure, Result};
 use dayone_backend::{Backend, DType};
@@ -56,6 +57,7 @@ fn check<B: Backend>(make: impl Fn() -> B, model: &str, must_replay: bool) -> Re
         "enforce_eager still made graphs"
     );
     let (captures, replays, off) = graphs.graph_stats().expect("graphs are on by default");
+    eprintln!("{model}: {captures} captures, {replays} replays, off: {off:?}");
     if on_cuda && must_replay {
         ensure!(
             off.is_none() && captures >= 4 && replays > captures,
@@ -84,4 +86,8 @@ on_every_backend! {
     llama => |make| check(make, "llama_tiny", true);
     qwen3 => |make| check(make, "qwen3_tiny", true);
     deepseek_v3 => |make| check(make, "deepseek_v3_tiny", false);
+    // Recurrent state: padding sequences use the scratch state row.
+    kimi_linear => |make| check(make, "kimi_linear_tiny", true);
+    // Reads its hyper-connection mixes back mid-step: stays eager, results unchanged.
+    glm5_next => |make| check(make, "glm5_next_tiny", false);
 }

@@ -11,9 +11,10 @@
 //! In batch-invariant mode a replay is bit-exact with the eager step; otherwise the padded
 //! batch and the width-sized plans may round differently (within the golden tolerances).
 //!
-//! What stays eager: prefill and mixed steps, models with recurrent state (padding would touch
-//! state slots), image steps, split models, and any model whose forward reads back or uploads
-//! mid-step (its capture fails once, with the reason logged, and graphs stay off for it).
+//! Padding sequences of models with recurrent state (KDA) read and write one scratch state row
+//! that no sequence owns. What stays eager: prefill and mixed steps, image steps, split models,
+//! and any model whose forward reads back or uploads mid-step (its capture fails once, with the
+//! reason logged at info, and graphs stay off for it).
 
 use anyhow::Result;
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor, StepMeta};
@@ -73,8 +74,15 @@ impl<B: Backend> Default for DecodeGraphs<B> {
     }
 }
 
-/// The step `ids`/`meta` padded to `batch` tokens (one per sequence) and `width` blocks.
-fn pad(ids: &[u32], meta: &StepMeta, batch: usize, width: usize) -> (Vec<u32>, StepMeta) {
+/// The step `ids`/`meta` padded to `batch` tokens (one per sequence) and `width` blocks; padding
+/// sequences use the recurrent-state row `scratch`.
+fn pad(
+    ids: &[u32],
+    meta: &StepMeta,
+    batch: usize,
+    width: usize,
+    scratch: u32,
+) -> (Vec<u32>, StepMeta) {
     let n = ids.len();
     let mut ids = ids.to_vec();
     ids.resize(batch, 0);
@@ -97,7 +105,7 @@ fn pad(ids: &[u32], meta: &StepMeta, batch: usize, width: usize) -> (Vec<u32>, S
     m.seq_lens.resize(batch, 1);
     m.query_start = (0..=batch as u32).collect();
     m.logit_rows = (0..batch as u32).collect();
-    m.state_slots.resize(batch, 0);
+    m.state_slots.resize(batch, scratch);
     (ids, m)
 }
 
@@ -131,22 +139,23 @@ impl<B: Backend> DecodeGraphs<B> {
     /// Runs the decode step `ids`/`meta` (one token per sequence, every row sampled) as a
     /// graph and returns its logits `[bucket, V]` (rows past `ids.len()` are padding), or
     /// `None` when it must run eagerly (graphs off, batch above [`MAX_GRAPH_BATCH`], or this
-    /// backend without graphs). `max_blocks`: the widest block table a sequence can have.
+    /// backend without graphs). `max_blocks`: the widest block table a sequence can have;
+    /// `scratch`: a recurrent-state row no sequence owns (padding reads and writes it).
     pub fn run(
         &mut self,
         b: &B,
         model: &dyn CausalLm<B>,
         cache: &KvCache<B>,
-        ids: &[u32],
-        meta: &StepMeta,
+        (ids, meta): (&[u32], &StepMeta),
         max_blocks: usize,
+        scratch: u32,
     ) -> Result<Option<B::Tensor>> {
         if self.off.is_some() || ids.is_empty() || ids.len() > MAX_GRAPH_BATCH {
             return Ok(None);
         }
         let batch = batch_bucket(ids.len());
         let width = width_bucket(meta.max_blocks, max_blocks);
-        let (ids, meta) = pad(ids, meta, batch, width);
+        let (ids, meta) = pad(ids, meta, batch, width, scratch);
         if let Some(c) = self.by_shape.get(&(batch, width)) {
             refresh(b, &c.ids, &ids)?;
             for (t, v) in [
@@ -238,7 +247,7 @@ mod tests {
             block_size: 4,
             max_seq_len: 10,
         };
-        let (ids, m) = pad(&[11, 12], &meta, 4, 16);
+        let (ids, m) = pad(&[11, 12], &meta, 4, 16, 9);
         assert_eq!(ids, [11, 12, 0, 0]);
         assert_eq!(m.positions, [5, 9, 0, 0]);
         assert_eq!(m.slot_mapping, [21, 41, u32::MAX, u32::MAX]);
@@ -249,5 +258,6 @@ mod tests {
         assert_eq!(m.query_start, [0, 1, 2, 3, 4]);
         assert_eq!(m.logit_rows, [0, 1, 2, 3]);
         assert_eq!(m.token_seq, [0, 1, 2, 3]);
+        assert_eq!(m.state_slots, [0, 0, 9, 9]);
     }
 }
