@@ -238,19 +238,22 @@ fn bench(
     let names = ckpt.tensors.names();
     let tied = !names.iter().any(|n| n == "lm_head.weight");
     // (float elements, low-bit bytes): float weights are resident in the weight dtype, packed
-    // codes and scales kept low-bit on the device in their stored bytes.
+    // codes and scales kept low-bit on the device in their stored bytes. Under
+    // `--dequantize-at-load` a packed tensor becomes its values (two per MXFP4 byte, eight per
+    // INT4 word) in the weight dtype and its scales fold into them.
     let keep_low_bit = !cfg.dequantize_at_load;
+    let low_bit = crate::info::low_bit(&ckpt)?;
     let elems = |keep: &dyn Fn(&str) -> bool| -> (usize, usize) {
         names
             .iter()
             .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
             .filter(|n| !n.ends_with("_scale_inv") && keep(n))
             .filter_map(|n| {
-                let low = ckpt.tensors.low_bit_bytes(n).filter(|_| keep_low_bit);
-                let shape = ckpt.tensors.shape(n)?;
-                Some(match low {
-                    Some(bytes) => (0, bytes),
-                    None => (shape.iter().product::<usize>(), 0),
+                let numel = ckpt.tensors.shape(n)?.iter().product::<usize>();
+                Some(match low_bit.get(n.as_str()) {
+                    Some(&(_, bytes)) if keep_low_bit => (0, bytes as usize),
+                    Some(&(values_per_element, _)) => (numel * values_per_element as usize, 0),
+                    None => (numel, 0),
                 })
             })
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))

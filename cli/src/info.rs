@@ -180,7 +180,7 @@ fn stored_types(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64, bool)>>
 /// block types: 1; compressed-tensors `weight_packed`: 2 (U8) or 8 (I32); gpt-oss
 /// `*_blocks`: 2; their scales and shapes: 0), with the tensor's stored bytes. Other tensors are
 /// absent from the map.
-fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
+pub(crate) fn low_bit(ckpt: &Checkpoint) -> Result<BTreeMap<String, (u64, u64)>> {
     let mut out = BTreeMap::new();
     if ckpt.path.is_file() {
         let g = GgufFile::open(&ckpt.path)?;

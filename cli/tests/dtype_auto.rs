@@ -100,10 +100,65 @@ fn bench_reports_the_weight_dtype_and_resident_bytes() {
         bytes(&b16),
         bytes(&b32)
     );
-    let per_step = |j: &serde_json::Value| j["weight_bytes_per_step"].as_f64().unwrap();
+}
+
+/// `bench`'s decode bytes, counted from the checkpoint's own tensor headers: every float weight
+/// the step reads (the untied embedding table is only looked up) in the weight dtype, the MXFP4
+/// experts in their stored bytes (codes + scales) while they stay packed, and as their values
+/// (two per code byte, scales folded in) in the weight dtype under `--dequantize-at-load`.
+#[test]
+fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() {
+    let file = fixture("gpt_oss_tiny").join("model.safetensors");
+    let data = std::fs::read(&file).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&data).unwrap();
+    let (mut float, mut packed_bytes, mut packed_values) = (0u64, 0u64, 0u64);
+    for (name, t) in meta.tensors() {
+        let numel: u64 = t.shape.iter().map(|&d| d as u64).product();
+        if name == "model.embed_tokens.weight" {
+            continue;
+        }
+        if name.ends_with("_blocks") || name.ends_with("_scales") {
+            packed_bytes += (t.data_offsets.1 - t.data_offsets.0) as u64;
+            packed_values += if name.ends_with("_blocks") {
+                2 * numel
+            } else {
+                0
+            };
+        } else {
+            float += numel;
+        }
+    }
     assert!(
-        (per_step(&b16) / per_step(&b32) - 0.5).abs() < 1e-9,
-        "{b16} {b32}"
+        packed_bytes > 0 && packed_values > 0,
+        "no MXFP4 experts in {file:?}"
+    );
+    let total = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--backend",
+            "wgsl",
+            "--batch",
+            "1",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let j = json(&dayone(&args, "gpt_oss_tiny").0);
+        j["weight_bytes_total"].as_f64().unwrap() as u64
+    };
+    assert_eq!(total(&[]), float * 2 + packed_bytes, "bf16, experts packed");
+    assert_eq!(
+        total(&["--dtype", "f32"]),
+        float * 4 + packed_bytes,
+        "f32, experts packed"
+    );
+    assert_eq!(
+        total(&["--dequantize-at-load"]),
+        (float + packed_values) * 2,
+        "bf16, experts dequantized"
     );
 }
 

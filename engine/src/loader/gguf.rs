@@ -571,14 +571,6 @@ impl TensorSource for GgufSource {
         }
     }
 
-    fn low_bit_bytes(&self, name: &str) -> Option<usize> {
-        let info = self.info(name)?;
-        match info.ggml_type {
-            GgmlType::F32 | GgmlType::BF16 | GgmlType::F16 => None,
-            _ => Some(info.nbytes),
-        }
-    }
-
     fn quant(&self, name: &str) -> Result<Option<QuantHost>> {
         let Some(&(i, un)) = self.names.get(name) else {
             return Ok(None);

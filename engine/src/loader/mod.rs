@@ -65,13 +65,6 @@ pub trait TensorSource: Send + Sync {
     fn stored_dtype(&self, _name: &str) -> Option<DType> {
         None
     }
-    /// Bytes of `name` as stored when it is kept in that form on the device (packed integer
-    /// codes and byte scales of MXFP4 / INT4 checkpoints, GGUF block quants); `None` for float
-    /// and FP8 tensors (held in the weight dtype) and for sources that cannot tell. Read by
-    /// `dayone bench` for the bytes a decode step moves.
-    fn low_bit_bytes(&self, _name: &str) -> Option<usize> {
-        None
-    }
 }
 
 /// The float dtype a checkpoint's weights are stored in: of the tensors stored as `F32`,

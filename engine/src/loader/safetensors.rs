@@ -399,16 +399,6 @@ impl TensorSource for SafetensorsSource {
         }
     }
 
-    fn low_bit_bytes(&self, name: &str) -> Option<usize> {
-        let e = self.entries.get(name)?;
-        match e.dtype {
-            Dtype::U8 | Dtype::I8 | Dtype::U16 | Dtype::I16 | Dtype::U32 | Dtype::I32 => {
-                Some(e.end - e.start)
-            }
-            _ => None,
-        }
-    }
-
     fn load_raw(&self, name: &str) -> Result<super::RawTensor> {
         let e = self
             .entries
