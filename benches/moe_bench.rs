@@ -16,7 +16,7 @@
 //! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 64).
 
 use anyhow::{bail, Result};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use dayone_backend::conformance::Rng;
 use dayone_backend::quant::ScaleType;
 use dayone_backend::{Backend, DType, HostTensor, MoeRouting, QuantFormat, QuantHost, QuantTensor};
@@ -25,13 +25,17 @@ use std::time::Instant;
 
 /// Command-line flags.
 #[derive(Parser)]
-#[command(about = "Time of one DeepSeek-V3-shaped MoE block at several token counts")]
+#[command(
+    name = "moe-bench",
+    about = "Time of one DeepSeek-V3-shaped MoE block at several token counts"
+)]
 struct Args {
     /// Backend: cuda, wgsl or cpu.
-    #[arg(long, default_value = "cuda")]
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "wgsl", "cpu"])]
     backend: String,
-    /// Token counts, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,64,512,8192")]
+    /// Token counts, comma-separated, each at least 1.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,512,8192",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     tokens: Vec<usize>,
     /// Residual width D.
     #[arg(long, default_value_t = 7168)]
@@ -54,12 +58,15 @@ struct Args {
     /// Shared experts.
     #[arg(long, default_value_t = 1)]
     shared: usize,
-    /// Routed experts stored as bf16, or low-bit (mxfp4: E8M0 per 32; int4: bf16 scale per 32)
-    /// and decoded per step.
-    #[arg(long, default_value = "bf16")]
+    /// Routed experts stored as bf16, or low-bit (mxfp4: E8M0 per 32; int4: bf16 scale per 32;
+    /// --hidden and --expert-dim multiples of 32), run by each --quant-path.
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "mxfp4", "int4"])]
     experts_format: String,
     /// Low-bit expert paths to time, comma-separated: auto, direct, decode (ignored for bf16).
-    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    /// On a backend without a direct kernel (CPU, WGSL) `direct` decodes the routed experts
+    /// into temporaries.
+    #[arg(long, value_delimiter = ',', default_value = "auto",
+          value_parser = ["auto", "direct", "decode"])]
     quant_path: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -96,6 +103,30 @@ fn low_bit(format: QuantFormat, shape: [usize; 3], rng: &mut Rng) -> Result<Quan
         _ => [0x80u8, 0x3c].repeat(groups), // bf16 0.015625 = 0x3c80, little-endian
     };
     QuantHost::new("bench experts", format, shape, codes, scales, vec![])
+}
+
+/// The shape flags' constraints (those of `Backend::moe_route` and of the low-bit groups), as
+/// a message naming the flags; `None` when they hold.
+fn shape_error(a: &Args) -> Option<String> {
+    let (e, k, g, tg) = (a.experts, a.top_k, a.groups, a.topk_group);
+    if e == 0 || k == 0 || k > e {
+        return Some(format!("--top-k {k} must be in 1..=--experts ({e})"));
+    }
+    if g == 0 || !e.is_multiple_of(g) {
+        return Some(format!("--groups {g} must divide --experts ({e})"));
+    }
+    if tg == 0 || tg > g {
+        return Some(format!("--topk-group {tg} must be in 1..=--groups ({g})"));
+    }
+    if a.experts_format != "bf16"
+        && (!a.hidden.is_multiple_of(32) || !a.expert_dim.is_multiple_of(32))
+    {
+        return Some(format!(
+            "--hidden {} and --expert-dim {} must be multiples of 32 (the group of --experts-format {})",
+            a.hidden, a.expert_dim, a.experts_format
+        ));
+    }
+    None
 }
 
 fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
@@ -191,9 +222,10 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
             Some(p) => format!("{p:?}").to_lowercase(),
         };
         for &t in &a.tokens {
+            // The same input (so the same routing) for every path at this token count.
             let x = b.upload(&HostTensor::from_f32_as(
                 vec![t, d],
-                &rng.vec(t * d, 1.0),
+                &Rng::new(1000 + t as u64).vec(t * d, 1.0),
                 act,
             )?)?;
             let (_, ids) = block(&x, &quant)?;
@@ -242,6 +274,11 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 
 fn main() -> Result<()> {
     let a = Args::parse();
+    if let Some(msg) = shape_error(&a) {
+        Args::command()
+            .error(clap::error::ErrorKind::ValueValidation, msg)
+            .exit();
+    }
     match a.backend.as_str() {
         "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),
         "wgsl" => run(dayone_wgsl::WgslBackend::new()?, &a),
