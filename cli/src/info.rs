@@ -411,7 +411,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     row(
         "dtype auto",
         format!(
-            "{} on CUDA, {wgsl} on WGSL, {} on CPU",
+            "{} on CUDA; {wgsl} on WGSL; {} on CPU",
             of("cuda"),
             of("cpu")
         ),

@@ -173,7 +173,13 @@ fn info_says_what_auto_picks_per_backend() {
     assert_eq!(json(&out)["auto_dtype"]["wgsl"], "f32");
     let (table, _) = dayone(&["info"], "llama_tiny");
     assert!(
-        table.contains("dtype auto    bf16 on CUDA, f32 on WGSL, f32 on CPU"),
+        table.contains("dtype auto    bf16 on CUDA; f32 on WGSL; f32 on CPU"),
+        "{table}"
+    );
+    // One backend per `;`: the WGSL entry's own comma does not read as a fourth backend.
+    let (table, _) = dayone(&["info"], "gpt_oss_tiny");
+    assert!(
+        table.contains("dtype auto    bf16 on CUDA; bf16 weights, f32 compute on WGSL; f32 on CPU"),
         "{table}"
     );
 }
