@@ -153,7 +153,9 @@ DAYONE_FOR_FLOAT_TYPES(GATED_RMS_NORM)
 
 // ---------------------------------------------------------------------------------------------
 // Token-recurrent KDA. desc[4·i..] = (first row, token count, state slot, fresh) of sequence i
-// (blockIdx.z). q, k, a [N, H, K], v, o [N, H, V], b [N, H] T; a_log [H], dt_bias [H, K],
+// (blockIdx.z); with desc null they come from the step's metadata on the device instead
+// (query_start, state_slots, positions: fresh = no tokens or first position 0), so a step of
+// recurrent sequences only uploads nothing and can be replayed as a graph. q, k, a [N, H, K], v, o [N, H, V], b [N, H] T; a_log [H], dt_bias [H, K],
 // state [slots, H, K, V] f32. Thread (warp w, lane) owns column e = 32·blockIdx.x + lane and
 // rows d = w + 4i (i < KPT, K ≤ 4·KPT ≤ 256). Per token one cross-warp reduction gives
 // Sᵀk, Sᵀq (after the decay) and k·q; then δ = β(v − Sᵀk), S += k δ, o = Sᵀq + δ (k·q).
@@ -163,15 +165,26 @@ __device__ void kda_recurrent_impl(const T* __restrict__ q, const T* __restrict_
                                    const T* __restrict__ b, const float* __restrict__ a_log,
                                    const float* __restrict__ dt_bias, float* __restrict__ state,
                                    T* __restrict__ o, const u32* __restrict__ desc, u32 H, u32 K,
-                                   u32 V, float lb, u32 use_lb, float scale) {
+                                   u32 V, float lb, u32 use_lb, float scale,
+                                   const u32* __restrict__ query_start,
+                                   const u32* __restrict__ positions,
+                                   const u32* __restrict__ state_slots) {
     grid_dep_wait();
     __shared__ float qs[4 * KPT], ks[4 * KPT], gs[4 * KPT];
     __shared__ float red[3][4][32];
     __shared__ float nrm[2][4];
     const u32 tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const u32 h = blockIdx.y, e = blockIdx.x * 32 + lane;
-    const u32* dsc = desc + 4 * blockIdx.z;
-    const u32 row0 = dsc[0], len = dsc[1], slot = dsc[2], fresh = dsc[3];
+    u32 row0, len, slot, fresh;
+    if (desc) {
+        const u32* dsc = desc + 4 * blockIdx.z;
+        row0 = dsc[0], len = dsc[1], slot = dsc[2], fresh = dsc[3];
+    } else {
+        row0 = query_start[blockIdx.z];
+        len = query_start[blockIdx.z + 1] - row0;
+        slot = state_slots[blockIdx.z];
+        fresh = (len == 0 || positions[row0] == 0) ? 1u : 0u;
+    }
     float* st = state + ((u64)slot * H + h) * K * V;
     float S[KPT];
 #pragma unroll
@@ -472,16 +485,16 @@ __device__ void kda_chunk_scan_impl(const float* __restrict__ rec, float* __rest
     extern "C" __global__ void kda_recurrent_k128_##S(                                         \
         const T* q, const T* k, const T* v, const T* a, const T* b, const float* a_log,        \
         const float* dt_bias, float* state, T* o, const u32* desc, u32 H, u32 K, u32 V,        \
-        float lb, u32 use_lb, float scale) {                                                   \
+        float lb, u32 use_lb, float scale, const u32* qs, const u32* pos, const u32* slots) {   \
         kda_recurrent_impl<T, 32>(q, k, v, a, b, a_log, dt_bias, state, o, desc, H, K, V, lb,  \
-                                  use_lb, scale);                                              \
+                                  use_lb, scale, qs, pos, slots);                              \
     }                                                                                          \
     extern "C" __global__ void kda_recurrent_k256_##S(                                         \
         const T* q, const T* k, const T* v, const T* a, const T* b, const float* a_log,        \
         const float* dt_bias, float* state, T* o, const u32* desc, u32 H, u32 K, u32 V,        \
-        float lb, u32 use_lb, float scale) {                                                   \
+        float lb, u32 use_lb, float scale, const u32* qs, const u32* pos, const u32* slots) {   \
         kda_recurrent_impl<T, 64>(q, k, v, a, b, a_log, dt_bias, state, o, desc, H, K, V, lb,  \
-                                  use_lb, scale);                                              \
+                                  use_lb, scale, qs, pos, slots);                              \
     }                                                                                          \
     extern "C" __global__ void kda_chunk_prep_##S(                                             \
         const T* q, const T* k, const T* v, const T* a, const T* b, const float* a_log,        \

@@ -453,8 +453,15 @@ impl CudaBackend {
         let mut words = plan.recurrent.clone();
         words.extend_from_slice(&plan.chunked);
         words.extend_from_slice(&plan.chunks);
-        let desc = self.upload(&HostTensor::from_u32(vec![words.len()], &words)?)?;
-        let desc_at = |i: usize| desc.device_ptr() + (i * 4) as u64;
+        // Only recurrent sequences (decode): the kernel reads them from the step's metadata on
+        // the device, in the same order, so nothing is uploaded (and a graph can hold the step).
+        let from_meta = plan.chunked.is_empty();
+        let desc = if from_meta {
+            None
+        } else {
+            Some(self.upload(&HostTensor::from_u32(vec![words.len()], &words)?)?)
+        };
+        let desc_at = |i: usize| desc.as_ref().map_or(0, |d| d.device_ptr() + (i * 4) as u64);
         let (hu, ku, vu) = (h as u32, kd as u32, vd as u32);
         let (lb, use_lb) = (lower_bound.unwrap_or(0.0), lower_bound.is_some() as u32);
         let scale = 1.0 / (kd as f32).sqrt();
@@ -489,7 +496,10 @@ impl CudaBackend {
                     vu,
                     lb,
                     use_lb,
-                    scale
+                    scale,
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.state_slots.device_ptr()
                 ],
             )?;
         }
