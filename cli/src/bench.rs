@@ -281,6 +281,7 @@ fn bench(
         cfg.expert_parallel_size,
         cfg.context_parallel_size,
     );
+    let enforce_eager = cfg.enforce_eager;
     // The engine runs on its own thread behind the service handle, as under `dayone serve`.
     let handle = load::service(kind, ckpt, cfg, a.json)?;
     let info = handle.model_info().clone();
@@ -332,6 +333,7 @@ fn bench(
         weights: &weights,
         roofline,
         split,
+        enforce_eager,
         image: image.as_ref().map(|(img, p)| (img.as_ref(), *p)),
         copies: Cell::new(1),
     };
@@ -414,6 +416,8 @@ struct Run<'a> {
     roofline: f64,
     /// `(tensor_parallel_size, expert_parallel_size, context_parallel_size)` of the run.
     split: (usize, usize, usize),
+    /// `--enforce-eager`: decode steps never ran as CUDA graphs (other backends have none).
+    enforce_eager: bool,
     /// `--image` and its placeholder id, put before every sequence's text.
     image: Option<(&'a RgbImage, u32)>,
     /// The next [`unique_copy`] number of the image.
@@ -598,6 +602,7 @@ impl Run<'_> {
             "expert_parallel_size": self.split.1,
             "context_parallel_size": self.split.2,
             "batch_invariant": info.batch_invariant,
+            "enforce_eager": self.enforce_eager,
             "ttft_median_s": percentile(&ttft, 0.5),
             "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
             "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
@@ -626,6 +631,11 @@ impl Run<'_> {
             (1, _, cp) => format!(" | cp {cp}"),
             (tp, 1, _) => format!(" | tp {tp}"),
             (tp, ep, _) => format!(" | tp {tp} ep {ep}"),
+        };
+        let split = if self.enforce_eager {
+            format!("{split} | eager")
+        } else {
+            split
         };
         outln!(
             "model {} | {} | {} | batch {} | prompt {} | gen {}{split}",

@@ -100,6 +100,94 @@ fn batch_invariant_from_the_flag_or_the_file() {
     );
 }
 
+/// `--enforce-eager` / `runtime.enforce_eager` (CUDA graphs off) is set like its neighbours,
+/// every engine command takes it, and on the CPU and WGSL backends (no graphs) a run with it
+/// gives the same tokens; `bench --json` records it.
+#[test]
+fn enforce_eager_from_the_flag_or_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = stdout(&dayone(&["config", "--backend", "cpu"]));
+    assert!(plain.contains("enforce_eager: false"), "{plain}");
+    let flag = stdout(&dayone(&["config", "--backend", "cpu", "--enforce-eager"]));
+    assert!(flag.contains("enforce_eager: true"), "{flag}");
+    let f = write(
+        dir.path(),
+        "eager.yaml",
+        "serving:\n  runtime: {enforce-eager: true, backend: cpu}\n",
+    );
+    let file = stdout(&dayone(&["config", "--config", &f]));
+    assert!(file.contains("enforce_eager: true"), "{file}");
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "serving:\n  runtime: {enforce_eager: 3}\n",
+    );
+    let o = dayone(&["config", "--config", &bad]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bad.yaml") && err.contains("serving.runtime.enforce_eager"),
+        "{err}"
+    );
+    for cmd in [
+        "generate",
+        "bench",
+        "check",
+        "chat",
+        "perplexity",
+        "needle",
+        "serve",
+    ] {
+        let help = stdout(&dayone(&[cmd, "--help"]));
+        assert!(help.contains("--enforce-eager"), "{cmd} --help lacks it");
+    }
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/llama_tiny");
+    for backend in ["cpu", "wgsl"] {
+        let ids = |extra: &[&str]| {
+            let mut args = vec![
+                "generate",
+                "-m",
+                model,
+                "--backend",
+                backend,
+                "--prompt-ids",
+                "5,6,7,8",
+                "--max-tokens",
+                "4",
+                "--output",
+                "json",
+            ];
+            args.extend_from_slice(extra);
+            let j: serde_json::Value =
+                serde_json::from_str(stdout(&dayone(&args)).trim()).expect("one JSON object");
+            j["generated_ids"].clone()
+        };
+        assert_eq!(ids(&[]), ids(&["--enforce-eager"]), "{backend}");
+    }
+    let bench = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "-m",
+            model,
+            "--backend",
+            "cpu",
+            "--batch",
+            "1",
+            "--prompt-len",
+            "4",
+            "--gen-len",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let j: serde_json::Value =
+            serde_json::from_str(stdout(&dayone(&args)).trim()).expect("one JSON object");
+        j["enforce_eager"].clone()
+    };
+    assert_eq!(bench(&[]), serde_json::json!(false));
+    assert_eq!(bench(&["--enforce-eager"]), serde_json::json!(true));
+}
+
 /// The JSON of a run says whether the backend ran batch-invariant kernels (WGSL: only when
 /// asked; the flag changes its kernels).
 #[test]
