@@ -247,7 +247,8 @@ fn bench(
         names
             .iter()
             .filter(|n| tied || n.as_str() != "model.embed_tokens.weight")
-            .filter(|n| !n.ends_with("_scale_inv") && keep(n))
+            // INT4's `weight_shape` only checks the shape at load.
+            .filter(|n| !n.ends_with("_scale_inv") && !n.ends_with(".weight_shape") && keep(n))
             .filter_map(|n| {
                 let numel = ckpt.tensors.shape(n)?.iter().product::<usize>();
                 Some(match low_bit.get(n.as_str()) {

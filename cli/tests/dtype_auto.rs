@@ -102,37 +102,51 @@ fn bench_reports_the_weight_dtype_and_resident_bytes() {
     );
 }
 
-/// `bench`'s decode bytes, counted from the checkpoint's own tensor headers: every float weight
-/// the step reads (the untied embedding table is only looked up) in the weight dtype, the MXFP4
-/// experts in their stored bytes (codes + scales) while they stay packed, and as their values
-/// (two per code byte, scales folded in) in the weight dtype under `--dequantize-at-load`.
-#[test]
-fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() {
-    let file = fixture("gpt_oss_tiny").join("model.safetensors");
+/// (float elements, low-bit stored bytes, low-bit values) of a checkpoint as a decode step
+/// reads it, from its own tensor headers: the untied embedding table is only looked up; MXFP4
+/// `*_blocks` and compressed-tensors `weight_packed` hold 2 values a byte (INT4: 8 an I32
+/// word), their scales fold into the values; INT4's `weight_shape` is not a weight.
+fn decode_weights(model: &str) -> (u64, u64, u64) {
+    let file = fixture(model).join("model.safetensors");
     let data = std::fs::read(&file).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&data).unwrap();
-    let (mut float, mut packed_bytes, mut packed_values) = (0u64, 0u64, 0u64);
-    for (name, t) in meta.tensors() {
+    let tensors = meta.tensors();
+    let tied = !tensors.contains_key("lm_head.weight");
+    let (mut float, mut low_bytes, mut low_values) = (0u64, 0u64, 0u64);
+    for (name, t) in tensors {
         let numel: u64 = t.shape.iter().map(|&d| d as u64).product();
-        if name == "model.embed_tokens.weight" {
+        let bytes = (t.data_offsets.1 - t.data_offsets.0) as u64;
+        if (name == "model.embed_tokens.weight" && !tied) || name.ends_with(".weight_shape") {
             continue;
         }
-        if name.ends_with("_blocks") || name.ends_with("_scales") {
-            packed_bytes += (t.data_offsets.1 - t.data_offsets.0) as u64;
-            packed_values += if name.ends_with("_blocks") {
-                2 * numel
-            } else {
-                0
-            };
+        if name.ends_with("_blocks") || name.ends_with(".weight_packed") {
+            low_bytes += bytes;
+            low_values += numel
+                * if format!("{:?}", t.dtype) == "I32" {
+                    8
+                } else {
+                    2
+                };
+        } else if name.ends_with("_scales") || name.ends_with(".weight_scale") {
+            low_bytes += bytes;
         } else {
             float += numel;
         }
     }
     assert!(
-        packed_bytes > 0 && packed_values > 0,
-        "no MXFP4 experts in {file:?}"
+        low_bytes > 0 && low_values > 0,
+        "no low-bit tensors in {file:?}"
     );
-    let total = |extra: &[&str]| {
+    (float, low_bytes, low_values)
+}
+
+/// `bench`'s decode bytes against [`decode_weights`]: float weights in the weight dtype, the
+/// low-bit experts (gpt-oss MXFP4, compressed-tensors INT4) in their stored bytes (codes +
+/// scales) while they stay packed, and as their values in the weight dtype under
+/// `--dequantize-at-load`.
+#[test]
+fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() {
+    let total = |model: &str, extra: &[&str]| {
         let mut args = vec![
             "bench",
             "--backend",
@@ -146,19 +160,36 @@ fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() 
             "--json",
         ];
         args.extend_from_slice(extra);
-        let j = json(&dayone(&args, "gpt_oss_tiny").0);
+        let j = json(&dayone(&args, model).0);
         j["weight_bytes_total"].as_f64().unwrap() as u64
     };
-    assert_eq!(total(&[]), float * 2 + packed_bytes, "bf16, experts packed");
+    let (float, low_bytes, low_values) = decode_weights("gpt_oss_tiny");
     assert_eq!(
-        total(&["--dtype", "f32"]),
-        float * 4 + packed_bytes,
+        total("gpt_oss_tiny", &[]),
+        float * 2 + low_bytes,
+        "bf16, experts packed"
+    );
+    assert_eq!(
+        total("gpt_oss_tiny", &["--dtype", "f32"]),
+        float * 4 + low_bytes,
         "f32, experts packed"
     );
     assert_eq!(
-        total(&["--dequantize-at-load"]),
-        (float + packed_values) * 2,
+        total("gpt_oss_tiny", &["--dequantize-at-load"]),
+        (float + low_values) * 2,
         "bf16, experts dequantized"
+    );
+    // An f32 checkpoint with INT4 experts: weights in f32.
+    let (float, low_bytes, low_values) = decode_weights("deepseek_v3_int4");
+    assert_eq!(
+        total("deepseek_v3_int4", &[]),
+        float * 4 + low_bytes,
+        "INT4 packed"
+    );
+    assert_eq!(
+        total("deepseek_v3_int4", &["--dequantize-at-load"]),
+        (float + low_values) * 4,
+        "INT4 dequantized"
     );
 }
 
