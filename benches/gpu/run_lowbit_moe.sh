@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Binaries from benches/gpu/build_for_device.sh in .bin/ (gzip or xz), NVRTC cache in .kcache/cuda.tgz;
+# carry [".bin", ".kcache"] (and ".gl" with the Vulkan loader debs for the WGSL run).
+# one device call: [11] low-bit MoE paths and gpt-oss figures, [13] transformers' glm5_next beside dayone
+set -uo pipefail
+OUT=${OUT:-/tmp/dayone-out}; mkdir -p $OUT
+for f in .bin/*.xz; do [ -e "$f" ] && unxz -f "$f"; done; for f in .bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x .bin/*
+kc=$HOME/.cache/dayone; mkdir -p $kc; [ -f .kcache/cuda.tgz ] && tar xzf .kcache/cuda.tgz -C $kc
+export NCCL_NVLS_ENABLE=0 DAYONE_FIXTURES=$PWD/tests/fixtures RUST_BACKTRACE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+( python3 benches/gpu/write_gpt_oss.py 20b /tmp/gpt-oss-20b > $OUT/w20.txt 2>&1; python3 benches/gpu/write_gpt_oss.py 120b /tmp/gpt-oss-120b > $OUT/w120.txt 2>&1; echo "ckpts done $(date -u +%T)" ) &
+w=$!
+{
+for t in .bin/test-*; do
+  case $t in *kernels-cuda*) filter="";; *) filter=cuda;; esac
+  echo "== $t"; timeout 150 $t $filter --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rel err|rror" | head -40
+done
+} > $OUT/tests.txt 2>&1
+grep -E "^==|test result|FAILED|panicked" $OUT/tests.txt | head -30
+{
+for fmt in mxfp4 int4; do
+  echo "== moe-bench kimi-k2 layer $fmt"
+  timeout 120 .bin/moe-bench --backend cuda --hidden 7168 --experts 384 --expert-dim 2048 --top-k 8 \
+    --groups 1 --topk-group 1 --shared 1 --tokens 1,8,64,512,8192 --experts-format $fmt --quant-path direct,decode 2>&1 | tail -14
+done
+echo "== moe-bench kimi-k2 layer bf16"
+timeout 60 .bin/moe-bench --backend cuda --hidden 7168 --experts 384 --expert-dim 2048 --top-k 8 \
+    --groups 1 --topk-group 1 --shared 1 --tokens 1,8,64,512,8192 2>&1 | tail -8
+} > $OUT/moe.txt 2>&1
+cat $OUT/moe.txt
+wait $w; cat $OUT/w20.txt | tail -2
+{
+echo "== gpt-oss-20b shape"; timeout 200 .bin/dayone bench -m /tmp/gpt-oss-20b --backend cuda --batch 1,32,64,1 --prompt-len 1024,1024,1024,8192 --gen-len 64 --json 2>&1 | grep -v "^\s*$" | tail -6
+echo "== gpt-oss-120b shape"; timeout 200 .bin/dayone bench -m /tmp/gpt-oss-120b --backend cuda --batch 1,32,64,1 --prompt-len 1024,1024,1024,8192 --gen-len 64 --json 2>&1 | grep -v "^\s*$" | tail -6
+} > $OUT/gpt_oss.jsonl 2>&1
+cat $OUT/gpt_oss.jsonl | cut -c1-600
+mkdir -p /tmp/tf && tar xJf .kcache/tf524.tar.xz -C /tmp/tf
+python3 -c "import json; json.dump(json.load(open('benches/gpu/glm5_next_layout.json'))['config'], open('/tmp/glm5_cfg.json','w'))"
+echo "== transformers glm5_next"; PYTHONPATH=/tmp/tf timeout 150 python3 benches/gpu/torch_glm5_next.py /tmp/glm5_cfg.json 1024 32 2>&1 | grep -v "falling back" | tail -4 | tee $OUT/torch_glm5.txt
+tar czf $OUT/kcache.tgz -C $kc .
