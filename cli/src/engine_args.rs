@@ -126,8 +126,11 @@ pub struct EngineArgs {
     /// Run every decode step eagerly (kernel by kernel), never as a CUDA graph. By default
     /// CUDA captures pure-decode steps of attention-only models once per batch bucket and
     /// context-width bucket and replays them (vLLM's `--enforce-eager` turns the same off).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_enforce_eager")]
     pub enforce_eager: bool,
+    /// CUDA graphs for decode even if the config file sets `runtime.enforce_eager`.
+    #[arg(long)]
+    pub no_enforce_eager: bool,
 }
 
 /// A command's own defaults, below the config file and the flags.
@@ -275,6 +278,9 @@ impl EngineArgs {
         }
         if self.enforce_eager {
             s.runtime.enforce_eager = Some(true);
+        }
+        if self.no_enforce_eager {
+            s.runtime.enforce_eager = Some(false);
         }
         s
     }

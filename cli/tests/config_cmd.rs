@@ -117,6 +117,14 @@ fn enforce_eager_from_the_flag_or_the_file() {
     );
     let file = stdout(&dayone(&["config", "--config", &f]));
     assert!(file.contains("enforce_eager: true"), "{file}");
+    let off = stdout(&dayone(&["config", "--config", &f, "--no-enforce-eager"]));
+    assert!(off.contains("enforce_eager: false"), "{off}");
+    let o = dayone(&["config", "--enforce-eager", "--no-enforce-eager"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "both switches at once are a usage error"
+    );
     let bad = write(
         dir.path(),
         "bad.yaml",
