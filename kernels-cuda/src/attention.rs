@@ -423,35 +423,16 @@ impl CudaBackend {
             pml
         ];
         // The default kernels take the first 17 parameters; the `_inv` ones also the chunking;
-        // `attn_mma_ext` the sinks and the window instead.
+        // `attn_mma_ext` the sinks and the window in places 17 and 18 instead.
         let (sinks, window) = c.ext.unwrap_or((0, 0));
-        let ext_params = kparams![
-            ptrs[0],
-            ptrs[1],
-            ptrs[2],
-            ptrs[3],
-            ptrs[4],
-            ptrs[5],
-            ptrs[6],
-            hu,
-            hkvu,
-            hdku,
-            hdvu,
-            bsu,
-            mbu,
-            nbu,
-            hc,
-            tq,
-            c.scale_log2,
-            sinks,
-            window
-        ];
-        let params: &mut [_] = if c.ext.is_some() {
-            &mut ext_params[..]
+        let used = if c.ext.is_some() {
+            params[17] = (&sinks) as *const u64 as *mut std::ffi::c_void;
+            params[18] = (&window) as *const u32 as *mut std::ffi::c_void;
+            19
         } else if inv {
-            &mut params[..]
+            params.len()
         } else {
-            &mut params[..17]
+            17
         };
         self.launch(
             OP,
@@ -459,7 +440,7 @@ impl CudaBackend {
             (to_u32(OP, "grid.x", qtiles * nsplit)?, gy, c.s as u32),
             (launch::ATTN_THREADS, 1, 1),
             smem as u32,
-            params,
+            &mut params[..used],
         )?;
         if nsplit > 1 {
             let f = self.func("attention_paged", sfx, &format!("attn_fold_{sfx}"))?;

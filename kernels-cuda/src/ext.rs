@@ -138,18 +138,7 @@ impl CudaBackend {
         }
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d, e, f) = crate::mla_moe::check_experts(OP, x, ids, weights, gate_up, down)?;
-        let f2 = 2 * f;
-        for (b, shape, what) in [
-            (opts.gate_up_bias, [e, f2], "gate_up_bias"),
-            (opts.down_bias, [e, d], "down_bias"),
-        ] {
-            if let Some(b) = b {
-                if b.shape != shape {
-                    bail!("{OP}: {what} must be {shape:?}, got {:?}", b.shape);
-                }
-                check_dtype(OP, what, b, x.dtype)?;
-            }
-        }
+        crate::mla_moe::check_expert_biases(OP, x, (e, f, d), opts.gate_up_bias, opts.down_bias)?;
         let k = ids.shape[1];
         self.bind()?;
         let out = self.alloc(vec![n, d], x.dtype)?;

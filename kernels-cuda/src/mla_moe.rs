@@ -27,6 +27,29 @@ fn rank2(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, u
     }
 }
 
+/// The optional per-expert biases of a routed-experts op: `gate_up_bias` `[E, 2F]` and
+/// `down_bias` `[E, D]`, both of `x`'s dtype. `(e, f, d)` as [`check_experts`] returns them.
+pub(crate) fn check_expert_biases(
+    op: &str,
+    x: &CudaTensor,
+    (e, f, d): (usize, usize, usize),
+    gate_up_bias: Option<&CudaTensor>,
+    down_bias: Option<&CudaTensor>,
+) -> Result<()> {
+    for (b, rows, what) in [
+        (gate_up_bias, 2 * f, "gate_up_bias"),
+        (down_bias, d, "down_bias"),
+    ] {
+        if let Some(b) = b {
+            if b.shape != [e, rows] {
+                bail!("{op}: {what} must be [{e}, {rows}], got {:?}", b.shape);
+            }
+            check_dtype(op, what, b, x.dtype)?;
+        }
+    }
+    Ok(())
+}
+
 /// The shapes and dtypes of a routed-experts op (`moe_experts`, `moe_experts_ext`): `x`
 /// `[N, D]`, `gate_up` `[E, 2F, D]` and `down` `[E, D, F]` of `x`'s dtype, `ids` `[N, k]` u32,
 /// `weights` `[N, k]` f32 → `(N, D, E, F)`.
@@ -581,17 +604,7 @@ impl CudaBackend {
                 ntiles.device_ptr()
             ],
         )?;
-        for (b, rows, what) in [
-            (ep.gate_up_bias, 2 * f, "gate_up_bias"),
-            (ep.down_bias, d, "down_bias"),
-        ] {
-            if let Some(b) = b {
-                if b.shape != [e, rows] {
-                    bail!("{OP}: {what} must be [{e}, {rows}], got {:?}", b.shape);
-                }
-                check_dtype(OP, what, b, x.dtype)?;
-            }
-        }
+        check_expert_biases(OP, x, (e, f, d), ep.gate_up_bias, ep.down_bias)?;
         let bias_ptr = |b: Option<&CudaTensor>| b.map_or(0, |t| t.device_ptr());
         // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert, bias)
         let projections = [

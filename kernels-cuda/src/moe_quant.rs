@@ -6,7 +6,7 @@
 //! with reduction widths a multiple of 32; other formats and shapes decode the step's experts into temporaries instead
 //! ([`dayone_backend::quant_moe::moe_experts_decoded_temp`]).
 
-use crate::{check_dtype, dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
+use crate::{dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
 use dayone_backend::{DType, ExpertAct, ExpertOptions, QuantFormat, QuantTensor};
@@ -90,17 +90,7 @@ impl CudaBackend {
                 weights.shape
             );
         }
-        for (b, shape, what) in [
-            (opts.gate_up_bias, [e, f2], "gate_up_bias"),
-            (opts.down_bias, [e, d], "down_bias"),
-        ] {
-            if let Some(b) = b {
-                if b.shape != shape {
-                    bail!("{OP}: {what} must be {shape:?}, got {:?}", b.shape);
-                }
-                check_dtype(OP, what, b, x.dtype)?;
-            }
-        }
+        crate::mla_moe::check_expert_biases(OP, x, (e, f, d), opts.gate_up_bias, opts.down_bias)?;
         for (q, what) in [(gate_up, "gate_up"), (down, "down")] {
             for (t, part) in [(&q.codes, "codes"), (&q.scales, "scales")] {
                 if t.dtype != DType::U32 {

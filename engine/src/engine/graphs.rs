@@ -109,21 +109,6 @@ fn pad(
     (ids, m)
 }
 
-fn upload_each<B: Backend>(b: &B, meta: StepMeta) -> Result<DeviceStepMeta<B::Tensor>> {
-    let u = |v: &[u32]| b.upload(&HostTensor::from_u32(vec![v.len()], v)?);
-    Ok(DeviceStepMeta {
-        positions: u(&meta.positions)?,
-        token_seq: u(&meta.token_seq)?,
-        slot_mapping: u(&meta.slot_mapping)?,
-        block_tables: u(&meta.block_tables)?,
-        seq_lens: u(&meta.seq_lens)?,
-        query_start: u(&meta.query_start)?,
-        logit_rows: u(&meta.logit_rows)?,
-        state_slots: u(&meta.state_slots)?,
-        host: meta,
-    })
-}
-
 /// Writes `v` over the whole of `t` (a `[len]` u32 tensor of the same length).
 fn refresh<B: Backend>(b: &B, t: &B::Tensor, v: &[u32]) -> Result<()> {
     let rows: Vec<u32> = (0..v.len() as u32).collect();
@@ -175,7 +160,7 @@ impl<B: Backend> DecodeGraphs<B> {
         // side of the capture's metadata claims full-width contexts, so that plans made from
         // it (split-K attention) cover every context the width allows.
         let ids_t = b.upload(&HostTensor::from_u32(vec![batch], &ids)?)?;
-        let mut dmeta = upload_each(b, meta)?;
+        let mut dmeta = b.upload_meta(meta)?;
         let full = (width * dmeta.host.block_size) as u32;
         dmeta.host.positions = vec![full - 1; batch];
         dmeta.host.seq_lens = vec![full; batch];
