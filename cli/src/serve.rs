@@ -219,7 +219,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             .await
     });
     eprintln!("dayone serve: loading {} …", path.display());
-    let weights_bytes = weights_bytes(&ckpt, r.engine.dtype);
     let handle = match load::service(r.backend, ckpt, r.engine.clone(), false) {
         Ok(h) => h,
         Err(e) => {
@@ -242,7 +241,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         tool_format,
         reasoning_format,
         gauges: metrics::ServerGauges {
-            weights_bytes,
+            // As the backend holds them: 16-bit weights 2 bytes, low-bit blocks their bytes.
+            weights_bytes: handle.model_info().weight_bytes,
             kv_cache_bytes,
             workspace_bytes: 0,
             requests_rejected: 0,
@@ -301,17 +301,6 @@ fn bracket_v6(host: &str) -> String {
 /// Bytes per cached token, from the engine (0 when it has stopped).
 fn cache_bytes_per_token(handle: &EngineHandle) -> u64 {
     handle.model_info().cache_bytes_per_token as u64
-}
-
-/// The weights' bytes at the load dtype (quantized tensors count as the dtype they load to).
-fn weights_bytes(ckpt: &Checkpoint, dtype: dayone_backend::DType) -> u64 {
-    let elem = dtype.size() as u64;
-    ckpt.tensors
-        .names()
-        .iter()
-        .filter_map(|n| ckpt.tensors.shape(n))
-        .map(|s| s.iter().product::<usize>() as u64 * elem)
-        .sum()
 }
 
 /// SIGINT and SIGTERM, listened to from start to exit.

@@ -190,8 +190,13 @@ fn added(id: usize, content: &str, special: bool) -> Value {
 /// llama_tiny (random weights, vocab 256) with a word-level tokenizer whose decoder fuses the
 /// pieces (so per-token texts join to the answer), a chat template and a 4096-token window.
 fn word_model() -> tempfile::TempDir {
+    word_model_of("llama_tiny")
+}
+
+/// [`word_model`] over the weights and config of the fixture `name` (vocabulary 256).
+fn word_model_of(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let src = fixture("llama_tiny");
+    let src = fixture(name);
     for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
@@ -783,6 +788,34 @@ fn tool_calls_scripted() {
             );
         }
     }
+}
+
+/// `dayone:device_memory_bytes{kind="weights"}` is what the engine holds (as `bench` reports it):
+/// gpt-oss's MXFP4 experts in their blocks, its bf16 weights 2 bytes on WGSL — not every
+/// stored element at the dtype's size (that overstated a Q4 GGUF about 6×).
+#[test]
+fn metrics_report_the_weights_as_the_backend_holds_them() {
+    let model = word_model_of("gpt_oss_tiny");
+    let path = model.path().to_str().unwrap();
+    let bench = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(["bench", "-m", path, "--backend", "wgsl", "--batch", "1"])
+        .args(["--prompt-len", "4", "--gen-len", "2", "--json"])
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run dayone bench");
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let report: Value = serde_json::from_slice(&bench.stdout).expect("one JSON object");
+    let resident = report["weight_resident_bytes"].as_f64().unwrap();
+    let server = Server::start(&["--model", path, "--backend", "wgsl"]);
+    let (c, base) = (http(), server.url.clone());
+    let weights = runtime()
+        .block_on(metric(&c, &base, "dayone:device_memory_bytes", "weights"))
+        .expect("a weights gauge");
+    assert_eq!(weights, resident, "{report}");
 }
 
 /// Auth and bad input: 401 on every /v1 path without the right key (/health and /metrics

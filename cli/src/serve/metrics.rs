@@ -45,8 +45,8 @@ use std::borrow::Cow;
 /// Server-side numbers the engine does not know.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerGauges {
-    /// Device memory taken by the model weights, bytes
-    /// (`dayone:device_memory_bytes{kind="weights"}`).
+    /// Device memory taken by the model weights as the backend holds them (rank 0's under
+    /// `-tp`), bytes (`dayone:device_memory_bytes{kind="weights"}`).
     pub weights_bytes: u64,
     /// Device memory taken by the KV cache (and recurrent state), bytes (`{kind="kv_cache"}`).
     pub kv_cache_bytes: u64,
