@@ -559,9 +559,6 @@ impl CudaBackend {
             self.memset0(&out)?;
             return Ok(out);
         }
-        if 3 * e * 4 > 48 * 1024 {
-            bail!("{OP}: {e} experts are above the supported 4096");
-        }
         let p = n * k;
         let gemv_max = if self.invariant() {
             // The tiled kernels for every token count: the GEMV reduces in another order.
@@ -573,37 +570,16 @@ impl CudaBackend {
                 .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
         };
         let plan = launch::moe_plan(n, k, e, d, f, x.dtype != DType::F32, gemv_max);
-        let maxt = to_u32(OP, "tiles", plan.max_tiles)?;
-        if maxt > 65535 {
-            bail!("{OP}: {p} (token, expert) pairs need {maxt} tiles, above 65535");
-        }
-        let offsets = self.alloc(vec![e + 1], DType::U32)?;
-        let pos = self.alloc(vec![p], DType::U32)?;
-        let sorted = self.alloc(vec![p], DType::U32)?;
-        let tiles = self.alloc(vec![2 * plan.max_tiles], DType::U32)?;
-        let ntiles = self.alloc(vec![1], DType::U32)?;
+        let SortedPairs {
+            offsets,
+            pos,
+            sorted,
+            tiles,
+            ntiles,
+            max_tiles: maxt,
+        } = self.sort_pairs(OP, sfx, ids, (p, e), plan.bt)?;
         let h = self.alloc(vec![p, f], x.dtype)?;
         let y2 = self.alloc(vec![p, d], x.dtype)?;
-        let pu = to_u32(OP, "N·k", p)?;
-        let sort = self.func("moe", sfx, "moe_sort")?;
-        self.launch(
-            OP,
-            &sort,
-            (1, 1, 1),
-            (1024, 1, 1),
-            (3 * e * 4) as u32,
-            kparams![
-                ids.device_ptr(),
-                pu,
-                e as u32,
-                plan.bt,
-                offsets.device_ptr(),
-                pos.device_ptr(),
-                sorted.device_ptr(),
-                tiles.device_ptr(),
-                ntiles.device_ptr()
-            ],
-        )?;
         check_expert_biases(OP, x, (e, f, d), ep.gate_up_bias, ep.down_bias)?;
         let bias_ptr = |b: Option<&CudaTensor>| b.map_or(0, |t| t.device_ptr());
         // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert, bias)
@@ -716,5 +692,69 @@ impl MoeEpilogue<'_> {
             gate_up_bias: None,
             down_bias: None,
         }
+    }
+}
+
+/// The (token, choice) pairs of a step sorted by expert (`moe_sort`, kernels/moe.cu): `offsets`
+/// `[E + 1]`, `pos` `[P]` (sorted position of each pair), `sorted` `[P]` (pair at each sorted
+/// position), `tiles` `[max_tiles][2]` = (expert, first row) of tiles of at most `bt` rows,
+/// `ntiles` `[1]`, all u32 on the device; `max_tiles` is the grid's tile bound.
+pub(crate) struct SortedPairs {
+    pub offsets: CudaTensor,
+    pub pos: CudaTensor,
+    pub sorted: CudaTensor,
+    pub tiles: CudaTensor,
+    pub ntiles: CudaTensor,
+    pub max_tiles: u32,
+}
+
+impl CudaBackend {
+    /// Sorts the `p` pairs of `ids` `[N, k]` u32 over `e` experts into tiles of at most `bt`
+    /// rows (one `moe_sort` launch). Errors: more than 4 096 experts (the sort's shared
+    /// memory) or more than 65 535 tiles (the grid).
+    pub(crate) fn sort_pairs(
+        &self,
+        op: &str,
+        sfx: &'static str,
+        ids: &CudaTensor,
+        (p, e): (usize, usize),
+        bt: u32,
+    ) -> Result<SortedPairs> {
+        if 3 * e * 4 > 48 * 1024 {
+            bail!("{op}: {e} experts are above the supported 4096");
+        }
+        let max_tiles = p.div_ceil(bt as usize) + e.min(p);
+        let maxt = to_u32(op, "tiles", max_tiles)?;
+        if maxt > 65535 {
+            bail!("{op}: {p} (token, expert) pairs need {maxt} tiles, above 65535");
+        }
+        let out = SortedPairs {
+            offsets: self.alloc(vec![e + 1], DType::U32)?,
+            pos: self.alloc(vec![p], DType::U32)?,
+            sorted: self.alloc(vec![p], DType::U32)?,
+            tiles: self.alloc(vec![2 * max_tiles], DType::U32)?,
+            ntiles: self.alloc(vec![1], DType::U32)?,
+            max_tiles: maxt,
+        };
+        let sort = self.func("moe", sfx, "moe_sort")?;
+        self.launch(
+            op,
+            &sort,
+            (1, 1, 1),
+            (1024, 1, 1),
+            (3 * e * 4) as u32,
+            kparams![
+                ids.device_ptr(),
+                to_u32(op, "N·k", p)?,
+                e as u32,
+                bt,
+                out.offsets.device_ptr(),
+                out.pos.device_ptr(),
+                out.sorted.device_ptr(),
+                out.tiles.device_ptr(),
+                out.ntiles.device_ptr()
+            ],
+        )?;
+        Ok(out)
     }
 }

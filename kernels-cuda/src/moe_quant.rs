@@ -6,6 +6,7 @@
 //! with reduction widths a multiple of 32; other formats and shapes decode the step's experts into temporaries instead
 //! ([`dayone_backend::quant_moe::moe_experts_decoded_temp`]).
 
+use crate::mla_moe::SortedPairs;
 use crate::{dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
@@ -123,9 +124,6 @@ impl CudaBackend {
             self.memset0(&out)?;
             return Ok(out);
         }
-        if 3 * e * 4 > 48 * 1024 {
-            bail!("{OP}: {e} experts are above the supported 4096");
-        }
         let (act, alpha, limit) = match opts.act {
             ExpertAct::Swiglu => (0u32, 0f32, 0f32),
             ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
@@ -135,37 +133,16 @@ impl CudaBackend {
         // rows a tile lacks).
         let mt: usize = if n == 1 { 1 } else { 8 };
         let p = n * k;
-        let max_tiles = p.div_ceil(mt) + e.min(p);
-        let maxt = to_u32(OP, "tiles", max_tiles)?;
-        if maxt > 65535 {
-            bail!("{OP}: {p} (token, expert) pairs need {maxt} tiles, above 65535");
-        }
-        let offsets = self.alloc(vec![e + 1], DType::U32)?;
-        let pos = self.alloc(vec![p], DType::U32)?;
-        let sorted = self.alloc(vec![p], DType::U32)?;
-        let tiles = self.alloc(vec![2 * max_tiles], DType::U32)?;
-        let ntiles = self.alloc(vec![1], DType::U32)?;
+        let SortedPairs {
+            offsets,
+            pos,
+            sorted,
+            tiles,
+            ntiles,
+            max_tiles: maxt,
+        } = self.sort_pairs(OP, sfx, ids, (p, e), mt as u32)?;
         let h = self.scratch_f32(p * f)?;
         let y2 = self.scratch_f32(p * d)?;
-        let sort = self.func("moe", sfx, "moe_sort")?;
-        self.launch(
-            OP,
-            &sort,
-            (1, 1, 1),
-            (1024, 1, 1),
-            (3 * e * 4) as u32,
-            kparams![
-                ids.device_ptr(),
-                to_u32(OP, "N·k", p)?,
-                e as u32,
-                mt as u32,
-                offsets.device_ptr(),
-                pos.device_ptr(),
-                sorted.device_ptr(),
-                tiles.device_ptr(),
-                ntiles.device_ptr()
-            ],
-        )?;
         // (input, weight, bias, output, kernel tag, gather k, outputs, reduction width)
         let projections = [
             (
