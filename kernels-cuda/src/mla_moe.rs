@@ -75,6 +75,17 @@ pub(crate) fn check_experts(
     }
     check_dtype(op, "gate_up", gate_up, x.dtype)?;
     check_dtype(op, "down", down, x.dtype)?;
+    check_routing(op, n, ids, weights)?;
+    Ok((n, d, e, f))
+}
+
+/// The routing of `n` tokens: `ids` `[n, k]` u32 and `weights` `[n, k]` f32.
+pub(crate) fn check_routing(
+    op: &str,
+    n: usize,
+    ids: &CudaTensor,
+    weights: &CudaTensor,
+) -> Result<()> {
     if ids.dtype != DType::U32
         || ids.shape.len() != 2
         || ids.shape[0] != n
@@ -89,7 +100,7 @@ pub(crate) fn check_experts(
             weights.shape
         );
     }
-    Ok((n, d, e, f))
+    Ok(())
 }
 
 impl CudaBackend {
@@ -570,14 +581,8 @@ impl CudaBackend {
                 .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
         };
         let plan = launch::moe_plan(n, k, e, d, f, x.dtype != DType::F32, gemv_max);
-        let SortedPairs {
-            offsets,
-            pos,
-            sorted,
-            tiles,
-            ntiles,
-            max_tiles: maxt,
-        } = self.sort_pairs(OP, sfx, ids, (p, e), plan.bt)?;
+        let sp = self.sort_pairs(OP, sfx, ids, (p, e), plan.bt)?;
+        let maxt = sp.max_tiles;
         let h = self.alloc(vec![p, f], x.dtype)?;
         let y2 = self.alloc(vec![p, d], x.dtype)?;
         check_expert_biases(OP, x, (e, f, d), ep.gate_up_bias, ep.down_bias)?;
@@ -632,10 +637,10 @@ impl CudaBackend {
                     a.device_ptr(),
                     w.device_ptr(),
                     o.device_ptr(),
-                    offsets.device_ptr(),
-                    sorted.device_ptr(),
-                    tiles.device_ptr(),
-                    ntiles.device_ptr(),
+                    sp.offsets.device_ptr(),
+                    sp.sorted.device_ptr(),
+                    sp.tiles.device_ptr(),
+                    sp.ntiles.device_ptr(),
                     plan.bt,
                     gather,
                     to_u32(OP, "output width", nout)?,
@@ -657,7 +662,7 @@ impl CudaBackend {
             0,
             kparams![
                 y2.device_ptr(),
-                pos.device_ptr(),
+                sp.pos.device_ptr(),
                 weights.device_ptr(),
                 out.device_ptr(),
                 n as u32,

@@ -6,7 +6,6 @@
 //! with reduction widths a multiple of 32; other formats and shapes decode the step's experts into temporaries instead
 //! ([`dayone_backend::quant_moe::moe_experts_decoded_temp`]).
 
-use crate::mla_moe::SortedPairs;
 use crate::{dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
@@ -77,20 +76,7 @@ impl CudaBackend {
             bail!("{OP}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
         }
         let n = x.shape[0];
-        if ids.dtype != DType::U32
-            || ids.shape.len() != 2
-            || ids.shape[0] != n
-            || weights.shape != ids.shape
-            || weights.dtype != DType::F32
-        {
-            bail!(
-                "{OP}: ids (u32) and weights (f32) must be [{n}, k], got {} {:?} and {} {:?}",
-                ids.dtype,
-                ids.shape,
-                weights.dtype,
-                weights.shape
-            );
-        }
+        crate::mla_moe::check_routing(OP, n, ids, weights)?;
         crate::mla_moe::check_expert_biases(OP, x, (e, f, d), opts.gate_up_bias, opts.down_bias)?;
         for (q, what) in [(gate_up, "gate_up"), (down, "down")] {
             for (t, part) in [(&q.codes, "codes"), (&q.scales, "scales")] {
@@ -133,14 +119,8 @@ impl CudaBackend {
         // rows a tile lacks).
         let mt: usize = if n == 1 { 1 } else { 8 };
         let p = n * k;
-        let SortedPairs {
-            offsets,
-            pos,
-            sorted,
-            tiles,
-            ntiles,
-            max_tiles: maxt,
-        } = self.sort_pairs(OP, sfx, ids, (p, e), mt as u32)?;
+        let sp = self.sort_pairs(OP, sfx, ids, (p, e), mt as u32)?;
+        let maxt = sp.max_tiles;
         let h = self.scratch_f32(p * f)?;
         let y2 = self.scratch_f32(p * d)?;
         // (input, weight, bias, output, kernel tag, gather k, outputs, reduction width)
@@ -188,10 +168,10 @@ impl CudaBackend {
                     q.scales.device_ptr(),
                     bias.map_or(0u64, |b| b.device_ptr()),
                     o.device_ptr(),
-                    offsets.device_ptr(),
-                    sorted.device_ptr(),
-                    tiles.device_ptr(),
-                    ntiles.device_ptr(),
+                    sp.offsets.device_ptr(),
+                    sp.sorted.device_ptr(),
+                    sp.tiles.device_ptr(),
+                    sp.ntiles.device_ptr(),
                     gather,
                     to_u32(OP, "output width", nout)?,
                     to_u32(OP, "reduction width", kdim)?,
@@ -216,7 +196,7 @@ impl CudaBackend {
             0,
             kparams![
                 y2.device_ptr(),
-                pos.device_ptr(),
+                sp.pos.device_ptr(),
                 weights.device_ptr(),
                 out.device_ptr(),
                 to_u32(OP, "N", n)?,
