@@ -1,13 +1,6 @@
 #!/usr/bin/env bash
-# Binaries from benches/gpu/build_for_device.sh in .bin/ (gzip or xz), NVRTC cache in .kcache/cuda.tgz;
-# carry [".bin", ".kcache"] (and ".gl" with the Vulkan loader debs for the WGSL run).
 # one device call: CUDA checks of [13] then the glm5_next figures
-set -uo pipefail
-OUT=${OUT:-/tmp/dayone-out}; mkdir -p $OUT
-for f in .bin/*.xz; do [ -e "$f" ] && unxz -f "$f"; done; for f in .bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x .bin/*
-kc=$HOME/.cache/dayone; mkdir -p $kc; [ -f .kcache/cuda.tgz ] && tar xzf .kcache/cuda.tgz -C $kc
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-export NCCL_NVLS_ENABLE=0
+. benches/gpu/device_env.sh   # binaries, NVRTC cache, env, cuda_tests
 ( python3 benches/gpu/write_sparse_safetensors.py benches/gpu/glm5_next_layout.json /tmp/glm5_next_shape > $OUT/glm5_ckpt.txt 2>&1; echo "ckpt done $(date -u +%T)" ) &
 w=$!
 {

@@ -1,22 +1,9 @@
 #!/usr/bin/env bash
-# Binaries from benches/gpu/build_for_device.sh in .bin/ (gzip or xz), NVRTC cache in .kcache/cuda.tgz;
-# carry [".bin", ".kcache"] (and ".gl" with the Vulkan loader debs for the WGSL run).
 # one device call: [11] low-bit MoE paths and gpt-oss figures, [13] transformers' glm5_next beside dayone
-set -uo pipefail
-OUT=${OUT:-/tmp/dayone-out}; mkdir -p $OUT
-for f in .bin/*.xz; do [ -e "$f" ] && unxz -f "$f"; done; for f in .bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done; chmod +x .bin/*
-kc=$HOME/.cache/dayone; mkdir -p $kc; [ -f .kcache/cuda.tgz ] && tar xzf .kcache/cuda.tgz -C $kc
-export NCCL_NVLS_ENABLE=0 DAYONE_FIXTURES=$PWD/tests/fixtures RUST_BACKTRACE=0
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+. benches/gpu/device_env.sh   # binaries, NVRTC cache, env, cuda_tests
 ( python3 benches/gpu/write_gpt_oss.py 20b /tmp/gpt-oss-20b > $OUT/w20.txt 2>&1; python3 benches/gpu/write_gpt_oss.py 120b /tmp/gpt-oss-120b > $OUT/w120.txt 2>&1; echo "ckpts done $(date -u +%T)" ) &
 w=$!
-{
-for t in .bin/test-*; do
-  case $t in *kernels-cuda*) filter="";; *) filter=cuda;; esac
-  echo "== $t"; timeout 150 $t $filter --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rel err|rror" | head -40
-done
-} > $OUT/tests.txt 2>&1
-grep -E "^==|test result|FAILED|panicked" $OUT/tests.txt | head -30
+cuda_tests
 {
 for fmt in mxfp4 int4; do
   echo "== moe-bench kimi-k2 layer $fmt"
