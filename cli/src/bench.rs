@@ -692,6 +692,12 @@ impl Run<'_> {
             &format!("weights resident ({})", info.weight_dtype),
             dayone_engine::cache::human_bytes(info.weight_bytes),
         )?;
+        // What the roofline counts: float weights in the weight dtype, low-bit ones (packed
+        // codes and scales, GGUF blocks) in their stored bytes, experts by the routed share.
+        row(
+            "weights read per decode step",
+            dayone_engine::cache::human_bytes(weight_bytes as u64),
+        )?;
         row("decode GB/s achieved", format!("{:.1}", achieved / 1e9))?;
         row(
             "roofline GB/s (device copy ≤ 1 GiB, read + write)",

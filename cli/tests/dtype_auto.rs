@@ -179,6 +179,22 @@ fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() 
         (float + low_values) * 2,
         "bf16, experts dequantized"
     );
+    // The table says what the roofline counts.
+    let (table, _) = dayone(
+        &[
+            "bench",
+            "--backend",
+            "wgsl",
+            "--batch",
+            "1",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "2",
+        ],
+        "gpt_oss_tiny",
+    );
+    assert!(table.contains("weights read per decode step"), "{table}");
     // An f32 checkpoint with INT4 experts: weights in f32.
     let (float, low_bytes, low_values) = decode_weights("deepseek_v3_int4");
     assert_eq!(
