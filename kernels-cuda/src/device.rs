@@ -71,17 +71,23 @@ pub fn size_class(bytes: usize) -> usize {
     bytes.div_ceil(step) * step
 }
 
+/// The key of the graphs' shared free lists in [`PoolState::graphs`] (buffers tag it).
+const GRAPH_POOL: u64 = 1;
+
 #[derive(Default)]
 struct PoolState {
     free: HashMap<usize, Vec<u64>>,
     cached_bytes: usize,
     live_bytes: usize,
-    /// The graph being captured: its allocations and frees use its own free lists.
+    /// A capture is running: its allocations and frees use the graphs' free lists.
     capturing: Option<u64>,
-    /// Per captured graph, the free buffers reserved for it: a graph replays its kernels on the
-    /// addresses they were captured with, so no memory it touched may serve other tensors
-    /// while it lives (PyTorch's graph-private pools, the same idea).
+    /// The free buffers reserved for graphs (one pool shared by all of a backend's graphs,
+    /// under [`GRAPH_POOL`]): a graph replays its kernels on the addresses they were captured
+    /// with, so no memory a graph touched may serve other tensors while a graph lives. Graphs
+    /// replay one at a time on the one stream, so they can share it (PyTorch's graph pools).
     graphs: HashMap<u64, HashMap<usize, Vec<u64>>>,
+    /// Graphs alive; at 0 the shared lists return to the ordinary ones.
+    graphs_alive: usize,
 }
 
 /// A caching device allocator: freed buffers go back to a per-size-class free list and are
@@ -181,16 +187,22 @@ impl Pool {
         st.free.entry(class).or_default().push(ptr);
     }
 
-    /// Starts routing allocations to graph `id`'s private lists (a capture begins).
-    pub(crate) fn begin_graph(&self, id: u64) {
+    /// Starts routing allocations to the graphs' lists (a capture begins).
+    pub(crate) fn begin_graph(&self) {
         let mut st = self.lock();
-        st.graphs.entry(id).or_default();
-        st.capturing = Some(id);
+        st.graphs.entry(GRAPH_POOL).or_default();
+        st.capturing = Some(GRAPH_POOL);
     }
 
-    /// The capture ended: allocations go back to the shared lists.
-    pub(crate) fn end_graph(&self) {
-        self.lock().capturing = None;
+    /// The capture ended; `kept`: it made a graph (else its buffers are free graph memory, or
+    /// ordinary memory again when no graph lives).
+    pub(crate) fn end_graph(&self, kept: bool) {
+        let mut st = self.lock();
+        st.capturing = None;
+        st.graphs_alive += usize::from(kept);
+        if st.graphs_alive == 0 {
+            Self::release_graph_lists(&mut st);
+        }
     }
 
     /// Whether a capture is in progress (uploads and read-backs are refused then).
@@ -198,14 +210,18 @@ impl Pool {
         self.lock().capturing.is_some()
     }
 
-    /// Graph `id` is gone: its reserved buffers return to the shared lists (buffers of it still
-    /// held by tensors follow when those are dropped).
-    pub(crate) fn drop_graph(&self, id: u64) {
+    /// A graph is gone; with the last one the graphs' free buffers return to the ordinary
+    /// lists (buffers still held by tensors follow when those are dropped).
+    pub(crate) fn drop_graph(&self) {
         let mut st = self.lock();
-        if st.capturing == Some(id) {
-            st.capturing = None;
+        st.graphs_alive = st.graphs_alive.saturating_sub(1);
+        if st.graphs_alive == 0 && st.capturing.is_none() {
+            Self::release_graph_lists(&mut st);
         }
-        if let Some(lists) = st.graphs.remove(&id) {
+    }
+
+    fn release_graph_lists(st: &mut PoolState) {
+        if let Some(lists) = st.graphs.remove(&GRAPH_POOL) {
             for (class, ptrs) in lists {
                 st.cached_bytes += class * ptrs.len();
                 st.free.entry(class).or_default().extend(ptrs);

@@ -4,8 +4,9 @@
 //! §D). What breaks a capture is refused while it runs: uploads, read-backs and synchronisation
 //! (`CudaBackend::not_capturing`), so a model that reads back mid-step fails its capture with a
 //! clear error and the caller stays eager. Memory: the allocator routes every allocation and
-//! free of the capture to the graph's private lists (`Pool::begin_graph`), so the addresses a
-//! graph replays are never handed to other tensors while it lives.
+//! free of a capture to the graphs' lists (`Pool::begin_graph`), shared by all graphs (they
+//! replay one at a time on the one stream), so the addresses a graph replays are never handed
+//! to other tensors while any graph lives.
 
 use crate::device::drv;
 use crate::{CudaBackend, CudaTensor};
@@ -44,31 +45,35 @@ impl CudaBackend {
             g.next += 1;
             g.next
         };
-        self.pool.begin_graph(id);
+        self.pool.begin_graph();
         if let Err(e) = self
             .stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         {
-            self.pool.drop_graph(id);
+            self.pool.end_graph(false);
             return Err(drv("cuStreamBeginCapture")(e));
         }
         let out = f();
         let ended = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        self.pool.end_graph();
-        let fail = |e: anyhow::Error| {
-            self.pool.drop_graph(id);
-            Err(e.context("CUDA graph capture"))
+        let graph = match (out, ended) {
+            (Ok(t), Ok(Some(g))) => (t, g),
+            (out, ended) => {
+                self.pool.end_graph(false);
+                let e = match (out, ended) {
+                    (Err(e), _) => e,
+                    (_, Err(e)) => drv("cuStreamEndCapture / cuGraphInstantiate")(e),
+                    _ => anyhow!("the capture recorded no work"),
+                };
+                return Err(e.context("CUDA graph capture"));
+            }
         };
-        let out = match out {
-            Ok(t) => t,
-            Err(e) => return fail(e),
-        };
-        let graph = match ended {
-            Ok(Some(g)) => g,
-            Ok(None) => return fail(anyhow!("the capture recorded no work")),
-            Err(e) => return fail(drv("cuStreamEndCapture / cuGraphInstantiate")(e)),
-        };
-        graph.upload().map_err(drv("cuGraphUpload"))?;
+        self.pool.end_graph(true);
+        let (out, graph) = graph;
+        if let Err(e) = graph.upload() {
+            drop(graph);
+            self.pool.drop_graph();
+            return Err(drv("cuGraphUpload")(e));
+        }
         self.graphs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -93,11 +98,11 @@ impl CudaBackend {
             .unwrap_or_else(|p| p.into_inner())
             .by_id
             .remove(&id);
-        if removed.is_some() {
+        if let Some(graph) = removed {
             // The graph may still be running: its memory is reused only after the stream drains.
             let _ = self.stream.synchronize();
+            drop(graph);
+            self.pool.drop_graph();
         }
-        drop(removed);
-        self.pool.drop_graph(id);
     }
 }

@@ -26,6 +26,11 @@ use crate::models::CausalLm;
 /// Largest batch run as a graph; larger decode steps are eager.
 pub const MAX_GRAPH_BATCH: usize = 256;
 
+/// Graphs kept at once; the least recently replayed goes first. Each holds its logits
+/// `[bucket, V]` (the rest of its memory is shared by all graphs of the backend), so this bounds
+/// what graphs take from a long-running server whose batches and contexts keep changing.
+pub const MAX_GRAPHS: usize = 24;
+
 /// The batch bucket of `n` tokens: 1, 2, 4, 8, then multiples of 8 (vLLM's capture sizes).
 pub fn batch_bucket(n: usize) -> usize {
     if n <= 8 {
@@ -48,6 +53,8 @@ pub fn width_bucket(blocks: usize, max_blocks: usize) -> usize {
 /// One captured decode step: its persistent inputs and the logits `[batch, V]` it writes.
 struct Captured<B: Backend> {
     id: u64,
+    /// The step counter at its last replay (for eviction).
+    used: u64,
     ids: B::Tensor,
     meta: DeviceStepMeta<B::Tensor>,
     logits: B::Tensor,
@@ -141,7 +148,8 @@ impl<B: Backend> DecodeGraphs<B> {
         let batch = batch_bucket(ids.len());
         let width = width_bucket(meta.max_blocks, max_blocks);
         let (ids, meta) = pad(ids, meta, batch, width, scratch);
-        if let Some(c) = self.by_shape.get(&(batch, width)) {
+        if let Some(c) = self.by_shape.get_mut(&(batch, width)) {
+            c.used = self.replays;
             refresh(b, &c.ids, &ids)?;
             for (t, v) in [
                 (&c.meta.positions, &meta.positions),
@@ -183,10 +191,21 @@ impl<B: Backend> DecodeGraphs<B> {
         self.captures += 1;
         b.replay_graph(id)?;
         self.replays += 1;
+        if self.by_shape.len() >= MAX_GRAPHS {
+            let oldest = self
+                .by_shape
+                .iter()
+                .min_by_key(|(_, c)| c.used)
+                .map(|(k, _)| *k);
+            if let Some(c) = oldest.and_then(|k| self.by_shape.remove(&k)) {
+                b.drop_graph(c.id);
+            }
+        }
         self.by_shape.insert(
             (batch, width),
             Captured {
                 id,
+                used: self.replays,
                 ids: ids_t,
                 meta: dmeta,
                 logits: logits.clone(),
