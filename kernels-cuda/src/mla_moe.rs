@@ -561,13 +561,8 @@ impl CudaBackend {
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d, e, f) = check_experts(OP, x, ids, weights, gate_up, down)?;
         let k = ids.shape[1];
-        self.bind()?;
-        let out = self.alloc(vec![n, d], x.dtype)?;
-        if n == 0 || d == 0 {
-            return Ok(out);
-        }
-        if k == 0 || e == 0 || f == 0 {
-            self.memset0(&out)?;
+        let (out, done) = self.experts_output(x, (n, d), (k, e, f))?;
+        if done {
             return Ok(out);
         }
         let p = n * k;
@@ -714,6 +709,26 @@ pub(crate) struct SortedPairs {
 }
 
 impl CudaBackend {
+    /// The `[n, d]` output of a routed-experts op in `x`'s dtype, and whether it is already
+    /// final: empty, or zeros when no expert can contribute (`k`, `E` or `F` is 0).
+    pub(crate) fn experts_output(
+        &self,
+        x: &CudaTensor,
+        (n, d): (usize, usize),
+        (k, e, f): (usize, usize, usize),
+    ) -> Result<(CudaTensor, bool)> {
+        self.bind()?;
+        let out = self.alloc(vec![n, d], x.dtype)?;
+        if n == 0 || d == 0 {
+            return Ok((out, true));
+        }
+        if k == 0 || e == 0 || f == 0 {
+            self.memset0(&out)?;
+            return Ok((out, true));
+        }
+        Ok((out, false))
+    }
+
     /// Sorts the `p` pairs of `ids` `[N, k]` u32 over `e` experts into tiles of at most `bt`
     /// rows (one `moe_sort` launch). Errors: more than 4 096 experts (the sort's shared
     /// memory) or more than 65 535 tiles (the grid).

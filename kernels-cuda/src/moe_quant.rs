@@ -101,13 +101,8 @@ impl CudaBackend {
                 self, x, ids, weights, gate_up, down, opts,
             );
         };
-        self.bind()?;
-        let out = self.alloc(vec![n, d], x.dtype)?;
-        if n == 0 || d == 0 {
-            return Ok(out);
-        }
-        if k == 0 || e == 0 || f == 0 {
-            self.memset0(&out)?;
+        let (out, done) = self.experts_output(x, (n, d), (k, e, f))?;
+        if done {
             return Ok(out);
         }
         let (act, alpha, limit) = match opts.act {
