@@ -207,6 +207,9 @@ struct Outcome {
     load: Duration,
     ttft: Duration,
     decode: Duration,
+    /// Prompt tokens as the engine counted them (image placeholders expanded into the tokens
+    /// they became), per completion.
+    prompt_tokens: usize,
 }
 
 /// One completion in flight.
@@ -294,6 +297,7 @@ fn generate(
     let bar = progress::prefill_bar(ids.len() * g.n, false);
     let mut computed = vec![0usize; g.n];
     let mut interrupted = false;
+    let mut prompt_tokens = ids.len();
     while live.iter().any(|l| !l.done) {
         if interrupt::requested() && !interrupted {
             interrupted = true;
@@ -344,7 +348,12 @@ fn generate(
                     handle.abort(l.id)?;
                 }
             }
-            StreamEvent::Finished { reason, .. } => {
+            StreamEvent::Finished {
+                reason,
+                prompt_tokens: p,
+                ..
+            } => {
+                prompt_tokens = prompt_tokens.max(p);
                 l.done = true;
                 if l.choice.stop.is_none() {
                     l.choice.finish = Some(reason);
@@ -393,6 +402,7 @@ fn generate(
         choices: live.into_iter().map(|l| l.choice).collect(),
         seed: g.params.seed,
         load,
+        prompt_tokens,
     };
     let info = handle.model_info().clone();
     handle.shutdown(Duration::from_secs(1));
@@ -425,7 +435,7 @@ fn report(
     let first = &o.choices[0];
     let generated: usize = o.choices.iter().map(|c| c.generated.len()).sum();
     let decode_tokens = generated.saturating_sub(o.choices.len());
-    let prompt_tps = ids.len() as f64 / o.ttft.as_secs_f64().max(1e-9);
+    let prompt_tps = o.prompt_tokens as f64 / o.ttft.as_secs_f64().max(1e-9);
     let decode_tps = decode_tokens as f64 / o.decode.as_secs_f64().max(1e-9);
     let finish_reason = first.finish_reason();
     if g.output == OutputArg::Text {
@@ -438,6 +448,7 @@ fn report(
         // the first completion; `choices` lists all of them when --n asks for several.
         let mut j = serde_json::json!({
             "prompt_ids": ids,
+            "prompt_tokens": o.prompt_tokens,
             "generated_ids": first.generated,
             "text": first.text,
             "finish_reason": finish_reason,
@@ -496,7 +507,7 @@ fn report(
     eprintln!(
         "load: {:.2} s | prompt: {} tokens, {:.1} tok/s (TTFT {:.3} s) | decode: {} tokens, {:.1} tok/s | finish: {finish_reason} | {} | {}",
         o.load.as_secs_f64(),
-        ids.len(),
+        o.prompt_tokens,
         prompt_tps,
         o.ttft.as_secs_f64(),
         decode_tokens,

@@ -28,18 +28,21 @@ fn image(name: &str) -> String {
 }
 
 /// The reference's greedy ids of case `name`.
-fn reference_greedy(name: &str) -> Vec<u64> {
+fn reference_case(name: &str) -> serde_json::Value {
     let path = fixture("kimi_k25_tiny").join("reference.json");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let case = v["cases"]
+    v["cases"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["name"] == name)
         .unwrap()
-        .clone();
-    case["greedy_ids"]
+        .clone()
+}
+
+fn reference_greedy(name: &str) -> Vec<u64> {
+    reference_case(name)["greedy_ids"]
         .as_array()
         .unwrap()
         .iter()
@@ -76,6 +79,18 @@ fn one_image_matches_transformers() {
         .map(|x| x.as_u64().unwrap())
         .collect();
     assert_eq!(got, reference_greedy("one_image"));
+    // The prompt as the model saw it: the placeholder expanded into the image's tokens, in the
+    // JSON and in the stats line (the ids given stay as given).
+    let expanded = reference_case("one_image")["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(json["prompt_ids"].as_array().unwrap().len(), 13);
+    assert_eq!(json["prompt_tokens"], expanded, "{json}");
+    assert!(
+        stderr.contains(&format!("prompt: {expanded} tokens")),
+        "{stderr}"
+    );
 }
 
 fn fails_with(args: &[&str], want: &str) {
