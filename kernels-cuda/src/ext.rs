@@ -2,7 +2,6 @@
 //! `moe_experts_ext` (projection biases, the interleaved clamped GLU), as plain kernels
 //! (`kernels/attention_ext.cu`, `kernels/moe_ext.cu`); without extras the tuned kernels run.
 
-use crate::mla_moe::MoeEpilogue;
 use crate::{check_dtype, dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{AttentionOptions, DType, DeviceStepMeta, ExpertAct, ExpertOptions};
@@ -118,23 +117,14 @@ impl CudaBackend {
         // The grouped GEMM/GEMV kernels (one launch per projection, tensor cores from a few
         // tokens per expert) take SwiGLU, clamped or not, and gpt-oss's GLU with its biases;
         // the plain kernels below are left for a SwiGLU with biases (no checkpoint has one).
-        let ep = match opts.act {
-            ExpertAct::Swiglu => Some(MoeEpilogue::swiglu(0.0)),
-            ExpertAct::SwigluClamped { limit } if limit > 0.0 => Some(MoeEpilogue::swiglu(limit)),
-            ExpertAct::GptOss { alpha, limit } => Some(MoeEpilogue {
-                act: 1,
-                limit,
-                alpha,
-                gate_up_bias: None,
-                down_bias: None,
-            }),
-            _ => None,
-        };
         let biased = opts.gate_up_bias.is_some() || opts.down_bias.is_some();
-        if let Some(mut ep) = ep.filter(|ep| ep.act == 1 || !biased) {
-            ep.gate_up_bias = opts.gate_up_bias;
-            ep.down_bias = opts.down_bias;
-            return self.moe_experts_impl(x, ids, weights, gate_up, down, &ep);
+        let grouped = match opts.act {
+            ExpertAct::Swiglu => !biased,
+            ExpertAct::SwigluClamped { limit } => !biased && limit > 0.0,
+            ExpertAct::GptOss { .. } => true,
+        };
+        if grouped {
+            return self.moe_experts_impl(x, ids, weights, gate_up, down, opts);
         }
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d, e, f) = crate::mla_moe::check_experts(OP, x, ids, weights, gate_up, down)?;
@@ -145,11 +135,7 @@ impl CudaBackend {
         if n == 0 || d == 0 {
             return Ok(out);
         }
-        let (act, alpha, limit) = match opts.act {
-            ExpertAct::Swiglu => (0u32, 0f32, 0f32),
-            ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
-            ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
-        };
+        let (act, alpha, limit) = crate::mla_moe::act_code(opts.act);
         let hmid = self.scratch_f32(n * k.max(1) * f)?;
         let warps =
             |units: usize| -> Result<u32> { to_u32(OP, "blocks", (units * 32).div_ceil(256)) };

@@ -879,14 +879,12 @@ impl Backend for CudaBackend {
         gate_up: &CudaTensor,
         down: &CudaTensor,
     ) -> Result<CudaTensor> {
-        self.moe_experts_impl(
-            x,
-            ids,
-            weights,
-            gate_up,
-            down,
-            &mla_moe::MoeEpilogue::swiglu(0.0),
-        )
+        let opts = ExpertOptions {
+            act: dayone_backend::ExpertAct::Swiglu,
+            gate_up_bias: None,
+            down_bias: None,
+        };
+        self.moe_experts_impl(x, ids, weights, gate_up, down, &opts)
     }
 
     fn short_conv(

@@ -10,7 +10,7 @@ use crate::{check_dtype, dtype_suffix, to_i32, to_u32, CudaBackend, CudaTensor};
 use anyhow::{anyhow, bail, Result};
 use cudarc::cublas;
 use cudarc::driver::result as dr;
-use dayone_backend::{DType, DeviceStepMeta, MoeRouting, TensorInfo};
+use dayone_backend::{DType, DeviceStepMeta, ExpertAct, ExpertOptions, MoeRouting, TensorInfo};
 use std::ffi::c_void;
 
 fn rank3(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, usize, usize)> {
@@ -24,6 +24,17 @@ fn rank2(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, u
     match t.shape[..] {
         [a, b] => Ok((a, b)),
         _ => bail!("{op}: {what} must be {expect}, got {:?}", t.shape),
+    }
+}
+
+/// An expert activation as the kernels number it (`kernels/moe.cu`, `moe_ext.cu`, `quant.cu`):
+/// `(act, alpha, limit)` with act 0 SwiGLU, 1 gpt-oss's GLU (`alpha`, `limit`), 2 the clamped
+/// SwiGLU of glm5_next (`limit`).
+pub(crate) fn act_code(act: ExpertAct) -> (u32, f32, f32) {
+    match act {
+        ExpertAct::Swiglu => (0, 0.0, 0.0),
+        ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
+        ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
     }
 }
 
@@ -555,7 +566,7 @@ impl CudaBackend {
         weights: &CudaTensor,
         gate_up: &CudaTensor,
         down: &CudaTensor,
-        ep: &MoeEpilogue,
+        opts: &ExpertOptions<CudaTensor>,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -580,7 +591,8 @@ impl CudaBackend {
         let maxt = sp.max_tiles;
         let h = self.alloc(vec![p, f], x.dtype)?;
         let y2 = self.alloc(vec![p, d], x.dtype)?;
-        check_expert_biases(OP, x, (e, f, d), ep.gate_up_bias, ep.down_bias)?;
+        check_expert_biases(OP, x, (e, f, d), opts.gate_up_bias, opts.down_bias)?;
+        let (act, alpha, limit) = act_code(opts.act);
         let bias_ptr = |b: Option<&CudaTensor>| b.map_or(0, |t| t.device_ptr());
         // (A rows, weights, output, gather k, outputs, reduction, weight rows per expert, bias)
         let projections = [
@@ -594,7 +606,7 @@ impl CudaBackend {
                 d,
                 2 * f,
                 "gu",
-                bias_ptr(ep.gate_up_bias),
+                bias_ptr(opts.gate_up_bias),
             ),
             (
                 plan.down,
@@ -606,7 +618,7 @@ impl CudaBackend {
                 f,
                 d,
                 "dn",
-                bias_ptr(ep.down_bias),
+                bias_ptr(opts.down_bias),
             ),
         ];
         for (kernel, a, w, o, gather, nout, kdim, wrows, tag, bias) in projections {
@@ -641,10 +653,10 @@ impl CudaBackend {
                     to_u32(OP, "output width", nout)?,
                     to_u32(OP, "reduction width", kdim)?,
                     to_u32(OP, "weight rows", wrows)?,
-                    ep.limit,
+                    limit,
                     bias,
-                    ep.act,
-                    ep.alpha
+                    act,
+                    alpha
                 ],
             )?;
         }
@@ -666,32 +678,6 @@ impl CudaBackend {
             ],
         )?;
         Ok(out)
-    }
-}
-
-/// What the grouped expert kernels apply around their GEMMs (`kernels/moe.cu`, `moe_act_f`).
-pub(crate) struct MoeEpilogue<'a> {
-    /// 0: SwiGLU on rows `[gate; up]` (clamped when `limit` > 0); 1: gpt-oss's GLU on
-    /// interleaved rows with `alpha` and `limit`.
-    pub act: u32,
-    pub limit: f32,
-    pub alpha: f32,
-    /// `[E, 2F]` in the activation dtype, added before the activation.
-    pub gate_up_bias: Option<&'a CudaTensor>,
-    /// `[E, D]` in the activation dtype, added to each expert's output before the routing weight.
-    pub down_bias: Option<&'a CudaTensor>,
-}
-
-impl MoeEpilogue<'_> {
-    /// Plain SwiGLU, clamped at `limit` when > 0, no biases.
-    pub(crate) fn swiglu(limit: f32) -> Self {
-        MoeEpilogue {
-            act: 0,
-            limit,
-            alpha: 0.0,
-            gate_up_bias: None,
-            down_bias: None,
-        }
     }
 }
 

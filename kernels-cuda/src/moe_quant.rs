@@ -9,7 +9,7 @@
 use crate::{dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
-use dayone_backend::{DType, ExpertAct, ExpertOptions, QuantFormat, QuantTensor};
+use dayone_backend::{DType, ExpertOptions, QuantFormat, QuantTensor};
 
 /// The largest step (tokens) the MoE layers send to the direct kernels by default. Measured on
 /// the H200 (docs/perf.md, issue [11] third run; Kimi-K2-shaped layer, MXFP4 and INT4): direct
@@ -105,11 +105,7 @@ impl CudaBackend {
         if done {
             return Ok(out);
         }
-        let (act, alpha, limit) = match opts.act {
-            ExpertAct::Swiglu => (0u32, 0f32, 0f32),
-            ExpertAct::GptOss { alpha, limit } => (1, alpha, limit),
-            ExpertAct::SwigluClamped { limit } => (2, 0.0, limit),
-        };
+        let (act, alpha, limit) = crate::mla_moe::act_code(opts.act);
         // Tiles of at most `mt` pairs of one expert (the GEMV's rows; the m8 kernels skip the
         // rows a tile lacks).
         let mt: usize = if n == 1 { 1 } else { 8 };
