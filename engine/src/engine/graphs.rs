@@ -213,13 +213,6 @@ impl<B: Backend> DecodeGraphs<B> {
         );
         Ok(Some(logits))
     }
-
-    /// Frees every graph (the model or its kernels change).
-    pub fn clear(&mut self, b: &B) {
-        for (_, c) in self.by_shape.drain() {
-            b.drop_graph(c.id);
-        }
-    }
 }
 
 #[cfg(test)]
