@@ -67,28 +67,27 @@ fn generate_on_wgsl_keeps_a_bf16_checkpoint_16_bit_and_says_so() {
     assert_eq!(w, "f32");
 }
 
+/// A short WGSL `bench` of `model` (batch 1, 8 prompt tokens, 2 new) with `extra` flags:
+/// stdout and stderr.
+fn tiny_bench(model: &str, extra: &[&str]) -> (String, String) {
+    let mut args = vec![
+        "bench",
+        "--backend",
+        "wgsl",
+        "--batch",
+        "1",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    dayone(&args, model)
+}
+
 #[test]
 fn bench_reports_the_weight_dtype_and_resident_bytes() {
-    let bench = |dtype: &str| {
-        let (out, _) = dayone(
-            &[
-                "bench",
-                "--backend",
-                "wgsl",
-                "--batch",
-                "1",
-                "--prompt-len",
-                "8",
-                "--gen-len",
-                "3",
-                "--dtype",
-                dtype,
-                "--json",
-            ],
-            "gpt_oss_tiny",
-        );
-        json(&out)
-    };
+    let bench = |dtype: &str| json(&tiny_bench("gpt_oss_tiny", &["--dtype", dtype, "--json"]).0);
     let (b16, b32) = (bench("auto"), bench("f32"));
     assert_eq!(b16["weight_dtype"], "bf16", "{b16}");
     assert_eq!(b32["weight_dtype"], "f32", "{b32}");
@@ -147,20 +146,8 @@ fn decode_weights(model: &str) -> (u64, u64, u64) {
 #[test]
 fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() {
     let total = |model: &str, extra: &[&str]| {
-        let mut args = vec![
-            "bench",
-            "--backend",
-            "wgsl",
-            "--batch",
-            "1",
-            "--prompt-len",
-            "8",
-            "--gen-len",
-            "2",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        let j = json(&dayone(&args, model).0);
+        let extra = [extra, &["--json"]].concat();
+        let j = json(&tiny_bench(model, &extra).0);
         j["weight_bytes_total"].as_f64().unwrap() as u64
     };
     let (float, low_bytes, low_values) = decode_weights("gpt_oss_tiny");
@@ -180,20 +167,7 @@ fn bench_counts_packed_experts_by_stored_bytes_and_dequantized_ones_by_values() 
         "bf16, experts dequantized"
     );
     // The table says what the roofline counts.
-    let (table, _) = dayone(
-        &[
-            "bench",
-            "--backend",
-            "wgsl",
-            "--batch",
-            "1",
-            "--prompt-len",
-            "8",
-            "--gen-len",
-            "2",
-        ],
-        "gpt_oss_tiny",
-    );
+    let (table, _) = tiny_bench("gpt_oss_tiny", &[]);
     assert!(table.contains("weights read per decode step"), "{table}");
     // An f32 checkpoint with INT4 experts: weights in f32.
     let (float, low_bytes, low_values) = decode_weights("deepseek_v3_int4");
