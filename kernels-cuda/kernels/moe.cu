@@ -444,6 +444,204 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 }
 
 // ---------------------------------------------------------------------------------------------
+// Grouped tensor-core GEMM, tile-size variants (bf16/f16, K % 8 == 0) with moe_mma_impl's tile
+// map, epilogues, act codes and biases. A block computes BM rows × 128 weight rows with a
+// STAGES-deep cp.async pipeline of BK-wide k slices in dynamic shared memory; WM × WN warps
+// each own (BM / WM) rows × (128 / WN) weight rows; fragments by ldmatrix.x4, mma.sync
+// m16n8k16, f32 accumulation. Shared layout: unpadded [rows][BK] stages whose 16-byte chunks
+// are XOR-swizzled (BK 64: chunk c of row r at c ^ (r & 7); BK 32: c ^ ((r >> 1) & 3)), so the
+// 8 row addresses of every ldmatrix phase and of every 8 consecutive cp.async chunks fall in 8
+// distinct 16-byte bank groups (no conflicts). GU: the 128 weight rows are the gate rows of 64
+// outputs (smem rows 0..63) and their up rows (64..127); a warp's first NT/2 n-tiles are gate
+// columns, the others the same columns' up rows.
+//   moe_mma16   BM 16, BK 64, 4 stages, 1 × 8 warps: tiles of few rows (memory-bound); every
+//               warp streams its own 16 weight rows. 72 KiB smem → 3 blocks per SM on sm_90.
+//   moe_mma32   BM 32, BK 64, 4 stages, 2 × 4 warps (16 × 32 per warp). 80 KiB → 2 per SM.
+//   moe_mma128  BM 128, BK 32, 4 stages, 2 × 2 warps of 64 × 64 (128 threads; compute-bound
+//               tiles). 64 KiB smem → 2 per SM (register-limited: 128 f32 accumulators).
+// Dynamic smem STAGES · (BM + 128) · BK · sizeof(T) bytes (launch::moe_tile_smem_bytes).
+// grid = (ceil(nout / (GU ? 64 : 128)), max tiles), block = 32 · WM · WN threads.
+template <int BK> __device__ __forceinline__ u32 moe_sw(u32 row, u32 chunk) {
+    if (BK == 64) return row * 64 + ((chunk ^ (row & 7)) << 3);
+    return row * 32 + ((chunk ^ ((row >> 1) & 3)) << 3);
+}
+
+// Stores outputs col and col + 1 of a row (one 32-bit store when both exist and aligned).
+template <typename T>
+__device__ __forceinline__ void moe_store2(T* orow, u32 col, u32 nout, float v0, float v1) {
+    if (col + 1 < nout && (nout & 1) == 0) {
+        *reinterpret_cast<u32*>(orow + col) = Mma<T>::pack(v0, v1);
+    } else {
+        if (col < nout) orow[col] = from_f<T>(v0);
+        if (col + 1 < nout) orow[col + 1] = from_f<T>(v1);
+    }
+}
+
+template <typename T, bool GU, int BM, int BK, int STAGES, int WM, int WN>
+__device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* __restrict__ w,
+                                              T* __restrict__ out, const u32* __restrict__ offsets,
+                                              const u32* __restrict__ sorted,
+                                              const u32* __restrict__ tiles,
+                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
+                                              u32 nout, u32 kdim, u32 wrows, float limit,
+                                              const T* __restrict__ bias, u32 act, float alpha) {
+    constexpr int NTH = 32 * WM * WN;
+    constexpr int BN = 128;
+    constexpr int CH = BK / 8;  // 16-byte chunks per smem row
+    constexpr int WTM = BM / WM, WTN = BN / WN;
+    constexpr int MT = WTM / 16, NT = WTN / 8;
+    constexpr int A_CH = BM * CH, B_CH = BN * CH;
+    constexpr int A_IT = (A_CH + NTH - 1) / NTH, B_IT = B_CH / NTH;
+    static_assert(BK == 32 || BK == 64, "BK is 32 or 64");
+    static_assert(WTM % 16 == 0 && NT % 2 == 0 && B_CH % NTH == 0 && NTH % CH == 0, "tile shape");
+    static_assert(!GU || WN * (NT / 2) * 8 == BN / 2, "GU: a warp's gate and up halves");
+    extern __shared__ __align__(128) unsigned char moe_dsmem[];
+    T* sa = reinterpret_cast<T*>(moe_dsmem);  // [STAGES][BM · BK]
+    T* sb = sa + STAGES * BM * BK;            // [STAGES][BN · BK]
+    grid_dep_wait();
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)BM), tl)) return;
+    const u32 tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    const u32 wm = wp % WM, wn = wp / WM;
+    const u32 g = lane >> 2, t4 = lane & 3;
+    const u32 n0 = blockIdx.x * (GU ? BN / 2 : BN);
+    const T* wexp = w + (u64)tl.expert * wrows * kdim;
+
+    // Copy jobs: chunk tid + i · NTH of the A and B stages (row idx / CH, chunk idx % CH).
+    const u32 kc = (tid % CH) * 8;
+    const T* asrc[A_IT];
+    u32 adst[A_IT];
+    bool aok[A_IT];
+#pragma unroll
+    for (int i = 0; i < A_IT; i++) {
+        const u32 idx = tid + i * NTH, r = idx / CH;
+        aok[i] = idx < A_CH && r < tl.rows;
+        adst[i] = moe_sw<BK>(idx < A_CH ? r : 0, idx % CH);
+        asrc[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + (aok[i] ? r : 0)) * kdim + kc;
+    }
+    const T* bsrc[B_IT];
+    u32 bdst[B_IT];
+    bool bok[B_IT];
+#pragma unroll
+    for (int i = 0; i < B_IT; i++) {
+        const u32 idx = tid + i * NTH, br = idx / CH;
+        u32 wrow;
+        if (GU) {
+            const u32 o = n0 + (br & 63);
+            bok[i] = o < nout;
+            wrow = moe_gu_row(o, br >= 64, nout, act);
+        } else {
+            wrow = n0 + br;
+            bok[i] = wrow < nout;
+        }
+        bdst[i] = moe_sw<BK>(br, idx % CH);
+        bsrc[i] = wexp + (u64)(bok[i] ? wrow : 0) * kdim + kc;
+    }
+    auto load = [&](u32 kt, u32 st) {
+        const u32 k0 = kt * BK;
+        const bool kin = k0 + kc < kdim;
+        T* sas = sa + st * (BM * BK);
+        T* sbs = sb + st * (BN * BK);
+#pragma unroll
+        for (int i = 0; i < A_IT; i++)
+            if (A_CH % NTH == 0 || tid + i * NTH < A_CH)
+                cp_async16(smem_addr(sas + adst[i]), asrc[i] + k0, (aok[i] && kin) ? 16u : 0u);
+#pragma unroll
+        for (int i = 0; i < B_IT; i++)
+            cp_async16(smem_addr(sbs + bdst[i]), bsrc[i] + k0, (bok[i] && kin) ? 16u : 0u);
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    // ldmatrix rows of this lane: A row of each m-tile; B row of each pair of n-tiles (matrices
+    // 0, 1: n-tile 2jj at k +0, +8; 2, 3: n-tile 2jj + 1).
+    u32 arow[MT], brow[NT / 2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) arow[mt] = wm * WTM + mt * 16 + (lane & 15);
+#pragma unroll
+    for (int jj = 0; jj < NT / 2; jj++) {
+        const u32 j = 2 * jj + (lane >> 4);
+        u32 base;
+        if (GU) base = j < NT / 2 ? wn * (NT / 2) * 8 + j * 8 : BN / 2 + wn * (NT / 2) * 8 + (j - NT / 2) * 8;
+        else base = wn * WTN + j * 8;
+        brow[jj] = base + (lane & 7);
+    }
+    const u32 asel = lane >> 4, bsel = (lane >> 3) & 1;
+    const u32 nk = (kdim + BK - 1) / BK;
+#pragma unroll
+    for (u32 s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < nk; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 st = kt % STAGES;
+        const T* sas = sa + st * (BM * BK);
+        const T* sbs = sb + st * (BN * BK);
+#pragma unroll
+        for (u32 kk = 0; kk < BK / 8; kk += 2) {
+            u32 af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldsm_x4(smem_addr(sas + moe_sw<BK>(arow[mt], kk + asel)), af[mt][0], af[mt][1],
+                        af[mt][2], af[mt][3]);
+#pragma unroll
+            for (int jj = 0; jj < NT / 2; jj++) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4(smem_addr(sbs + moe_sw<BK>(brow[jj], kk + bsel)), b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    Mma<T>::run(acc[mt][2 * jj], af[mt], b0, b1);
+                    Mma<T>::run(acc[mt][2 * jj + 1], af[mt], b2, b3);
+                }
+            }
+        }
+        if (kt + STAGES - 1 < nk) load(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+    // Epilogue. acc[mt][j][h · 2 + e]: row wm·WTM + mt·16 + g + 8h, column t4·2 + e of n-tile j.
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const u32 row = wm * WTM + mt * 16 + g + 8 * hh;
+            if (row >= tl.rows) continue;
+            T* orow = out + (u64)(tl.first + row) * nout;
+            if (GU) {
+#pragma unroll
+                for (int j = 0; j < NT / 2; j++) {
+                    const u32 col = n0 + wn * (NT / 2) * 8 + j * 8 + t4 * 2;
+                    float v[2] = {0.f, 0.f};
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const u32 c = col + e;
+                        if (c < nout) {
+                            const float gv = acc[mt][j][2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, false, nout, act));
+                            const float uv = acc[mt][j + NT / 2][2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, true, nout, act));
+                            v[e] = moe_act_f(gv, uv, limit, act, alpha);
+                        }
+                    }
+                    moe_store2(orow, col, nout, v[0], v[1]);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const u32 col = n0 + wn * WTN + j * 8 + t4 * 2;
+                    const float v0 = col < nout ? acc[mt][j][2 * hh] + moe_bias(bias, tl.expert, wrows, col) : 0.f;
+                    const float v1 = col + 1 < nout ? acc[mt][j][2 * hh + 1] + moe_bias(bias, tl.expert, wrows, col + 1) : 0.f;
+                    moe_store2(orow, col, nout, v0, v1);
+                }
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Grouped FMA GEMM for any dtype and K (f32 and shapes the other kernels do not take): tile
 // 32 rows × 32 outputs × 16 k, 256 threads each computing 2 × 2 outputs (and the matching up
 // outputs for GU). grid = (ceil(nout / 32), max tiles).
@@ -572,13 +770,25 @@ __device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __
     }
 DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
 
+// moe_mma{16,32,128}: moe_mmat_impl<T, GU, BM, BK, STAGES, WM, WN> (see there; the host's
+// launch::moe_tile_shape repeats these shapes).
+#define MOE_MMAT(S, T, NAME, NTH, MINB, BM, BK, STAGES, WM, WN)                                  \
+    extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_gu(MOE_ARGS(T)) {      \
+        moe_mmat_impl<T, true, BM, BK, STAGES, WM, WN>(MOE_PASS);                             \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_dn(MOE_ARGS(T)) {      \
+        moe_mmat_impl<T, false, BM, BK, STAGES, WM, WN>(MOE_PASS);                            \
+    }
 #define MOE_MMA(S, T)                                                                         \
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_gu(MOE_ARGS(T)) {            \
         moe_mma_impl<T, true>(MOE_PASS);                                                      \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_dn(MOE_ARGS(T)) {            \
         moe_mma_impl<T, false>(MOE_PASS);                                                     \
-    }
+    }                                                                                         \
+    MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 64, 4, 1, 8)                                        \
+    MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 64, 4, 2, 4)                                        \
+    MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 32, 4, 2, 2)
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 MOE_MMA(bf16, bf16)
 #endif

@@ -36,8 +36,8 @@ pub mod nvrtc_cache;
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
     decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
-    mma_smem_bytes, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan, MoeKernel,
-    MoePlan,
+    mma_smem_bytes, moe_auto_tile_rows, moe_plan, moe_tile_shape, plan_decode, tiled_rows,
+    tiled_smem_bytes, DecodePlan, MoeKernel, MoePlan, MoeTile,
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -135,6 +135,9 @@ pub struct CudaBackend {
     mma_attention: bool,
     /// KDA path choice ([`KdaPath`] as u8; `DAYONE_KDA_PATH` or [`CudaBackend::set_kda_path`]).
     kda_path: std::sync::atomic::AtomicU8,
+    /// Tile rows of the tensor-core MoE kernel ([`MoeTile`] as u8; `DAYONE_MOE_TILE` or
+    /// [`CudaBackend::set_moe_tile`]).
+    moe_tile: std::sync::atomic::AtomicU8,
     /// Score scratch budget of `dsa_topk` in bytes ([`CudaBackend::set_dsa_score_bytes`]).
     dsa_score_bytes: std::sync::atomic::AtomicUsize,
     /// Batch-invariant kernels only (`DAYONE_BATCH_INVARIANT=1` or
@@ -254,6 +257,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             kda_path,
             dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
+            moe_tile: std::sync::atomic::AtomicU8::new(MoeTile::from_env() as u8),
             batch_invariant: std::sync::atomic::AtomicBool::new(
                 dayone_backend::batch_invariant_from_env(),
             ),
@@ -468,6 +472,9 @@ impl CudaBackend {
             || name.starts_with("dsa_score_mma")
             || name.starts_with("gemm_inv_mma")
             || name.starts_with("flash_attn")
+            || name.starts_with("moe_mma16_")
+            || name.starts_with("moe_mma32_")
+            || name.starts_with("moe_mma128_")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {

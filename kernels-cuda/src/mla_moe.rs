@@ -586,7 +586,17 @@ impl CudaBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
         };
-        let plan = launch::moe_plan(n, k, e, d, f, x.dtype != DType::F32, gemv_max);
+        let plan = launch::moe_plan(
+            n,
+            k,
+            e,
+            d,
+            f,
+            x.dtype != DType::F32,
+            gemv_max,
+            self.moe_tile_choice(),
+            self.kernels.max_smem_optin as usize,
+        );
         let sp = self.sort_pairs(OP, sfx, ids, (p, e), plan.bt)?;
         let maxt = sp.max_tiles;
         let h = self.alloc(vec![p, f], x.dtype)?;
@@ -622,24 +632,31 @@ impl CudaBackend {
             ),
         ];
         for (kernel, a, w, o, gather, nout, kdim, wrows, tag, bias) in projections {
-            let (name, cols) = match kernel {
+            let (name, cols, (threads, smem)) = match kernel {
                 MoeKernel::Gemv(mt) => (
                     format!("moe_gemv_{sfx}_{tag}_m{mt}"),
                     if tag == "gu" { 2 } else { 4 },
+                    (256, 0),
                 ),
-                MoeKernel::Mma => (
+                MoeKernel::Mma(64) => (
                     format!("moe_mma_{sfx}_{tag}"),
                     if tag == "gu" { 64 } else { 128 },
+                    (256, 0),
                 ),
-                MoeKernel::Fma => (format!("moe_fma_{sfx}_{tag}"), 32),
+                MoeKernel::Mma(rows) => (
+                    format!("moe_mma{rows}_{sfx}_{tag}"),
+                    if tag == "gu" { 64 } else { 128 },
+                    launch::moe_tile_shape(rows, x.dtype.size()),
+                ),
+                MoeKernel::Fma => (format!("moe_fma_{sfx}_{tag}"), 32, (256, 0)),
             };
             let fun = self.func("moe", sfx, &name)?;
             self.launch(
                 OP,
                 &fun,
                 (to_u32(OP, "grid.x", nout.div_ceil(cols))?, maxt, 1),
-                (256, 1, 1),
-                0,
+                (threads, 1, 1),
+                smem as u32,
                 kparams![
                     a.device_ptr(),
                     w.device_ptr(),
@@ -678,6 +695,25 @@ impl CudaBackend {
             ],
         )?;
         Ok(out)
+    }
+}
+
+impl CudaBackend {
+    /// Forces the tile rows of the tensor-core MoE kernel for later `moe_experts` calls
+    /// ([`launch::MoeTile`]; tests, benchmarks); the default comes from `DAYONE_MOE_TILE`.
+    /// Batch-invariant mode always takes the 64-row kernel.
+    pub fn set_moe_tile(&self, tile: launch::MoeTile) {
+        self.moe_tile
+            .store(tile as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The tile choice `moe_experts` passes to [`launch::moe_plan`].
+    fn moe_tile_choice(&self) -> launch::MoeTile {
+        if self.invariant() {
+            // One kernel for every token count (the choice would follow the batch).
+            return launch::MoeTile::Rows64;
+        }
+        launch::MoeTile::from_u8(self.moe_tile.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 

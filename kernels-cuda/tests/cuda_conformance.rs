@@ -244,3 +244,107 @@ fn bad_inputs_are_errors() {
     let e = b.rms_norm(&x, &x, 1e-5).unwrap_err().to_string();
     assert!(e.starts_with("rms_norm"), "{e}");
 }
+
+/// Every tile variant of the tensor-core grouped expert GEMM (`moe_mma{16,32,128}_*` and the
+/// 64-row `moe_mma_*`, forced through [`CudaBackend::set_moe_tile`], i.e. the same
+/// `launch::moe_plan` selection `DAYONE_MOE_TILE` feeds) against the reference experts, bf16 and
+/// f16: 5 tokens (tiles of ≤ 16 rows), 70 (ragged tiles of every size), 300 and 1100 (full
+/// tiles and a ragged tail per expert), output widths that are not multiples of a block's
+/// columns, reductions that are not multiples of BK, an odd output width (down of D = 37, the
+/// gate_up then on the FMA kernel), with SwiGLU, gpt-oss's GLU with biases and the clamped
+/// SwiGLU with and without biases.
+#[test]
+fn grouped_expert_tiles() {
+    use dayone_backend::{ExpertAct, ExpertOptions};
+    use dayone_cuda::MoeTile;
+    let Some(b) = backend("grouped_expert_tiles") else {
+        return;
+    };
+    let mut rng = Rng::new(77);
+    // (N, D, E, F, k)
+    let cases: &[(usize, usize, usize, usize, usize)] = &[
+        (5, 200, 8, 72, 2),
+        (70, 200, 32, 72, 4),
+        (70, 136, 6, 40, 2),
+        (300, 200, 8, 72, 2),
+        (1100, 136, 8, 136, 2),
+        (90, 37, 4, 64, 2),
+    ];
+    let acts = [
+        (ExpertAct::Swiglu, false),
+        (
+            ExpertAct::GptOss {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+            true,
+        ),
+        (ExpertAct::SwigluClamped { limit: 7.0 }, true),
+        (ExpertAct::SwigluClamped { limit: 7.0 }, false),
+    ];
+    let tiles = [
+        MoeTile::Rows16,
+        MoeTile::Rows32,
+        MoeTile::Rows64,
+        MoeTile::Rows128,
+    ];
+    for dt in [DType::BF16, DType::F16] {
+        for &(n, d, e, f, k) in cases {
+            let x = rand_tensor(&mut rng, &[n, d], dt, 1.0).unwrap();
+            // Large enough that |g|, |u| pass the clamp of 7 for some outputs.
+            let gate_up =
+                rand_tensor(&mut rng, &[e, 2 * f, d], dt, 20.0 / (d as f32).sqrt()).unwrap();
+            let down = rand_tensor(&mut rng, &[e, d, f], dt, 0.5 / (f as f32).sqrt()).unwrap();
+            let gu_bias = rand_tensor(&mut rng, &[e, 2 * f], dt, 1.0).unwrap();
+            let dn_bias = rand_tensor(&mut rng, &[e, d], dt, 1.0).unwrap();
+            // Expert 0 in every token's choices (its tiles run full), the rest random.
+            let mut ids = Vec::with_capacity(n * k);
+            for _ in 0..n {
+                let mut all: Vec<u32> = (1..e as u32).collect();
+                rng.shuffle(&mut all);
+                ids.push(0);
+                ids.extend_from_slice(&all[..k - 1]);
+            }
+            let weights: Vec<f32> = (0..n * k)
+                .map(|_| 0.1 + 0.4 * rng.uniform().abs())
+                .collect();
+            let ids = HostTensor::from_u32(vec![n, k], &ids).unwrap();
+            let weights = HostTensor::from_f32(vec![n, k], &weights).unwrap();
+            let up = |t: &HostTensor| b.upload(t).unwrap();
+            let (xd, idd, wd, gud, dnd) = (up(&x), up(&ids), up(&weights), up(&gate_up), up(&down));
+            let (gbd, dbd) = (up(&gu_bias), up(&dn_bias));
+            for (act, biased) in acts {
+                let (gb, db) = if biased {
+                    (Some(&gu_bias), Some(&dn_bias))
+                } else {
+                    (None, None)
+                };
+                let want =
+                    reference::moe_experts_ext(&x, &ids, &weights, &gate_up, &down, act, gb, db)
+                        .unwrap();
+                let opts = ExpertOptions {
+                    act,
+                    gate_up_bias: biased.then_some(&gbd),
+                    down_bias: biased.then_some(&dbd),
+                };
+                for tile in tiles {
+                    b.set_moe_tile(tile);
+                    let got = b
+                        .moe_experts_ext(&xd, &idd, &wd, &gud, &dnd, &opts)
+                        .unwrap();
+                    compare(
+                        "moe_experts_ext",
+                        &format!(
+                            "{dt} {tile:?} {act:?} biases {biased} x [{n}, {d}] E {e} F {f} k {k}"
+                        ),
+                        &b.download(&got).unwrap(),
+                        &want,
+                        tolerance(dt),
+                    )
+                    .unwrap();
+                }
+            }
+        }
+    }
+    b.set_moe_tile(MoeTile::Auto);
+}
