@@ -445,22 +445,24 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 
 // ---------------------------------------------------------------------------------------------
 // Grouped tensor-core GEMM, tile-size variants (bf16/f16, K % 8 == 0) with moe_mma_impl's tile
-// map, epilogues, act codes and biases. A block computes BM rows × 128 weight rows with a
+// map, epilogues, act codes and biases. A block computes BM rows × BN weight rows with a
 // STAGES-deep cp.async pipeline of BK-wide k slices in dynamic shared memory; WM × WN warps
-// each own (BM / WM) rows × (128 / WN) weight rows; fragments by ldmatrix.x4, mma.sync
+// each own (BM / WM) rows × (BN / WN) weight rows; fragments by ldmatrix.x4, mma.sync
 // m16n8k16, f32 accumulation. Shared layout: unpadded [rows][BK] stages whose 16-byte chunks
 // are XOR-swizzled (BK 64: chunk c of row r at c ^ (r & 7); BK 32: c ^ ((r >> 1) & 3)), so the
 // 8 row addresses of every ldmatrix phase and of every 8 consecutive cp.async chunks fall in 8
-// distinct 16-byte bank groups (no conflicts). GU: the 128 weight rows are the gate rows of 64
-// outputs (smem rows 0..63) and their up rows (64..127); a warp's first NT/2 n-tiles are gate
-// columns, the others the same columns' up rows.
-//   moe_mma16   BM 16, BK 64, 4 stages, 1 × 8 warps: tiles of few rows (memory-bound); every
-//               warp streams its own 16 weight rows. 72 KiB smem → 3 blocks per SM on sm_90.
-//   moe_mma32   BM 32, BK 64, 4 stages, 2 × 4 warps (16 × 32 per warp). 80 KiB → 2 per SM.
-//   moe_mma128  BM 128, BK 32, 4 stages, 2 × 2 warps of 64 × 64 (128 threads; compute-bound
-//               tiles). 64 KiB smem → 2 per SM (register-limited: 128 f32 accumulators).
-// Dynamic smem STAGES · (BM + 128) · BK · sizeof(T) bytes (launch::moe_tile_smem_bytes).
-// grid = (ceil(nout / (GU ? 64 : 128)), max tiles), block = 32 · WM · WN threads.
+// distinct 16-byte bank groups (no conflicts). GU: the BN weight rows are the gate rows of BN/2
+// outputs (smem rows 0 .. BN/2) and their up rows (BN/2 .. BN); a warp's first NT/2 n-tiles
+// are gate columns, the others the same columns' up rows.
+//   moe_mma16    BM 16, BN 128, BK 64, 4 stages, 1 × 8 warps: tiles of few rows (memory-bound);
+//                every warp streams its own 16 weight rows. 72 KiB smem → 3 blocks per SM.
+//   moe_mma32    BM 32, BN 128, BK 64, 4 stages, 2 × 4 warps (16 × 32 each). 80 KiB → 2 per SM.
+//   moe_mma128   BM 128, BN 128, BK 32, 4 stages, 2 × 2 warps of 64 × 64 (128 threads;
+//                compute-bound tiles). 64 KiB → 2 per SM (registers: 128 f32 accumulators).
+//   moe_mma128w  BM 128, BN 256, BK 32, 4 stages, 2 × 4 warps of 64 × 64 (256 threads). 96 KiB,
+//                1 block per SM; half the A traffic per flop of moe_mma128.
+// Dynamic smem STAGES · (BM + BN) · BK · sizeof(T) bytes (launch::MoeTile::shape).
+// grid = (ceil(nout / (GU ? BN / 2 : BN)), max tiles), block = 32 · WM · WN threads.
 template <int BK> __device__ __forceinline__ u32 moe_sw(u32 row, u32 chunk) {
     if (BK == 64) return row * 64 + ((chunk ^ (row & 7)) << 3);
     return row * 32 + ((chunk ^ ((row >> 1) & 3)) << 3);
@@ -477,7 +479,7 @@ __device__ __forceinline__ void moe_store2(T* orow, u32 col, u32 nout, float v0,
     }
 }
 
-template <typename T, bool GU, int BM, int BK, int STAGES, int WM, int WN>
+template <typename T, bool GU, int BM, int BN, int BK, int STAGES, int WM, int WN>
 __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* __restrict__ w,
                                               T* __restrict__ out, const u32* __restrict__ offsets,
                                               const u32* __restrict__ sorted,
@@ -486,7 +488,6 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
                                               u32 nout, u32 kdim, u32 wrows, float limit,
                                               const T* __restrict__ bias, u32 act, float alpha) {
     constexpr int NTH = 32 * WM * WN;
-    constexpr int BN = 128;
     constexpr int CH = BK / 8;  // 16-byte chunks per smem row
     constexpr int WTM = BM / WM, WTN = BN / WN;
     constexpr int MT = WTM / 16, NT = WTN / 8;
@@ -527,9 +528,9 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
         const u32 idx = tid + i * NTH, br = idx / CH;
         u32 wrow;
         if (GU) {
-            const u32 o = n0 + (br & 63);
+            const u32 o = n0 + br % (BN / 2);
             bok[i] = o < nout;
-            wrow = moe_gu_row(o, br >= 64, nout, act);
+            wrow = moe_gu_row(o, br >= BN / 2, nout, act);
         } else {
             wrow = n0 + br;
             bok[i] = wrow < nout;
@@ -770,14 +771,14 @@ __device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __
     }
 DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
 
-// moe_mma{16,32,128}: moe_mmat_impl<T, GU, BM, BK, STAGES, WM, WN> (see there; the host's
-// launch::moe_tile_shape repeats these shapes).
-#define MOE_MMAT(S, T, NAME, NTH, MINB, BM, BK, STAGES, WM, WN)                                  \
+// moe_mma{16,32,128,128w}: moe_mmat_impl<T, GU, BM, BN, BK, STAGES, WM, WN> (see there; the host's
+// launch::MoeTile::shape repeats these shapes).
+#define MOE_MMAT(S, T, NAME, NTH, MINB, BM, BN, BK, STAGES, WM, WN)                              \
     extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_gu(MOE_ARGS(T)) {      \
-        moe_mmat_impl<T, true, BM, BK, STAGES, WM, WN>(MOE_PASS);                             \
+        moe_mmat_impl<T, true, BM, BN, BK, STAGES, WM, WN>(MOE_PASS);                         \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_dn(MOE_ARGS(T)) {      \
-        moe_mmat_impl<T, false, BM, BK, STAGES, WM, WN>(MOE_PASS);                            \
+        moe_mmat_impl<T, false, BM, BN, BK, STAGES, WM, WN>(MOE_PASS);                        \
     }
 #define MOE_MMA(S, T)                                                                         \
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_gu(MOE_ARGS(T)) {            \
@@ -786,9 +787,10 @@ DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_dn(MOE_ARGS(T)) {            \
         moe_mma_impl<T, false>(MOE_PASS);                                                     \
     }                                                                                         \
-    MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 64, 4, 1, 8)                                        \
-    MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 64, 4, 2, 4)                                        \
-    MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 32, 4, 2, 2)
+    MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 128, 64, 4, 1, 8)                                   \
+    MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 128, 64, 4, 2, 4)                                   \
+    MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 128, 32, 4, 2, 2)                                 \
+    MOE_MMAT(S, T, moe_mma128w, 256, 1, 128, 256, 32, 4, 2, 4)
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 MOE_MMA(bf16, bf16)
 #endif

@@ -214,9 +214,9 @@ pub fn mla_smem_bytes(l: usize, r: usize) -> usize {
 pub enum MoeKernel {
     /// Streaming grouped GEMV, at most `MT` rows per tile (`moe_gemv_*_m{MT}`).
     Gemv(u32),
-    /// Tensor-core grouped GEMM (bf16/f16) with tiles of this many rows: 64 `moe_mma_*` (static
-    /// shared memory), 16 / 32 / 128 `moe_mma{16,32,128}_*` ([`moe_tile_shape`]).
-    Mma(u32),
+    /// Tensor-core grouped GEMM (bf16/f16) of this tile shape ([`MoeTile::shape`]; never
+    /// [`MoeTile::Auto`]).
+    Mma(MoeTile),
     /// FMA grouped GEMM, 32-row tiles (`moe_fma_*`, any dtype and K).
     Fma,
 }
@@ -226,31 +226,48 @@ impl MoeKernel {
     pub fn tile_rows(self) -> u32 {
         match self {
             MoeKernel::Gemv(mt) => mt,
-            MoeKernel::Mma(rows) => rows,
+            MoeKernel::Mma(t) => t.shape(2).rows,
             MoeKernel::Fma => 32,
         }
     }
 }
 
-/// Tile rows of the tensor-core MoE kernel: by the step's shape, or forced
-/// (`DAYONE_MOE_TILE=auto|16|32|64|128`, [`crate::CudaBackend::set_moe_tile`]).
+/// Tile of the tensor-core MoE kernel: by the step's shape, or forced
+/// (`DAYONE_MOE_TILE=auto|16|32|64|128|128w`, [`crate::CudaBackend::set_moe_tile`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum MoeTile {
-    /// [`moe_auto_tile_rows`] of the average rows per expert.
+    /// [`moe_auto_tile`] of the average rows per expert.
     Auto = 0,
-    /// 16-row tiles (`moe_mma16_*`: memory-bound steps of few rows per expert).
-    Rows16 = 16,
-    /// 32-row tiles (`moe_mma32_*`).
-    Rows32 = 32,
-    /// 64-row tiles (`moe_mma_*`, the original kernel).
-    Rows64 = 64,
-    /// 128-row tiles (`moe_mma128_*`: compute-bound steps).
-    Rows128 = 128,
+    /// 16 rows × 128 weight rows (`moe_mma16_*`: memory-bound steps, few rows per expert).
+    Rows16 = 1,
+    /// 32 × 128 (`moe_mma32_*`).
+    Rows32 = 2,
+    /// 64 × 128 (`moe_mma_*`, the original kernel, static shared memory).
+    Rows64 = 3,
+    /// 128 × 128 (`moe_mma128_*`, 4 warps of 64 × 64: compute-bound steps).
+    Rows128 = 4,
+    /// 128 × 256 (`moe_mma128w_*`, 8 warps of 64 × 64, one block per SM).
+    Rows128Wide = 5,
+}
+
+/// Launch shape of one [`MoeTile`] ([`MoeTile::shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeTileShape {
+    /// Kernel name prefix: `{kernel}_{dtype}_{gu|dn}`.
+    pub kernel: &'static str,
+    /// Rows (sorted (token, expert) pairs) per tile, BM.
+    pub rows: u32,
+    /// Weight rows per block, BN: GU blocks write BN / 2 outputs (gate and up rows), down BN.
+    pub weight_rows: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory per block in bytes (0: static).
+    pub smem: usize,
 }
 
 impl MoeTile {
-    /// `DAYONE_MOE_TILE` (`16`, `32`, `64`, `128`; anything else → auto).
+    /// `DAYONE_MOE_TILE` (`16`, `32`, `64`, `128`, `128w`; anything else → auto).
     pub fn from_env() -> Self {
         Self::parse(std::env::var("DAYONE_MOE_TILE").ok().as_deref())
     }
@@ -262,6 +279,7 @@ impl MoeTile {
             Some("32") => MoeTile::Rows32,
             Some("64") => MoeTile::Rows64,
             Some("128") => MoeTile::Rows128,
+            Some("128w") => MoeTile::Rows128Wide,
             _ => MoeTile::Auto,
         }
     }
@@ -269,11 +287,32 @@ impl MoeTile {
     /// The value stored by [`MoeTile`]'s `as u8` back as a tile choice.
     pub fn from_u8(v: u8) -> Self {
         match v {
-            16 => MoeTile::Rows16,
-            32 => MoeTile::Rows32,
-            64 => MoeTile::Rows64,
-            128 => MoeTile::Rows128,
+            1 => MoeTile::Rows16,
+            2 => MoeTile::Rows32,
+            3 => MoeTile::Rows64,
+            4 => MoeTile::Rows128,
+            5 => MoeTile::Rows128Wide,
             _ => MoeTile::Auto,
+        }
+    }
+
+    /// Launch shape for `elt`-byte elements: dynamic smem `STAGES · (BM + BN) · BK · elt` as in
+    /// `moe_mmat_impl` (`kernels/moe.cu`): 16 × 128 and 32 × 128 with BK 64, 128 × 128 and
+    /// 128 × 256 with BK 32, all 4 stages. [`MoeTile::Auto`] answers the 64-row kernel.
+    pub fn shape(self, elt: usize) -> MoeTileShape {
+        let (kernel, rows, weight_rows, threads, bk) = match self {
+            MoeTile::Rows16 => ("moe_mma16", 16, 128, 256, 64),
+            MoeTile::Rows32 => ("moe_mma32", 32, 128, 256, 64),
+            MoeTile::Rows128 => ("moe_mma128", 128, 128, 128, 32),
+            MoeTile::Rows128Wide => ("moe_mma128w", 128, 256, 256, 32),
+            MoeTile::Auto | MoeTile::Rows64 => ("moe_mma", 64, 128, 256, 0),
+        };
+        MoeTileShape {
+            kernel,
+            rows,
+            weight_rows,
+            threads,
+            smem: 4 * (rows + weight_rows) as usize * bk * elt,
         }
     }
 }
@@ -281,36 +320,24 @@ impl MoeTile {
 /// Average (token, expert) pairs per expert up to which [`MoeTile::Auto`] takes 16-row tiles
 /// (DeepSeek-V3 layer: 2 at 64 tokens, 16 at 512).
 pub const MOE_TILE16_MAX_AVG_ROWS: usize = 16;
-/// Average pairs per expert from which [`MoeTile::Auto`] takes 128-row tiles (256 at 8192
+/// Average pairs per expert from which [`MoeTile::Auto`] takes 128 × 256 tiles (256 at 8192
 /// tokens of a DeepSeek-V3 layer). Between the two: the 64-row kernel.
 pub const MOE_TILE128_MIN_AVG_ROWS: usize = 128;
 
-/// Tile rows [`MoeTile::Auto`] picks for `p` (token, expert) pairs over `e` experts, by the
-/// average rows per expert `p / e`: ≤ [`MOE_TILE16_MAX_AVG_ROWS`] → 16 (the layer streams
+/// The tile [`MoeTile::Auto`] picks for `p` (token, expert) pairs over `e` experts, by the
+/// average rows per expert `p / e`: ≤ [`MOE_TILE16_MAX_AVG_ROWS`] → 16 rows (the layer streams
 /// its weights: one row-warp, deep pipeline, several blocks per SM), ≥
-/// [`MOE_TILE128_MIN_AVG_ROWS`] → 128 (compute-bound), else 64. Provisional thresholds from the
-/// H200 arithmetic (memory- vs compute-bound), to be replaced by a `DAYONE_MOE_TILE` sweep.
-pub fn moe_auto_tile_rows(p: usize, e: usize) -> u32 {
+/// [`MOE_TILE128_MIN_AVG_ROWS`] → 128 × 256 (compute-bound), else 64. Provisional thresholds
+/// from the H200 arithmetic (memory- vs compute-bound), to be replaced by a `DAYONE_MOE_TILE`
+/// sweep.
+pub fn moe_auto_tile(p: usize, e: usize) -> MoeTile {
     let avg = p / e.max(1);
     if avg <= MOE_TILE16_MAX_AVG_ROWS {
-        16
+        MoeTile::Rows16
     } else if avg >= MOE_TILE128_MIN_AVG_ROWS {
-        128
+        MoeTile::Rows128Wide
     } else {
-        64
-    }
-}
-
-/// Launch shape of the tensor-core MoE kernel with `rows`-row tiles for `elt`-byte elements:
-/// `(threads per block, dynamic shared memory bytes)`; `STAGES · (BM + 128) · BK · elt` as in
-/// `moe_mmat_impl` (`kernels/moe.cu`): 16 rows BK 64 × 4 stages, 32 rows BK 64 × 4, 128 rows
-/// BK 32 × 4 (128 threads); the 64-row kernel uses static shared memory (0 here).
-pub fn moe_tile_shape(rows: u32, elt: usize) -> (u32, usize) {
-    match rows {
-        16 => (256, 4 * (16 + 128) * 64 * elt),
-        32 => (256, 4 * (32 + 128) * 64 * elt),
-        128 => (128, 4 * (128 + 128) * 32 * elt),
-        _ => (256, 0),
+        MoeTile::Rows64
     }
 }
 
@@ -353,15 +380,15 @@ pub fn moe_plan(
     max_smem: usize,
 ) -> MoePlan {
     let p = n * k;
-    let rows = match tile {
-        MoeTile::Auto => moe_auto_tile_rows(p, e),
-        t => t as u32,
+    let tile = match tile {
+        MoeTile::Auto => moe_auto_tile(p, e),
+        t => t,
     };
     // bf16/f16: 2-byte elements.
-    let rows = if moe_tile_shape(rows, 2).1 <= max_smem {
-        rows
+    let tile = if tile.shape(2).smem <= max_smem {
+        tile
     } else {
-        64
+        MoeTile::Rows64
     };
     let pick = |kdim: usize| {
         if !kdim.is_multiple_of(8) {
@@ -369,7 +396,7 @@ pub fn moe_plan(
         } else if n <= gemv_max || (!low && n <= 64 && gemv_max > 0) {
             MoeKernel::Gemv(n.next_power_of_two().clamp(1, 8) as u32)
         } else if low {
-            MoeKernel::Mma(rows)
+            MoeKernel::Mma(tile)
         } else {
             MoeKernel::Fma
         }
@@ -518,18 +545,22 @@ mod tests {
         let p = plan(8192, 8, 256, 7168, 2048, true, MOE_GEMV_MAX_TOKENS);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
-            (MoeKernel::Mma(64), MoeKernel::Mma(64), 64)
+            (
+                MoeKernel::Mma(MoeTile::Rows64),
+                MoeKernel::Mma(MoeTile::Rows64),
+                64
+            )
         );
         assert_eq!(p.max_tiles, 65536 / 64 + 256);
         let p = plan(100, 4, 16, 37, 64, true, MOE_GEMV_MAX_TOKENS);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
-            (MoeKernel::Fma, MoeKernel::Mma(64), 32)
+            (MoeKernel::Fma, MoeKernel::Mma(MoeTile::Rows64), 32)
         );
         let p = plan(100, 4, 16, 64, 64, false, MOE_GEMV_MAX_TOKENS);
         assert_eq!((p.gate_up, p.bt), (MoeKernel::Fma, 32));
         let p = plan(64, 8, 256, 7168, 2048, true, MOE_GEMV_MAX_TOKENS);
-        assert_eq!((p.gate_up, p.bt), (MoeKernel::Mma(64), 64));
+        assert_eq!((p.gate_up, p.bt), (MoeKernel::Mma(MoeTile::Rows64), 64));
         let p = plan(64, 8, 256, 7168, 2048, true, 64);
         assert_eq!((p.gate_up, p.bt), (MoeKernel::Gemv(8), 8));
         let p = plan(3, 2, 16, 64, 13, false, 8);
@@ -543,44 +574,47 @@ mod tests {
     fn moe_tiles() {
         const SMEM: usize = 227 * 1024;
         let auto = |n| moe_plan(n, 8, 256, 7168, 2048, true, 4, MoeTile::Auto, SMEM);
+        let mma = MoeKernel::Mma;
         // DeepSeek-V3 layer: 2, 16 and 256 pairs per expert.
         let p = auto(64);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
-            (MoeKernel::Mma(16), MoeKernel::Mma(16), 16)
+            (mma(MoeTile::Rows16), mma(MoeTile::Rows16), 16)
         );
         assert_eq!(p.max_tiles, 512 / 16 + 256);
         assert_eq!(auto(512).bt, 16);
-        assert_eq!(auto(2048).gate_up, MoeKernel::Mma(64));
+        assert_eq!(auto(2048).gate_up, mma(MoeTile::Rows64));
         let p = auto(8192);
-        assert_eq!((p.gate_up, p.bt), (MoeKernel::Mma(128), 128));
+        assert_eq!((p.gate_up, p.bt), (mma(MoeTile::Rows128Wide), 128));
         assert_eq!(p.max_tiles, 65536 / 128 + 256);
         // Forced, and the smem fallback.
-        for (t, rows) in [
-            (MoeTile::Rows16, 16),
-            (MoeTile::Rows32, 32),
-            (MoeTile::Rows64, 64),
-            (MoeTile::Rows128, 128),
+        for (t, v, rows) in [
+            (MoeTile::Rows16, "16", 16),
+            (MoeTile::Rows32, "32", 32),
+            (MoeTile::Rows64, "64", 64),
+            (MoeTile::Rows128, "128", 128),
+            (MoeTile::Rows128Wide, "128w", 128),
         ] {
             let p = moe_plan(70, 2, 6, 64, 40, true, 0, t, SMEM);
-            assert_eq!(
-                (p.gate_up, p.down, p.bt),
-                (MoeKernel::Mma(rows), MoeKernel::Mma(rows), rows)
-            );
+            assert_eq!((p.gate_up, p.down, p.bt), (mma(t), mma(t), rows));
             let p = moe_plan(70, 2, 6, 64, 40, true, 0, t, 48 * 1024);
             assert_eq!(p.bt, 64);
-            assert_eq!(MoeTile::parse(Some(&rows.to_string())), t);
+            assert_eq!(MoeTile::parse(Some(v)), t);
             assert_eq!(MoeTile::from_u8(t as u8), t);
         }
         assert_eq!(MoeTile::parse(Some("auto")), MoeTile::Auto);
         assert_eq!(MoeTile::parse(None), MoeTile::Auto);
-        // Shared memory of the dynamic variants (bf16), within sm_90's 227 KiB opt-in: 3, 2
-        // and 2 blocks per SM of 228 KiB (1 KiB reserved per block).
-        assert_eq!(moe_tile_shape(16, 2), (256, 73728));
-        assert_eq!(moe_tile_shape(32, 2), (256, 81920));
-        assert_eq!(moe_tile_shape(128, 2), (128, 65536));
-        assert_eq!(moe_tile_shape(64, 2), (256, 0));
-        let fits = |rows, blocks| blocks * (moe_tile_shape(rows, 2).1 + 1024) <= 228 * 1024;
-        assert!(fits(16, 3) && fits(32, 2) && fits(128, 2) && !fits(16, 4));
+        // Shared memory of the dynamic variants (bf16), within sm_90's 227 KiB opt-in: 3, 2,
+        // 2 and 1 blocks per SM of 228 KiB (1 KiB reserved per block).
+        let smem = |t: MoeTile| t.shape(2).smem;
+        assert_eq!(smem(MoeTile::Rows16), 73728);
+        assert_eq!(smem(MoeTile::Rows32), 81920);
+        assert_eq!(smem(MoeTile::Rows128), 65536);
+        assert_eq!(smem(MoeTile::Rows128Wide), 98304);
+        assert_eq!(smem(MoeTile::Rows64), 0);
+        let fits = |t, blocks| blocks * (smem(t) + 1024) <= 228 * 1024;
+        assert!(fits(MoeTile::Rows16, 3) && !fits(MoeTile::Rows16, 4));
+        assert!(fits(MoeTile::Rows32, 2) && fits(MoeTile::Rows128, 2));
+        assert!(fits(MoeTile::Rows128Wide, 2));
     }
 }

@@ -36,8 +36,8 @@ pub mod nvrtc_cache;
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
     decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
-    mma_smem_bytes, moe_auto_tile_rows, moe_plan, moe_tile_shape, plan_decode, tiled_rows,
-    tiled_smem_bytes, DecodePlan, MoeKernel, MoePlan, MoeTile,
+    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
+    DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape,
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -474,7 +474,7 @@ impl CudaBackend {
             || name.starts_with("flash_attn")
             || name.starts_with("moe_mma16_")
             || name.starts_with("moe_mma32_")
-            || name.starts_with("moe_mma128_")
+            || name.starts_with("moe_mma128")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {

@@ -638,16 +638,14 @@ impl CudaBackend {
                     if tag == "gu" { 2 } else { 4 },
                     (256, 0),
                 ),
-                MoeKernel::Mma(64) => (
-                    format!("moe_mma_{sfx}_{tag}"),
-                    if tag == "gu" { 64 } else { 128 },
-                    (256, 0),
-                ),
-                MoeKernel::Mma(rows) => (
-                    format!("moe_mma{rows}_{sfx}_{tag}"),
-                    if tag == "gu" { 64 } else { 128 },
-                    launch::moe_tile_shape(rows, x.dtype.size()),
-                ),
+                MoeKernel::Mma(tile) => {
+                    let sh = tile.shape(x.dtype.size());
+                    (
+                        format!("{}_{sfx}_{tag}", sh.kernel),
+                        sh.weight_rows as usize / if tag == "gu" { 2 } else { 1 },
+                        (sh.threads, sh.smem),
+                    )
+                }
                 MoeKernel::Fma => (format!("moe_fma_{sfx}_{tag}"), 32, (256, 0)),
             };
             let fun = self.func("moe", sfx, &name)?;

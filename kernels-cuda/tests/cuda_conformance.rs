@@ -245,7 +245,7 @@ fn bad_inputs_are_errors() {
     assert!(e.starts_with("rms_norm"), "{e}");
 }
 
-/// Every tile variant of the tensor-core grouped expert GEMM (`moe_mma{16,32,128}_*` and the
+/// Every tile variant of the tensor-core grouped expert GEMM (`moe_mma{16,32,128,128w}_*` and the
 /// 64-row `moe_mma_*`, forced through [`CudaBackend::set_moe_tile`], i.e. the same
 /// `launch::moe_plan` selection `DAYONE_MOE_TILE` feeds) against the reference experts, bf16 and
 /// f16: 5 tokens (tiles of ≤ 16 rows), 70 (ragged tiles of every size), 300 and 1100 (full
@@ -287,6 +287,7 @@ fn grouped_expert_tiles() {
         MoeTile::Rows32,
         MoeTile::Rows64,
         MoeTile::Rows128,
+        MoeTile::Rows128Wide,
     ];
     for dt in [DType::BF16, DType::F16] {
         for &(n, d, e, f, k) in cases {
