@@ -5,7 +5,7 @@
 //!
 //! Usage: `moe-bench [--backend cuda|wgsl|cpu] [--tokens 1,64,512,8192] [--hidden 7168]
 //!         [--experts 256] [--expert-dim 2048] [--top-k 8] [--groups 8] [--topk-group 4]
-//!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--quant-path auto,direct,decode]
+//!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--quant-path auto,direct,decode,fp8]
 //!         [--json]`
 //!
 //! With `--experts-format mxfp4|int4` the routed experts stay low-bit on the device (the
@@ -13,7 +13,10 @@
 //! converts the experts a step routed to into a workspace before the expert GEMMs (the time
 //! includes that conversion and the read-back of the routing), `direct` reads the codes in the
 //! grouped low-bit GEMV (`Backend::moe_experts_quant`), `auto` is the engine's choice (direct up
-//! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 64).
+//! to the backend's `moe_quant_direct_tokens`, CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX`, default 64),
+//! `fp8` the decode path through the FP8 expert GEMM at every token count (`--moe-fp8`'s
+//! `Backend::moe_experts_fp8`: the chosen experts converted to e4m3 with per-32 block scales,
+//! activations rounded to e4m3; CUDA sm_89+, an error elsewhere).
 
 use anyhow::{bail, Result};
 use clap::{CommandFactory, Parser};
@@ -62,11 +65,11 @@ struct Args {
     /// --hidden and --expert-dim multiples of 32), run by each --quant-path.
     #[arg(long, default_value = "bf16", value_parser = ["bf16", "mxfp4", "int4"])]
     experts_format: String,
-    /// Low-bit expert paths to time, comma-separated: auto, direct, decode (ignored for bf16).
-    /// On a backend without a direct kernel (CPU, WGSL) `direct` decodes the routed experts
-    /// into temporaries.
+    /// Low-bit expert paths to time, comma-separated: auto, direct, decode, fp8 (ignored for
+    /// bf16). On a backend without a direct kernel (CPU, WGSL) `direct` decodes the routed
+    /// experts into temporaries; fp8 needs CUDA sm_89+.
     #[arg(long, value_delimiter = ',', default_value = "auto",
-          value_parser = ["auto", "direct", "decode"])]
+          value_parser = ["auto", "direct", "decode", "fp8"])]
     quant_path: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -145,10 +148,20 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     for p in &a.quant_path {
         paths.push(match (p.as_str(), format) {
             (_, None) => break,
-            ("auto", _) => QuantPath::Auto,
-            ("direct", _) => QuantPath::Direct,
-            ("decode", _) => QuantPath::Decode,
-            (other, _) => bail!("--quant-path must be auto, direct or decode, got {other}"),
+            ("auto", _) => (QuantPath::Auto, false),
+            ("direct", _) => (QuantPath::Direct, false),
+            ("decode", _) => (QuantPath::Decode, false),
+            ("fp8", Some(fmt)) => {
+                if !b.moe_fp8_available(fmt) {
+                    bail!(
+                        "--quant-path fp8: {} has no FP8 expert GEMM for {} (needs CUDA sm_89+)",
+                        b.name(),
+                        fmt.name()
+                    );
+                }
+                (QuantPath::Decode, true)
+            }
+            (other, _) => bail!("--quant-path must be auto, direct, decode or fp8, got {other}"),
         });
     }
     let (gate_up, down, mut quant) = match format {
@@ -164,6 +177,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
                 down: QuantTensor::upload(&b, &low_bit(fmt, [e, d, f], &mut rng)?)?,
                 workspace: ExpertWorkspace::new(&b, e, f, d, act)?,
                 path: QuantPath::Auto,
+                fp8: false,
             };
             (one.clone(), one, Some(q))
         }
@@ -208,18 +222,20 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
             "path", "tokens", "ms", "TFLOP/s", "weight GB/s", "experts"
         );
     }
-    let runs: Vec<Option<QuantPath>> = if paths.is_empty() {
+    let runs: Vec<Option<(QuantPath, bool)>> = if paths.is_empty() {
         vec![None]
     } else {
         paths.into_iter().map(Some).collect()
     };
     for run in runs {
-        if let (Some(q), Some(p)) = (quant.as_mut(), run) {
+        if let (Some(q), Some((p, fp8))) = (quant.as_mut(), run) {
             q.path = p;
+            q.fp8 = fp8;
         }
         let label = match run {
             None => "-".to_string(),
-            Some(p) => format!("{p:?}").to_lowercase(),
+            Some((_, true)) => "fp8".to_string(),
+            Some((p, false)) => format!("{p:?}").to_lowercase(),
         };
         for &t in &a.tokens {
             // The same input (so the same routing) for every path at this token count.

@@ -73,6 +73,11 @@ pub struct ExpertOptions<'a, T> {
     pub gate_up_bias: Option<&'a T>,
     /// Bias of the down projection `[E, D]`.
     pub down_bias: Option<&'a T>,
+    /// Low-bit experts only: run steps that decode into the workspace through the backend's
+    /// FP8 GEMM instead ([`Backend::moe_experts_fp8`]; the activations are rounded to e4m3 per
+    /// 32 values, ≈ 3 % per value), where it has one. Off by default (`--moe-fp8`); float
+    /// experts ignore it.
+    pub fp8: bool,
 }
 
 /// Extras of [`Backend::paged_attention_ext`] beyond causal attention.
@@ -644,6 +649,37 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// step size.
     fn moe_quant_direct_tokens(&self, _format: QuantFormat) -> usize {
         0
+    }
+
+    /// Whether [`Backend::moe_experts_fp8`] can run experts of `format` on this device (CUDA:
+    /// sm_89+, MXFP4 or INT4 with groups of a multiple of 32); false (the default): the
+    /// `--moe-fp8` option falls back to the float decode, with a warning.
+    fn moe_fp8_available(&self, _format: QuantFormat) -> bool {
+        false
+    }
+
+    /// Routed low-bit experts through an FP8 GEMM (the opt-in prefill path of
+    /// [`ExpertOptions::fp8`]): the experts `chosen` (`[M]` u32, in slot order) are converted
+    /// into e4m3 codes with one scale per 32-value block inside `workspace` (the float decode
+    /// workspace, `[S, 2F, D]` and `[S, D, F]`, `S ≥ M`), each A row is rounded to e4m3 per
+    /// 32-value block (scale = amax / 448), and the grouped GEMMs accumulate the blocks in f32.
+    /// `x` `[N, D]`, `slot_ids` `[N, k]` u32 (slots `< M`; `u32::MAX` skips a choice), `weights`
+    /// `[N, k]` f32, biases of `opts` in slot order (`[S, 2F]`, `[S, D]`) → `[N, D]` as
+    /// [`Backend::moe_experts_quant`]. `Ok(None)` (the default): no FP8 path for this device,
+    /// format or shape; the caller decodes instead.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts_fp8(
+        &self,
+        _x: &Self::Tensor,
+        _slot_ids: &Self::Tensor,
+        _weights: &Self::Tensor,
+        _gate_up: &QuantTensor<Self::Tensor>,
+        _down: &QuantTensor<Self::Tensor>,
+        _chosen: &Self::Tensor,
+        _opts: &ExpertOptions<Self::Tensor>,
+        _workspace: (&Self::Tensor, &Self::Tensor),
+    ) -> Result<Option<Self::Tensor>> {
+        Ok(None)
     }
 
     /// Records the device work `f` queues (a decode step's forward) as a graph that

@@ -147,6 +147,7 @@ pub fn check_experts_ext<B: Backend>(b: &B, dt: DType) -> Result<()> {
                     act,
                     gate_up_bias: biased.then_some(&gbd),
                     down_bias: biased.then_some(&dbd),
+                    fp8: false,
                 };
                 let got = b.moe_experts_ext(&xd, &idd, &wd, &gud, &dnd, &opts)?;
                 compare(

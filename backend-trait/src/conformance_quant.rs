@@ -226,6 +226,7 @@ pub fn check_experts_quant<B: Backend>(b: &B) -> Result<()> {
                         act,
                         gate_up_bias: biased.then_some(&gbd),
                         down_bias: biased.then_some(&dbd),
+                        fp8: false,
                     };
                     let got = b.moe_experts_quant(&xd, &idd, &wd, &gud, &dnd, &opts)?;
                     compare(

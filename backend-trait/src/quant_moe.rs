@@ -32,7 +32,9 @@ pub fn expert_slots(ids: &[u32], e: usize) -> (Vec<u32>, Vec<u32>) {
 /// (`[S, 2F, D]` and `[S, D, F]` of `x`'s dtype, `S` ≥ the distinct experts of the step).
 /// `x` `[N, D]`, `ids` `[N·k]` on the host, `weights` `[N, k]` f32, `gate_up` `[E, 2F, D]`
 /// and `down` `[E, D, F]` quantized; the biases of `opts` (`[E, 2F]`, `[E, D]`) are gathered
-/// into slot order. Errors: more distinct experts than workspace slots, mismatched shapes.
+/// into slot order. With `opts.fp8` the backend's FP8 GEMM ([`Backend::moe_experts_fp8`])
+/// runs the step instead where it has one. Errors: more distinct experts than workspace slots,
+/// mismatched shapes.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts_decoded<B: Backend>(
     b: &B,
@@ -70,8 +72,6 @@ pub fn moe_experts_decoded<B: Backend>(
         return b.zeros(x.shape(), x.dtype());
     }
     let chosen = b.upload(&HostTensor::from_u32(vec![items.len()], &items)?)?;
-    b.dequantize_into(gate_up, &chosen, gu)?;
-    b.dequantize_into(down, &chosen, dn)?;
     let local = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), &local)?)?;
     // Biases in slot order, one row per workspace slot (slots past the chosen repeat the first
     // chosen expert's row; no token reads them).
@@ -92,7 +92,24 @@ pub fn moe_experts_decoded<B: Backend>(
         act: opts.act,
         gate_up_bias: gub.as_ref(),
         down_bias: dnb.as_ref(),
+        fp8: opts.fp8,
     };
+    if opts.fp8 {
+        if let Some(y) = b.moe_experts_fp8(
+            x,
+            &local,
+            weights,
+            gate_up,
+            down,
+            &chosen,
+            &slot_opts,
+            (gu, dn),
+        )? {
+            return Ok(y);
+        }
+    }
+    b.dequantize_into(gate_up, &chosen, gu)?;
+    b.dequantize_into(down, &chosen, dn)?;
     b.moe_experts_ext(x, &local, weights, gu, dn, &slot_opts)
 }
 

@@ -114,6 +114,13 @@ pub struct EngineArgs {
     /// instead of keeping them quantized on the device (more memory; for comparisons).
     #[arg(long)]
     pub dequantize_at_load: bool,
+    /// Run the low-bit (MXFP4, INT4) routed experts' prefill-sized steps through FP8 tensor
+    /// cores: the chosen experts convert exactly to e4m3 with per-32 block scales, the
+    /// activations round to e4m3 per 32 values (≈ 3 % per value; off by default). CUDA sm_89+
+    /// only; elsewhere a warning and the usual float decode. Decode-sized steps keep the direct
+    /// low-bit kernels.
+    #[arg(long)]
+    pub moe_fp8: bool,
     /// Batch-invariant kernels: a request's output is bit-exact whatever it is batched with and
     /// however its prompt was cut (prefix-cache hits, chunked prefill, preemption). The CPU
     /// backend always is; WGSL and CUDA switch to slower kernels (CUDA decode ≈ 2.5×). As
@@ -318,6 +325,9 @@ impl EngineArgs {
             .map_err(|e| usage(format!("{e:#}")))?;
         if self.dequantize_at_load {
             engine.dequantize_at_load = true;
+        }
+        if self.moe_fp8 {
+            engine.moe_fp8 = true;
         }
         crate::distributed::set_flags(crate::distributed::LaunchFlags {
             nnodes: self.nnodes,

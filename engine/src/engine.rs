@@ -80,6 +80,11 @@ pub struct EngineConfig {
     /// codes on the device (`--dequantize-at-load`).
     #[serde(default)]
     pub dequantize_at_load: bool,
+    /// Run the low-bit routed experts' prefill-sized steps through the backend's FP8 expert
+    /// GEMM (`--moe-fp8`; CUDA sm_89+, activations rounded to e4m3 per 32 values); off by
+    /// default. Elsewhere a warning, and the experts decode to `dtype` as without it.
+    #[serde(default)]
+    pub moe_fp8: bool,
     /// Batch-invariant kernels (`--batch-invariant`; [`Backend::set_batch_invariant`]): a
     /// request's logits are bit-exact whatever it shares a step with and however its prompt was
     /// cut (prefix-cache hits, chunk sizes, preemption). CPU and WGSL always are; CUDA gives up
@@ -156,6 +161,7 @@ impl Default for EngineConfig {
             context_parallel_min_tokens: context_parallel_min_tokens(),
             mla_prefill: mla_prefill_from_env(),
             dequantize_at_load: false,
+            moe_fp8: false,
             batch_invariant: false,
             enforce_eager: false,
         }
@@ -307,6 +313,7 @@ impl<B: Backend> Engine<B> {
                 parallel,
                 mla_prefill: cfg.mla_prefill,
                 keep_quantized: !cfg.dequantize_at_load,
+                moe_fp8: cfg.moe_fp8,
                 context_parallel_min_tokens: cfg.context_parallel_min_tokens,
             },
         )?;

@@ -18,6 +18,7 @@ pub struct WeightLoader<'a, B: Backend> {
     mla_prefill: crate::layers::MlaPrefill,
     bytes: Cell<u64>,
     keep_quantized: bool,
+    moe_fp8: bool,
     workspaces: std::cell::RefCell<Vec<crate::layers::ExpertWorkspace<B>>>,
     /// Host buffers of stacked weights, kept for the next layer's stacks.
     buffers: std::cell::RefCell<Vec<Vec<u8>>>,
@@ -36,6 +37,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
             mla_prefill: crate::layers::MlaPrefill::Absorbed,
             bytes: Cell::new(0),
             keep_quantized: true,
+            moe_fp8: false,
             workspaces: Default::default(),
             buffers: Default::default(),
         }
@@ -144,6 +146,19 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     /// See [`WeightLoader::with_mla_prefill`].
     pub fn mla_prefill(&self) -> crate::layers::MlaPrefill {
         self.mla_prefill
+    }
+
+    /// Whether the low-bit MoE layers run their decoded (prefill-sized) steps through the
+    /// backend's FP8 expert GEMM ([`dayone_backend::ExpertOptions::fp8`]; `--moe-fp8`, off by
+    /// default). Where the backend has no such path the layers warn once and decode.
+    pub fn with_moe_fp8(mut self, on: bool) -> Self {
+        self.moe_fp8 = on;
+        self
+    }
+
+    /// See [`WeightLoader::with_moe_fp8`].
+    pub fn moe_fp8(&self) -> bool {
+        self.moe_fp8
     }
 
     /// Loads this rank's slices of a model split by `parallel` (layers read it through

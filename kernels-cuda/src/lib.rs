@@ -79,6 +79,7 @@ mod kda;
 mod linear;
 mod mla_moe;
 mod moe_quant;
+pub mod moe_fp8;
 pub use moe_quant::MOE_QUANT_DIRECT_TOKENS;
 mod quant;
 mod rows;
@@ -878,6 +879,24 @@ impl Backend for CudaBackend {
         self.moe_quant_direct_tokens_impl(format)
     }
 
+    fn moe_fp8_available(&self, format: QuantFormat) -> bool {
+        self.moe_fp8_available_impl(format)
+    }
+
+    fn moe_experts_fp8(
+        &self,
+        x: &CudaTensor,
+        slot_ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &QuantTensor<CudaTensor>,
+        down: &QuantTensor<CudaTensor>,
+        chosen: &CudaTensor,
+        opts: &ExpertOptions<CudaTensor>,
+        workspace: (&CudaTensor, &CudaTensor),
+    ) -> Result<Option<CudaTensor>> {
+        self.moe_experts_fp8_impl(x, slot_ids, weights, gate_up, down, chosen, opts, workspace)
+    }
+
     fn moe_experts(
         &self,
         x: &CudaTensor,
@@ -890,6 +909,7 @@ impl Backend for CudaBackend {
             act: dayone_backend::ExpertAct::Swiglu,
             gate_up_bias: None,
             down_bias: None,
+            fp8: false,
         };
         self.moe_experts_impl(x, ids, weights, gate_up, down, &opts)
     }

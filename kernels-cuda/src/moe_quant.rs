@@ -30,7 +30,7 @@ fn direct_max() -> usize {
 
 /// The code tag of the direct kernels for `f` (`fp4`, `int4`), or `None` when they do not
 /// take it (other codes, a min, super-block scale records, groups not a multiple of 32).
-fn direct_kind(f: &QuantFormat) -> Option<&'static str> {
+pub(crate) fn direct_kind(f: &QuantFormat) -> Option<&'static str> {
     if f.has_min || f.scale.is_super_block() || !f.group.is_multiple_of(32) {
         return None;
     }

@@ -34,6 +34,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("quant", include_str!("../kernels/quant.cu")),
     ("attention_ext", include_str!("../kernels/attention_ext.cu")),
     ("moe_ext", include_str!("../kernels/moe_ext.cu")),
+    ("moe_fp8", include_str!("../kernels/moe_fp8.cu")),
     ("gemm_inv", include_str!("../kernels/gemm_inv.cu")),
     ("flash_attn", include_str!("../kernels/flash_attn.cu")),
 ];

@@ -327,6 +327,7 @@ fn grouped_expert_tiles() {
                     act,
                     gate_up_bias: biased.then_some(&gbd),
                     down_bias: biased.then_some(&dbd),
+                    fp8: false,
                 };
                 for tile in tiles {
                     b.set_moe_tile(tile);

@@ -944,6 +944,7 @@ impl Backend for WgslBackend {
                 act: ExpertAct::Swiglu,
                 gate_up_bias: None,
                 down_bias: None,
+                fp8: false,
             },
         )
     }

@@ -179,6 +179,7 @@ impl<B: Backend> GptOssMoe<B> {
                     act: self.act,
                     gate_up_bias: Some(&self.gate_up_bias),
                     down_bias: Some(&self.down_bias),
+                    fp8: false,
                 },
             ),
             GptOssExperts::Quant(q) => q.forward_with(

@@ -249,6 +249,7 @@ impl<B: Backend> Moe<B> {
             act: ExpertAct::SwigluClamped { limit: l },
             gate_up_bias: None,
             down_bias: None,
+            fp8: false,
         };
         b.moe_experts_ext(x, ids, weights, &self.gate_up, &self.down, &opts)
     }

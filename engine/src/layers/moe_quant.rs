@@ -10,7 +10,8 @@ use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::quant_moe::moe_experts_decoded;
 use dayone_backend::{
-    Backend, DType, ExpertAct, ExpertOptions, HostTensor, QuantHost, QuantTensor, TensorInfo,
+    Backend, DType, ExpertAct, ExpertOptions, HostTensor, QuantFormat, QuantHost, QuantTensor,
+    TensorInfo,
 };
 use std::sync::Arc;
 
@@ -73,6 +74,10 @@ pub struct QuantExperts<B: Backend> {
     pub workspace: ExpertWorkspace<B>,
     /// Direct or decoded ([`QuantPath::Auto`] at load; benchmarks pin one).
     pub path: QuantPath,
+    /// Steps that decode run through the backend's FP8 GEMM instead
+    /// ([`ExpertOptions::fp8`]; `--moe-fp8`, off by default; set at load only where the backend
+    /// has the path for these formats, see [`WeightLoader::with_moe_fp8`]).
+    pub fp8: bool,
 }
 
 impl<B: Backend> QuantExperts<B> {
@@ -92,6 +97,7 @@ impl<B: Backend> QuantExperts<B> {
             down: w.upload_quant(down)?,
             workspace: w.expert_workspace(e, f2 / 2, d)?,
             path: QuantPath::Auto,
+            fp8: w.moe_fp8() && fp8_available(w.backend(), gate_up.format, down.format),
         })
     }
 
@@ -123,6 +129,7 @@ impl<B: Backend> QuantExperts<B> {
             act: ExpertAct::Swiglu,
             gate_up_bias: None,
             down_bias: None,
+            fp8: self.fp8,
         };
         if self.direct(b, x.shape()[0]) {
             return b.moe_experts_quant(x, ids, weights, &self.gate_up, &self.down, &opts);
@@ -146,6 +153,7 @@ impl<B: Backend> QuantExperts<B> {
             act,
             gate_up_bias: biases.map(|b| b.0),
             down_bias: biases.map(|b| b.1),
+            fp8: self.fp8,
         };
         if self.direct(b, x.shape()[0]) {
             let ids = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), host)?)?;
@@ -176,6 +184,26 @@ impl<B: Backend> QuantExperts<B> {
             (gu, dn),
         )
     }
+}
+
+/// Whether the backend runs both formats through its FP8 expert GEMM; when not, says once per
+/// process that `--moe-fp8` falls back to the float decode (as vLLM falls back, with a warning,
+/// where a quantisation kernel is missing on the device).
+fn fp8_available<B: Backend>(b: &B, gate_up: QuantFormat, down: QuantFormat) -> bool {
+    if b.moe_fp8_available(gate_up) && b.moe_fp8_available(down) {
+        return true;
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "--moe-fp8: {} has no FP8 expert GEMM for {} / {} experts (it needs CUDA sm_89+, \
+             MXFP4 or INT4 with groups of a multiple of 32, no --batch-invariant); the experts decode to the float dtype",
+            b.name(),
+            gate_up.name(),
+            down.name()
+        );
+    });
+    false
 }
 
 impl<B: Backend> WeightLoader<'_, B> {
@@ -224,6 +252,7 @@ mod tests {
             down: q(&mut rng, [e, d, f]),
             workspace: ExpertWorkspace::new(&b, e, f, d, DType::F32).unwrap(),
             path: QuantPath::Decode,
+            fp8: false,
         };
         let x = b
             .upload(&rand_tensor(&mut rng, &[n, d], DType::F32, 1.0).unwrap())
@@ -266,5 +295,17 @@ mod tests {
         .unwrap();
         // Auto on a backend without a direct kernel decodes.
         assert_eq!(b.moe_quant_direct_tokens(QuantFormat::MXFP4), 0);
+        // `--moe-fp8` on a backend without the FP8 GEMM: refused at load (with a warning), and a
+        // layer that asks anyway gets the decode path's result.
+        assert!(!super::fp8_available(
+            &b,
+            QuantFormat::MXFP4,
+            QuantFormat::MXFP4
+        ));
+        layer.path = QuantPath::Decode;
+        layer.fp8 = true;
+        let fallback = run(&layer);
+        compare("forward", "fp8 fallback", &fallback.0, &decoded.0, 0.0).unwrap();
+        compare("forward_with", "fp8 fallback", &fallback.1, &decoded.1, 0.0).unwrap();
     }
 }

@@ -85,6 +85,8 @@ pub struct LoadOptions<B: Backend> {
     pub mla_prefill: crate::layers::MlaPrefill,
     /// Keep block-quantized weights in their low-bit form ([`WeightLoader::with_keep_quantized`]).
     pub keep_quantized: bool,
+    /// FP8 expert GEMM for the low-bit experts ([`WeightLoader::with_moe_fp8`]).
+    pub moe_fp8: bool,
     /// Under context parallelism (`parallel.context`), the smallest step that is split
     /// ([`crate::parallel::ContextParallel`]).
     pub context_parallel_min_tokens: usize,
@@ -117,7 +119,8 @@ pub fn load_model<B: Backend>(
     let mut w = WeightLoader::new(b, tensors, dtype)
         .with_parallel(options.parallel)
         .with_mla_prefill(options.mla_prefill)
-        .with_keep_quantized(options.keep_quantized);
+        .with_keep_quantized(options.keep_quantized)
+        .with_moe_fp8(options.moe_fp8);
     if let Some(p) = progress {
         w = w.with_progress(p);
     }
