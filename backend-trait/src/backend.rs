@@ -116,6 +116,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Copies a host tensor to the device.
     fn upload(&self, host: &HostTensor) -> Result<Self::Tensor>;
 
+    /// Copies a model weight to the device: as [`Backend::upload`], with the promise that no
+    /// operation writes the tensor (or a view of it) afterwards. A backend may then read it
+    /// ahead of the step's data dependencies (CUDA: the decode GEMV starts streaming its
+    /// weights while the previous kernel finishes). Errors: as `upload`.
+    fn upload_weight(&self, host: &HostTensor) -> Result<Self::Tensor> {
+        self.upload(host)
+    }
+
     /// Copies a device tensor to the host (waits for pending work).
     fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
 
@@ -166,6 +174,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: &Self::Tensor,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor>;
+
+    /// Several projections of one input: `ys[i] = x · wᵢᵀ (+ biasᵢ)` for `parts[i] = (wᵢ, biasᵢ)`,
+    /// each exactly as [`Backend::linear`] computes it (same shapes, dtypes, errors). The
+    /// default calls `linear` per part; a backend may run them as one launch (CUDA: one decode
+    /// GEMV over all the weights' rows, so a short projection — an 8 MB key projection — does not
+    /// pay a kernel's start-up and memory latency on its own). Used for q/k/v and gate/up.
+    fn linear_many(
+        &self,
+        x: &Self::Tensor,
+        parts: &[(&Self::Tensor, Option<&Self::Tensor>)],
+    ) -> Result<Vec<Self::Tensor>> {
+        parts.iter().map(|(w, b)| self.linear(x, w, *b)).collect()
+    }
 
     /// `y = x · wᵀ` in f32 whatever the activation dtype (no rounding of the output to it):
     /// `x` `[M, K]`, `w` `[N, K]` of `x`'s dtype → `[M, N]` f32, f32 accumulation. For small

@@ -137,6 +137,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
     for dt in dts {
         check_embedding(b, dt)?;
         check_linear(b, dt)?;
+        check_linear_many(b, dt)?;
         check_rms_norm(b, dt)?;
         check_rope(b, dt)?;
         check_silu_mul(b, dt)?;
@@ -306,6 +307,63 @@ pub fn check_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
         let got = b.linear(&xd, &wd, bd.as_ref())?;
         let case = format!("{dt} x [{m}, {k}] w [{n}, {k}] bias {bias}");
         compare("linear", &case, &run(b, &got)?, &want, tolerance(dt))?;
+    }
+    Ok(())
+}
+
+/// `linear_many`: each output bit-equal to `linear` of its part on the same backend (and
+/// within tolerance of the reference), for weights uploaded as weights (which CUDA reads ahead
+/// of the previous kernel) and as plain tensors, with and without biases, K with and without a
+/// remainder past the GEMV's unrolled steps, 1–8 parts (q/k/v, gate/up, KDA's six).
+pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(21);
+    let cases: &[(usize, usize, &[usize])] = &[
+        (1, 2304, &[4096, 4096, 4096, 128, 32, 128]),
+        (1, 4096, &[512, 128, 128]),
+        (3, 1000, &[64, 200]),
+        (2, 96, &[7, 1, 33, 5, 9, 2, 3, 4]),
+        (9, 256, &[40, 24]),
+    ];
+    for &(m, k, ns) in cases {
+        let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
+        let xd = b.upload(&x)?;
+        let mut host = Vec::new();
+        let mut dev = Vec::new();
+        for (i, &n) in ns.iter().enumerate() {
+            let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+            let bias = if i % 2 == 1 {
+                Some(rand_tensor(&mut rng, &[n], dt, 1.0)?)
+            } else {
+                None
+            };
+            let wd = if i % 3 == 2 {
+                b.upload(&w)?
+            } else {
+                b.upload_weight(&w)?
+            };
+            let bd = bias.as_ref().map(|t| b.upload(t)).transpose()?;
+            host.push((w, bias));
+            dev.push((wd, bd));
+        }
+        let parts: Vec<_> = dev.iter().map(|(w, bias)| (w, bias.as_ref())).collect();
+        let got = b.linear_many(&xd, &parts)?;
+        ensure!(
+            got.len() == ns.len(),
+            "linear_many: {} outputs for {} parts",
+            got.len(),
+            ns.len()
+        );
+        for (i, ((w, bias), y)) in host.iter().zip(&got).enumerate() {
+            let case = format!("{dt} x [{m}, {k}] part {i} of {ns:?}");
+            let one = run(b, &b.linear(&xd, &parts[i].0, parts[i].1)?)?;
+            let many = run(b, y)?;
+            ensure!(
+                one.shape == many.shape && one.data == many.data,
+                "linear_many {case}: not bit-equal to linear of the same part"
+            );
+            let want = reference::linear(&x, w, bias.as_ref())?;
+            compare("linear_many", &case, &many, &want, tolerance(dt))?;
+        }
     }
     Ok(())
 }

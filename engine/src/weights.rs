@@ -346,7 +346,7 @@ impl<'a, B: Backend> WeightLoader<'a, B> {
     }
 
     fn upload_ref(&self, host: &HostTensor) -> Result<B::Tensor> {
-        let t = self.backend.upload(host)?;
+        let t = self.backend.upload_weight(host)?;
         self.loaded.set(self.loaded.get() + 1);
         // What the device holds, which may differ from the host's bytes (WGSL widens bf16 rows
         // it cannot pack, the CPU backend widens every 16-bit tensor to f32).

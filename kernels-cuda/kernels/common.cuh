@@ -93,12 +93,18 @@ template <> struct Vec8<bf16> : Vec8Half<bf16> {};
 template <> struct Vec8<f16> : Vec8Half<f16> {};
 
 // Programmatic dependent launch (sm_90+): the host may launch a kernel before the previous one
-// in the stream has finished; every kernel calls this first, before touching global memory, so
-// only the launch itself overlaps the previous kernel's tail. A no-op on older architectures and
-// for launches without the attribute.
+// in the stream has finished; every kernel calls this first, before touching global memory.
+// The wait returns once the previous grid has completed and its writes are visible. Right after
+// it each block signals `launch_dependents`: once every block of this grid has passed its wait,
+// the next kernel's blocks may be scheduled into the SMs this grid's tail leaves idle, where they
+// sit in their own wait — so a step's kernel boundaries cost no launch latency or ramp-up (a
+// decode step has hundreds of short kernels). Safe for any kernel order: no kernel reads or
+// writes global memory before its wait. A no-op on older architectures and for launches
+// without the attribute.
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
 

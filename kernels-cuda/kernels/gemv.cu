@@ -7,6 +7,11 @@
 // reads elements [8t, 8t + 8) of every 2048-element step, U steps per loop iteration, so that
 // RPW·U weight loads per thread are independent. The 8 warps' partial sums meet in shared memory.
 // K must be a multiple of 8. grid.x = ceil(N / RPW).
+//
+// `w_const` != 0 (w uploaded as a weight: no kernel writes it) lets a block issue its first
+// weight loads before `griddepcontrol.wait`, so under programmatic dependent launch the first
+// wave's weights stream in while the previous kernel finishes: a decode step is a chain of
+// GEMVs each too short to hide its own memory latency (an 8 MB k projection takes ≈ 7 µs).
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -33,12 +38,10 @@ template <typename H> struct WLoadHalf {
 template <> struct WLoad<bf16> : WLoadHalf<bf16> {};
 template <> struct WLoad<f16> : WLoadHalf<f16> {};
 
+// acc[r][i] += w[r][kk .. kk + 8) · x[i][kk .. kk + 8) with the weights already in `wv`.
 template <typename T, int MT, int RPW>
-__device__ __forceinline__ void gemv_accum(const T* const* wr, const T* const* xr, u32 kk,
+__device__ __forceinline__ void gemv_accum(const Vec8<T> (&wv)[RPW], const T* const* xr, u32 kk,
                                            float (&acc)[RPW][MT]) {
-    Vec8<T> wv[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[r], wr[r] + kk);
     float xf[MT][8];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -57,14 +60,21 @@ __device__ __forceinline__ void gemv_accum(const T* const* wr, const T* const* x
     }
 }
 
+template <typename T, int RPW, int U>
+__device__ __forceinline__ void gemv_wload(Vec8<T> (&wv)[U][RPW], const T* const* wr, u32 kb) {
+    constexpr u32 STEP = GEMV_THREADS * 8;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[u][r], wr[r] + kb + u * STEP);
+}
+
 template <typename T, int MT, int RPW, int U>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, T* __restrict__ y, u32 m,
-                                          u32 n, u32 k) {
+                                          u32 n, u32 k, u32 w_const, u32 row0) {
     __shared__ float red[GEMV_WARPS][RPW * MT];
-    grid_dep_wait();
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const u32 row0 = blockIdx.x * RPW;
     // Rows past N and x rows past M re-read a valid row and are dropped at the end, so the
     // main loop has no branches and all of its loads can be in flight together.
     const T* wr[RPW];
@@ -81,12 +91,22 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 
     constexpr u32 STEP = GEMV_THREADS * 8;
     const u32 kfull = k - k % (STEP * U);
-    for (u32 kb = tid * 8; kb < kfull; kb += STEP * U) {
-        Vec8<T> wv[U][RPW];
+    // The first iteration's weights (of the unrolled loop, else of the remainder loop): before
+    // the wait when w is constant (see the top).
+    Vec8<T> wv[U][RPW];
+    const u32 k0 = tid * 8;
+    const bool first_full = k0 < kfull, first_rest = kfull == 0 && k0 < k;
+    auto load_first = [&]() {
+        if (first_full) gemv_wload<T, RPW, U>(wv, wr, k0);
+        if (first_rest)
 #pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[u][r], wr[r] + kb + u * STEP);
+            for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[0][r], wr[r] + k0);
+    };
+    if (w_const) load_first();
+    grid_dep_wait();
+    if (!w_const) load_first();
+    for (u32 kb = k0; kb < kfull; kb += STEP * U) {
+        if (kb != k0) gemv_wload<T, RPW, U>(wv, wr, kb);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float xf[MT][8];
@@ -107,7 +127,12 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             }
         }
     }
-    for (u32 kk = kfull + tid * 8; kk < k; kk += STEP) gemv_accum<T, MT, RPW>(wr, xr, kk, acc);
+    for (u32 kk = kfull + k0; kk < k; kk += STEP) {
+        if (!(first_rest && kk == k0))
+#pragma unroll
+            for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[0][r], wr[r] + kk);
+        gemv_accum<T, MT, RPW>(wv[0], xr, kk, acc);
+    }
 
 #pragma unroll
     for (int r = 0; r < RPW; r++)
@@ -129,10 +154,36 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     }
 }
 
+// Up to GEMV_SEGS projections of one x in one launch (`linear_many`): segment i has its own
+// w [n_i, K], bias and y [M, n_i]; blocks [first[i], first[i + 1]) cover its rows.
+#define GEMV_SEGS 8
+struct GemvSegs {
+    const void* w[GEMV_SEGS];
+    const void* bias[GEMV_SEGS];
+    void* y[GEMV_SEGS];
+    u32 n[GEMV_SEGS];
+    u32 first[GEMV_SEGS + 1];
+};
+
+template <typename T, int MT, int RPW, int U>
+__device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u32 m, u32 k,
+                                               u32 w_const) {
+    u32 i = 0;
+#pragma unroll
+    for (int j = 1; j < GEMV_SEGS; j++)
+        if (blockIdx.x >= sg.first[j] && sg.first[j] < sg.first[j + 1]) i = j;
+    gemv_impl<T, MT, RPW, U>(x, (const T*)sg.w[i], (const T*)sg.bias[i], (T*)sg.y[i], m, sg.n[i],
+                             k, w_const, (blockIdx.x - sg.first[i]) * RPW);
+}
+
 #define GEMV(S, T, MT, RPW, U)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_##S##_m##MT##_r##RPW(     \
-        const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k) {                   \
-        gemv_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k);                                     \
+        const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k, u32 w_const) {      \
+        gemv_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k, w_const, blockIdx.x * RPW);          \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
+        gemv_many_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k, u32 w_const) { \
+        gemv_many_impl<T, MT, RPW, U>(x, segs, m, k, w_const);                                \
     }
 #define GEMV_ALL(S, T)                                                                        \
     GEMV(S, T, 1, 1, 2) GEMV(S, T, 1, 2, 2) GEMV(S, T, 1, 4, 2)                               \

@@ -119,6 +119,7 @@ impl Pool {
                 ptr: 0,
                 class: 0,
                 graph: 0,
+                weight: false,
                 pool: self.clone(),
             });
         }
@@ -143,6 +144,7 @@ impl Pool {
                     ptr,
                     class,
                     graph: graph.unwrap_or(0),
+                    weight: false,
                     pool: self.clone(),
                 });
             }
@@ -169,6 +171,7 @@ impl Pool {
             ptr,
             class,
             graph: graph.unwrap_or(0),
+            weight: false,
             pool: self.clone(),
         })
     }
@@ -267,6 +270,9 @@ pub(crate) struct DeviceBuffer {
     class: usize,
     /// The graph whose capture allocated it (0: none).
     graph: u64,
+    /// Uploaded by `upload_weight`: no kernel writes it, so kernels may read it before their
+    /// `griddepcontrol.wait` (see gemv.cu).
+    pub(crate) weight: bool,
     pool: Arc<Pool>,
 }
 

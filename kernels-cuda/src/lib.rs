@@ -67,6 +67,7 @@ macro_rules! kparams {
 mod attention;
 mod basic;
 mod bulk_upload;
+mod profile;
 pub mod comm;
 mod dsa;
 mod ext;
@@ -132,6 +133,8 @@ pub struct CudaBackend {
     info: DeviceInfo,
     /// Launch kernels with programmatic dependent launch (sm_90+, unless `DAYONE_CUDA_PDL=0`).
     pdl: bool,
+    /// Per-kernel timing (`DAYONE_CUDA_PROFILE=1`), printed when the backend is dropped.
+    profiler: Option<Mutex<profile::Profiler>>,
     /// Tensor-core prefill attention (sm_80+, unless `DAYONE_CUDA_MMA_ATTN=0`).
     mma_attention: bool,
     /// KDA path choice ([`KdaPath`] as u8; `DAYONE_KDA_PATH` or [`CudaBackend::set_kda_path`]).
@@ -266,6 +269,7 @@ impl CudaBackend {
             graphs: Mutex::new(graph::Graphs::default()),
             mma_attention,
             pdl,
+            profiler: profile::Profiler::from_env(),
             staging,
             bulk: Mutex::new(bulk_upload::BulkUpload::new()),
             rows_staging: Mutex::new(rows::RowStaging::new()),
@@ -504,6 +508,54 @@ impl CudaBackend {
         smem: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        let Some(profiler) = self.profiler.as_ref().filter(|_| !self.pool.is_capturing()) else {
+            return self.launch_now(op, f, grid, block, smem, params);
+        };
+        let start = profile::Profiler::start(&self.ctx, &self.stream)?;
+        self.launch_now(op, f, grid, block, smem, params)?;
+        let name = self.kernel_name(f).unwrap_or_else(|| op.to_string());
+        profiler.lock().unwrap_or_else(|p| p.into_inner()).end(
+            &self.ctx,
+            &self.stream,
+            name,
+            start,
+        )
+    }
+
+    /// Times `work` (a cuBLAS call) as `name` when profiling.
+    fn profiled<T>(&self, name: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+        let Some(profiler) = self.profiler.as_ref().filter(|_| !self.pool.is_capturing()) else {
+            return work();
+        };
+        let start = profile::Profiler::start(&self.ctx, &self.stream)?;
+        let out = work()?;
+        profiler.lock().unwrap_or_else(|p| p.into_inner()).end(
+            &self.ctx,
+            &self.stream,
+            name.to_string(),
+            start,
+        )?;
+        Ok(out)
+    }
+
+    /// The name `f` was loaded under (a linear search: profiling only).
+    fn kernel_name(&self, f: &CudaFunction) -> Option<String> {
+        let funcs = self.kernels.funcs.lock().unwrap_or_else(|p| p.into_inner());
+        funcs
+            .iter()
+            .find(|(_, g)| g.cu_function() == f.cu_function())
+            .map(|(name, _)| name.clone())
+    }
+
+    fn launch_now(
+        &self,
+        op: &str,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         if self.pdl {
             // Programmatic dependent launch: the launch may overlap the previous kernel's tail;
             // every kernel starts with `griddepcontrol.wait` (see common.cuh).
@@ -638,6 +690,14 @@ impl Backend for CudaBackend {
         Ok(t)
     }
 
+    fn upload_weight(&self, host: &HostTensor) -> Result<CudaTensor> {
+        let mut t = self.upload(host)?;
+        if let Some(buf) = Arc::get_mut(&mut t.buf) {
+            buf.weight = true;
+        }
+        Ok(t)
+    }
+
     fn download(&self, t: &CudaTensor) -> Result<HostTensor> {
         self.not_capturing("download")?;
         self.bind()?;
@@ -700,6 +760,14 @@ impl Backend for CudaBackend {
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
         self.linear_impl(x, w, bias, true)
+    }
+
+    fn linear_many(
+        &self,
+        x: &CudaTensor,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        self.linear_many_impl(x, parts)
     }
 
     fn to_f32(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -1147,6 +1215,9 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
+        if let Some(p) = self.profiler.as_ref() {
+            eprint!("{}", p.lock().unwrap_or_else(|p| p.into_inner()).report());
+        }
     }
 }
 

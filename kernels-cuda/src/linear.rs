@@ -38,8 +38,9 @@ impl CudaBackend {
         );
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let name = format!("cublas_gemm m{m}");
         // SAFETY: device pointers of live buffers with the sizes the callers checked.
-        unsafe {
+        self.profiled(&name, || unsafe {
             cublas::result::gemm_ex(
                 *blas.handle(),
                 cublasOperation_t::CUBLAS_OP_T,
@@ -61,9 +62,8 @@ impl CudaBackend {
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-        .map_err(|e| anyhow!("{op}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))?;
-        Ok(())
+            .map_err(|e| anyhow!("{op}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))
+        })
     }
 
     /// `x · wᵀ` with an f32 output: cuBLAS GemmEx with 16-bit (or f32) inputs and an f32 C.
@@ -143,7 +143,8 @@ impl CudaBackend {
                     out.device_ptr(),
                     m as u32,
                     to_u32(OP, "N", n)?,
-                    to_u32(OP, "K", k)?
+                    to_u32(OP, "K", k)?,
+                    w.buf.weight as u32
                 ],
             )?;
             return Ok(out);
@@ -187,5 +188,100 @@ impl CudaBackend {
             )?;
         }
         Ok(out)
+    }
+}
+
+/// Projections of one launch of `gemv_many_*` (`GEMV_SEGS` in gemv.cu).
+pub(crate) const GEMV_SEGS: usize = 8;
+
+/// The kernel's `GemvSegs` parameter: each projection's weight, bias (0: none), output and
+/// rows, and the first block of each (`first[GEMV_SEGS]` = the grid size).
+#[repr(C)]
+struct GemvSegs {
+    w: [u64; GEMV_SEGS],
+    bias: [u64; GEMV_SEGS],
+    y: [u64; GEMV_SEGS],
+    n: [u32; GEMV_SEGS],
+    first: [u32; GEMV_SEGS + 1],
+}
+
+impl CudaBackend {
+    /// [`dayone_backend::Backend::linear_many`]: one `gemv_many` launch when every projection
+    /// takes the decode GEMV (same dtype and K, decode-sized M, at most `GEMV_SEGS` of them,
+    /// not batch-invariant), else one [`CudaBackend::linear_impl`] each.
+    ///
+    /// Errors: as `linear` for each projection.
+    pub(crate) fn linear_many_impl(
+        &self,
+        x: &CudaTensor,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        const OP: &str = "linear_many";
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        let one_launch = parts.len() > 1
+            && parts.len() <= GEMV_SEGS
+            && m > 0
+            && !self.invariant()
+            && launch::gemv_mt(m, k).is_some()
+            && parts.iter().all(|(w, b)| {
+                w.shape.len() == 2
+                    && w.shape[1] == k
+                    && w.shape[0] > 0
+                    && w.dtype == x.dtype
+                    && b.is_none_or(|b| b.shape == [w.shape[0]] && b.dtype == x.dtype)
+            });
+        if !one_launch {
+            return parts
+                .iter()
+                .map(|(w, b)| self.linear_impl(x, w, *b, true))
+                .collect();
+        }
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let mt = launch::gemv_mt(m, k).expect("checked above");
+        let total: usize = parts.iter().map(|(w, _)| w.shape[0]).sum();
+        let rpw = launch::gemv_rpw(total, self.info.sms);
+        self.bind()?;
+        let mut segs = GemvSegs {
+            w: [0; GEMV_SEGS],
+            bias: [0; GEMV_SEGS],
+            y: [0; GEMV_SEGS],
+            n: [0; GEMV_SEGS],
+            first: [0; GEMV_SEGS + 1],
+        };
+        let mut outs = Vec::with_capacity(parts.len());
+        let mut blocks = 0usize;
+        for (i, (w, b)) in parts.iter().enumerate() {
+            let n = w.shape[0];
+            let mut shape = x.shape.clone();
+            *shape.last_mut().expect("rank >= 2") = n;
+            let out = self.alloc(shape, x.dtype)?;
+            segs.w[i] = w.device_ptr();
+            segs.bias[i] = b.map_or(0, |b| b.device_ptr());
+            segs.y[i] = out.device_ptr();
+            segs.n[i] = to_u32(OP, "N", n)?;
+            segs.first[i] = to_u32(OP, "blocks", blocks)?;
+            blocks += n.div_ceil(rpw as usize);
+            outs.push(out);
+        }
+        for f in segs.first.iter_mut().skip(parts.len()) {
+            *f = to_u32(OP, "blocks", blocks)?;
+        }
+        let w_const = parts.iter().all(|(w, _)| w.buf.weight) as u32;
+        let f = self.func("gemv", sfx, &format!("gemv_many_{sfx}_m{mt}_r{rpw}"))?;
+        self.launch(
+            OP,
+            &f,
+            (to_u32(OP, "grid", blocks)?, 1, 1),
+            (launch::GEMV_THREADS, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                segs,
+                m as u32,
+                to_u32(OP, "K", k)?,
+                w_const
+            ],
+        )?;
+        Ok(outs)
     }
 }

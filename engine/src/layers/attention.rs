@@ -140,10 +140,25 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<(B::Tensor, B::Tensor)> {
+        let [k, v]: [B::Tensor; 2] = Linear::forward_many(b, x, &[&self.k_proj, &self.v_proj])?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("linear_many: expected 2 outputs"))?;
+        self.key_rows_of(b, k, v, rope, meta)
+    }
+
+    /// [`Attention::key_rows`] from the projections `k` `[N, Hkv·hd]`, `v` `[N, Hkv·hd]`.
+    fn key_rows_of(
+        &self,
+        b: &B,
+        k: B::Tensor,
+        v: B::Tensor,
+        rope: &Rope<B>,
+        meta: &DeviceStepMeta<B::Tensor>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let k = self.heads(b, self.k_proj.forward(b, x)?, s.kv_heads, &self.k_norm)?;
-        let v = b.reshape(&self.v_proj.forward(b, x)?, &[n, s.kv_heads, s.head_dim])?;
+        let k = self.heads(b, k, s.kv_heads, &self.k_norm)?;
+        let v = b.reshape(&v, &[n, s.kv_heads, s.head_dim])?;
         Ok((rope.forward(b, &k, &meta.positions)?, v))
     }
 
@@ -158,9 +173,13 @@ impl<B: Backend> Attention<B> {
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let q = self.heads(b, self.q_proj.forward(b, x)?, s.heads, &self.q_norm)?;
+        let [q, k, v]: [B::Tensor; 3] =
+            Linear::forward_many(b, x, &[&self.q_proj, &self.k_proj, &self.v_proj])?
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("linear_many: expected 3 outputs"))?;
+        let q = self.heads(b, q, s.heads, &self.q_norm)?;
         let q = rope.forward(b, &q, &meta.positions)?;
-        let (k, v) = self.key_rows(b, x, rope, meta)?;
+        let (k, v) = self.key_rows_of(b, k, v, rope, meta)?;
         b.write_kv(&k, &v, kv.0, kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let opts = AttentionOptions {

@@ -180,14 +180,28 @@ impl<B: Backend> Kda<B> {
         let s = self.shape;
         let n = meta.host.num_tokens();
         let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
-        let conv = |proj: &Linear<B>, i: usize| -> Result<B::Tensor> {
-            heads(&b.short_conv(&proj.forward(b, x)?, &self.conv[i], &conv_state[i], meta)?)
+        // Every projection of x at once (one decode GEMV launch on CUDA).
+        let [q, k, v, f, beta, g]: [B::Tensor; 6] = Linear::forward_many(
+            b,
+            x,
+            &[
+                &self.q_proj,
+                &self.k_proj,
+                &self.v_proj,
+                &self.f_a,
+                &self.b_proj,
+                &self.g_a,
+            ],
+        )?
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("linear_many: expected 6 outputs"))?;
+        let conv = |t: &B::Tensor, i: usize| -> Result<B::Tensor> {
+            heads(&b.short_conv(t, &self.conv[i], &conv_state[i], meta)?)
         };
-        let q = conv(&self.q_proj, 0)?;
-        let k = conv(&self.k_proj, 1)?;
-        let v = conv(&self.v_proj, 2)?;
-        let a = heads(&self.f_b.forward(b, &self.f_a.forward(b, x)?)?)?;
-        let beta = self.b_proj.forward(b, x)?;
+        let q = conv(&q, 0)?;
+        let k = conv(&k, 1)?;
+        let v = conv(&v, 2)?;
+        let a = heads(&self.f_b.forward(b, &f)?)?;
         let o = b.kda(
             &q,
             &k,
@@ -200,7 +214,7 @@ impl<B: Backend> Kda<B> {
             state,
             meta,
         )?;
-        let gate = self.g_b.forward(b, &self.g_a.forward(b, x)?)?;
+        let gate = self.g_b.forward(b, &g)?;
         let rows = [n * s.heads, s.head_dim];
         let o = b.gated_rms_norm(
             &b.reshape(&o, &rows)?,

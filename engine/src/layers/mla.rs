@@ -248,9 +248,25 @@ impl<B: Backend> Mla<B> {
         rope: Option<&Rope<B>>,
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<(B::Tensor, B::Tensor)> {
+        let [c_kv, k_pe]: [B::Tensor; 2] = Linear::forward_many(b, x, &[&self.kv_a, &self.k_pe])?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("linear_many: expected 2 outputs"))?;
+        self.latent_rows_of(b, c_kv, k_pe, rope, meta)
+    }
+
+    /// [`Mla::latent_rows`] from the projections `c_kv` `[N, L]` (not yet normed) and `k_pe`
+    /// `[N, R]` (not yet rotated).
+    fn latent_rows_of(
+        &self,
+        b: &B,
+        c_kv: B::Tensor,
+        k_pe: B::Tensor,
+        rope: Option<&Rope<B>>,
+        meta: &DeviceStepMeta<B::Tensor>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
         let (n, r) = (meta.host.num_tokens(), self.shape.rope_dim);
-        let c_kv = self.kv_a_norm.forward(b, &self.kv_a.forward(b, x)?)?;
-        let k_pe = b.reshape(&self.k_pe.forward(b, x)?, &[n, 1, r])?;
+        let c_kv = self.kv_a_norm.forward(b, &c_kv)?;
+        let k_pe = b.reshape(&k_pe, &[n, 1, r])?;
         let k_pe = match rope {
             Some(rope) => rope.forward(b, &k_pe, &meta.positions)?,
             None => k_pe,
@@ -275,11 +291,22 @@ impl<B: Backend> Mla<B> {
     ) -> Result<(B::Tensor, Option<Selection<B>>)> {
         let s = self.shape;
         let n = meta.host.num_tokens();
+        // The projections of x at once (one decode GEMV launch on CUDA).
+        let mut projs = vec![&self.kv_a, &self.k_pe];
+        if let Some((proj, _)) = &self.q_a {
+            projs.push(proj);
+        }
+        let mut ys = Linear::forward_many(b, x, &projs)?.into_iter();
+        let mut next = || {
+            ys.next()
+                .ok_or_else(|| anyhow::anyhow!("linear_many: too few outputs"))
+        };
+        let (c_kv, k_pe) = (next()?, next()?);
         let cq = match &self.q_a {
-            Some((proj, norm)) => norm.forward(b, &proj.forward(b, x)?)?,
+            Some((_, norm)) => norm.forward(b, &next()?)?,
             None => x.clone(),
         };
-        let (c_kv, k_pe) = self.latent_rows(b, x, rope, meta)?;
+        let (c_kv, k_pe) = self.latent_rows_of(b, c_kv, k_pe, rope, meta)?;
         b.write_cache(&c_kv, cache, 0, meta)?;
         b.write_cache(&k_pe, cache, s.kv_lora_rank, meta)?;
         let need_cache =
