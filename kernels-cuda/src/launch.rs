@@ -317,27 +317,25 @@ impl MoeTile {
     }
 }
 
-/// Average (token, expert) pairs per expert up to which [`MoeTile::Auto`] takes 16-row tiles
-/// (DeepSeek-V3 layer: 2 at 64 tokens, 16 at 512).
-pub const MOE_TILE16_MAX_AVG_ROWS: usize = 16;
-/// Average pairs per expert from which [`MoeTile::Auto`] takes 128 × 256 tiles (256 at 8192
-/// tokens of a DeepSeek-V3 layer). Between the two: the 64-row kernel.
-pub const MOE_TILE128_MIN_AVG_ROWS: usize = 128;
+/// Average (token, expert) pairs per expert from which [`MoeTile::Auto`] takes 128 × 128 tiles;
+/// below it, 32 × 128 tiles.
+///
+/// Measured on the H200 (2026-12-02, DeepSeek-V3 block: 256 experts × 2048, hidden 7168, top 8,
+/// bf16; `DAYONE_MOE_TILE=16|32|64|128|128w moe-bench`), ms per block at 64 / 512 / 8192 tokens
+/// (2 / 16 / 256 pairs per expert): 16 rows 4.74 / 6.55 / 60.2; **32 rows 4.71 / 5.61** / 35.8;
+/// 64 rows 8.11 / 9.55 / 36.4; **128 × 128** 8.00 / 9.38 / **23.66**; 128 × 256 8.52 / 10.0 /
+/// 24.07 (torch._grouped_mm in the same call: 6.46 / 8.03 / 22.75). The 32-row tiles stream the
+/// weights at up to 4.2 TB/s while few rows share an expert; the square tiles win once the
+/// experts are compute-bound.
+pub const MOE_TILE128_MIN_AVG_ROWS: usize = 64;
 
-/// The tile [`MoeTile::Auto`] picks for `p` (token, expert) pairs over `e` experts, by the
-/// average rows per expert `p / e`: ≤ [`MOE_TILE16_MAX_AVG_ROWS`] → 16 rows (the layer streams
-/// its weights: one row-warp, deep pipeline, several blocks per SM), ≥
-/// [`MOE_TILE128_MIN_AVG_ROWS`] → 128 × 256 (compute-bound), else 64. Provisional thresholds
-/// from the H200 arithmetic (memory- vs compute-bound), to be replaced by a `DAYONE_MOE_TILE`
-/// sweep.
+/// The tile [`MoeTile::Auto`] picks for `p` (token, expert) pairs over `e` experts: 128 × 128
+/// from an average of [`MOE_TILE128_MIN_AVG_ROWS`] rows per expert, else 32 rows.
 pub fn moe_auto_tile(p: usize, e: usize) -> MoeTile {
-    let avg = p / e.max(1);
-    if avg <= MOE_TILE16_MAX_AVG_ROWS {
-        MoeTile::Rows16
-    } else if avg >= MOE_TILE128_MIN_AVG_ROWS {
-        MoeTile::Rows128Wide
+    if p / e.max(1) >= MOE_TILE128_MIN_AVG_ROWS {
+        MoeTile::Rows128
     } else {
-        MoeTile::Rows64
+        MoeTile::Rows32
     }
 }
 
@@ -575,17 +573,18 @@ mod tests {
         const SMEM: usize = 227 * 1024;
         let auto = |n| moe_plan(n, 8, 256, 7168, 2048, true, 4, MoeTile::Auto, SMEM);
         let mma = MoeKernel::Mma;
-        // DeepSeek-V3 layer: 2, 16 and 256 pairs per expert.
+        // DeepSeek-V3 layer: 2, 16, 64 and 256 pairs per expert.
         let p = auto(64);
         assert_eq!(
             (p.gate_up, p.down, p.bt),
-            (mma(MoeTile::Rows16), mma(MoeTile::Rows16), 16)
+            (mma(MoeTile::Rows32), mma(MoeTile::Rows32), 32)
         );
-        assert_eq!(p.max_tiles, 512 / 16 + 256);
-        assert_eq!(auto(512).bt, 16);
-        assert_eq!(auto(2048).gate_up, mma(MoeTile::Rows64));
+        assert_eq!(p.max_tiles, 512 / 32 + 256);
+        assert_eq!(auto(512).bt, 32);
+        assert_eq!(auto(2047).gate_up, mma(MoeTile::Rows32));
+        assert_eq!(auto(2048).gate_up, mma(MoeTile::Rows128));
         let p = auto(8192);
-        assert_eq!((p.gate_up, p.bt), (mma(MoeTile::Rows128Wide), 128));
+        assert_eq!((p.gate_up, p.bt), (mma(MoeTile::Rows128), 128));
         assert_eq!(p.max_tiles, 65536 / 128 + 256);
         // Forced, and the smem fallback.
         for (t, v, rows) in [

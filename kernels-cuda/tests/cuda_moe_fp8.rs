@@ -219,8 +219,9 @@ fn fp8_experts_match_the_emulated_reference() {
     eprintln!("fp8_experts_match_the_emulated_reference: {}", b.name());
     let mut rng = Rng::new(811);
     // D = 160 and F = 96: K blocks of 5 and 3 (the last 64-wide stage half empty), output
-    // widths that leave partial column tiles; 12 experts, 4 per token.
-    let (e, d, f, k) = (12usize, 160usize, 96usize, 4usize);
+    // widths that leave partial column tiles; 12 experts, 4 per token. INT4 with 64-wide groups
+    // needs both K (D and F) multiples of 64: D = 192, F = 128 there.
+    let (e, k) = (12usize, 4usize);
     let gpt_oss = ExpertAct::GptOss {
         alpha: 1.702,
         limit: 7.0,
@@ -230,6 +231,11 @@ fn fp8_experts_match_the_emulated_reference() {
         QuantFormat::int4(32, ScaleType::BF16),
         QuantFormat::int4(64, ScaleType::F16),
     ] {
+        let (d, f) = if fmt.group % 64 == 0 {
+            (192usize, 128usize)
+        } else {
+            (160, 96)
+        };
         assert!(b.moe_fp8_available(fmt), "{}", fmt.name());
         let gu: QuantHost = rand_quant(&mut rng, fmt, [e, 2 * f, d]).unwrap();
         let dn: QuantHost = rand_quant(&mut rng, fmt, [e, d, f]).unwrap();
