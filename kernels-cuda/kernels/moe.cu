@@ -88,51 +88,118 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, const floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// Counting sort of the P = N·k pairs by expert, and the tile map. One block of 1024 threads;
-// dynamic smem 3·E words. Pairs with an id >= E get pos = 0xffffffff (ignored downstream).
+// Counting sort of the P = N·k pairs by expert, and the tile map. One block (blockDim.x a
+// multiple of 32, at most 1024; the host's launch::moe_sort_threads); dynamic smem 3·E words
+// (2·E used). Pairs with an id >= E get pos = 0xffffffff (ignored downstream).
+//   1. counts per expert (shared atomics); up to MOE_SORT_STABLE pairs (decode) each pair also
+//      takes its rank among the earlier pairs of its expert, so the order inside an expert is
+//      the pair order (else the atomics' order: no consumer depends on it);
+//   2. offsets and tile offsets by one block-wide scan (each thread owns ceil(E / threads)
+//      consecutive experts), which also writes `offsets`, the expert's tiles and `ntiles`;
+//   3. pos and sorted.
+// Every phase is parallel: a decode step (8 pairs, 256 experts) is a few µs of barriers.
+#define MOE_SORT_STABLE 64u
+
+// Exclusive block-wide scan of (a, b): returns the sums over the lower threads, tot = the
+// block's totals. `ws` [64] shared words; one barrier before the caller may reuse it.
+__device__ __forceinline__ void moe_block_scan2(u32 a, u32 b, u32* ws, u32& ea, u32& eb,
+                                                u32& ta, u32& tb) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    u32 ia = a, ib = b;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += xa;
+            ib += xb;
+        }
+    }
+    if (lane == 31) {
+        ws[warp] = ia;
+        ws[32 + warp] = ib;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        u32 sa = lane < nw ? ws[lane] : 0u, sb = lane < nw ? ws[32 + lane] : 0u;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 xa = __shfl_up_sync(0xffffffffu, sa, o), xb = __shfl_up_sync(0xffffffffu, sb, o);
+            if (lane >= o) {
+                sa += xa;
+                sb += xb;
+            }
+        }
+        ws[lane] = sa;  // inclusive over warps
+        ws[32 + lane] = sb;
+    }
+    __syncthreads();
+    ea = (warp ? ws[warp - 1] : 0u) + ia - a;
+    eb = (warp ? ws[32 + warp - 1] : 0u) + ib - b;
+    ta = ws[nw - 1];
+    tb = ws[32 + nw - 1];
+}
+
 extern "C" __global__ void moe_sort(const u32* __restrict__ ids, u32 p, u32 e, u32 bt,
                                     u32* __restrict__ offsets, u32* __restrict__ pos,
                                     u32* __restrict__ sorted, u32* __restrict__ tiles,
                                     u32* __restrict__ ntiles) {
     extern __shared__ u32 su[];
+    __shared__ u32 ws[64];
     u32* cnt = su;
     u32* off = su + e;
-    u32* toff = su + 2 * e;
     grid_dep_wait();
-    const u32 tid = threadIdx.x;
-    for (u32 i = tid; i < e; i += blockDim.x) cnt[i] = 0;
+    const u32 tid = threadIdx.x, nth = blockDim.x;
+    for (u32 i = tid; i < e; i += nth) cnt[i] = 0;
     __syncthreads();
-    for (u32 i = tid; i < p; i += blockDim.x) {
-        const u32 x = ids[i];
-        pos[i] = x < e ? atomicAdd(&cnt[x], 1u) : 0xffffffffu;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        u32 a = 0, tt = 0;
-        for (u32 i = 0; i < e; i++) {
-            off[i] = a;
-            toff[i] = tt;
-            offsets[i] = a;
-            a += cnt[i];
-            tt += (cnt[i] + bt - 1) / bt;
+    if (p <= MOE_SORT_STABLE) {
+        for (u32 i = tid; i < p; i += nth) {
+            const u32 x = ids[i];
+            u32 r = 0xffffffffu;
+            if (x < e) {
+                r = 0;
+                for (u32 j = 0; j < i; j++) r += ids[j] == x ? 1u : 0u;
+                atomicAdd(&cnt[x], 1u);
+            }
+            pos[i] = r;
         }
-        offsets[e] = a;
-        *ntiles = tt;
+    } else {
+        for (u32 i = tid; i < p; i += nth) {
+            const u32 x = ids[i];
+            pos[i] = x < e ? atomicAdd(&cnt[x], 1u) : 0xffffffffu;
+        }
     }
     __syncthreads();
-    for (u32 i = tid; i < p; i += blockDim.x) {
+    const u32 per = (e + nth - 1) / nth;
+    const u32 i0 = min(e, tid * per), i1 = min(e, i0 + per);
+    u32 la = 0, lt = 0;
+    for (u32 i = i0; i < i1; i++) {
+        la += cnt[i];
+        lt += (cnt[i] + bt - 1) / bt;
+    }
+    u32 a, tt, ta, tb;
+    moe_block_scan2(la, lt, ws, a, tt, ta, tb);
+    for (u32 i = i0; i < i1; i++) {
+        const u32 c = cnt[i], nt = (c + bt - 1) / bt;
+        off[i] = a;
+        offsets[i] = a;
+        for (u32 t = 0; t < nt; t++) {
+            tiles[2 * (tt + t)] = i;
+            tiles[2 * (tt + t) + 1] = t * bt;
+        }
+        a += c;
+        tt += nt;
+    }
+    if (tid == 0) {
+        offsets[e] = ta;
+        *ntiles = tb;
+    }
+    __syncthreads();
+    for (u32 i = tid; i < p; i += nth) {
         const u32 x = ids[i];
         if (x < e) {
             const u32 sp = off[x] + pos[i];
             pos[i] = sp;
             sorted[sp] = i;
-        }
-    }
-    for (u32 i = tid; i < e; i += blockDim.x) {
-        const u32 nt = (cnt[i] + bt - 1) / bt;
-        for (u32 t = 0; t < nt; t++) {
-            tiles[2 * (toff[i] + t)] = i;
-            tiles[2 * (toff[i] + t) + 1] = t * bt;
         }
     }
 }
@@ -191,10 +258,19 @@ __device__ __forceinline__ float moe_bias(const T* bias, u32 expert, u32 wrows, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Grouped GEMV (decode: at most MT rows per tile). A block of 256 threads owns RPW outputs of
-// one tile; GU: weight rows o (gate) and F + o (up) per output, else row o. Every weight byte of
-// the chosen experts is streamed once per tile with 16-byte loads; K % 8 == 0.
-// grid = (ceil(nout / RPW), max tiles).
+// Grouped GEMV (decode: at most MT rows per tile). A warp owns RPW outputs of one tile (GU: the
+// gate and up weight rows of each, else one row each) and reads its rows whole: lane l takes the
+// 8-element (16-byte for bf16/f16) chunks l, l + 32, ... of every row, U chunks per row per
+// iteration, so that NW·U independent weight loads per lane are in flight (a 256-thread block
+// per output, as before, left most threads one partial 2048-element step when K = 1024 or
+// 2304). The lanes' partial sums meet by shuffles: no shared memory, no barrier. A block of
+// MOE_GEMV_WARPS warps covers MOE_GEMV_WARPS·RPW outputs; K % 8 == 0.
+// grid = (ceil(nout / (MOE_GEMV_WARPS·RPW)), max tiles) (the host's launch::moe_gemv_outputs).
+// The expert is known only after the wait (the sort's output), so no weight prefetch before it.
+#define MOE_GEMV_WARPS 8
+// Outputs per warp (the host's launch::MOE_GEMV_{GU,DN}_RPW repeat these).
+#define MOE_GEMV_GU_RPW 1
+#define MOE_GEMV_DN_RPW 4
 __device__ __forceinline__ uint4 moe_ld_stream16(const void* p) {
     uint4 r;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -220,12 +296,16 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
                                               u32 nout, u32 kdim, u32 wrows, float limit,
                                               const T* __restrict__ bias, u32 act, float alpha) {
     constexpr int NW = GU ? 2 * RPW : RPW;
-    __shared__ float red[8][NW * MT];
+    // 16 loads of 16 bytes in flight per lane for 1–2 rows per tile; fewer registers for more
+    // rows (their x chunks) and for f32 (two loads per chunk).
+    constexpr int U0 = (16 / NW) / (sizeof(T) == 4 ? 2 : 1) / (MT >= 8 ? 4 : MT >= 4 ? 2 : 1);
+    constexpr int U = U0 > 0 ? U0 : 1;
     grid_dep_wait();
     MoeTile tl;
     if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)MT), tl)) return;
-    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const u32 o0 = blockIdx.x * RPW;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 o0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
+    if (o0 >= nout) return;  // no barrier below
     const T* wexp = w + (u64)tl.expert * wrows * kdim;
     const T* wr[NW];
 #pragma unroll
@@ -243,24 +323,27 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
     for (int r = 0; r < NW; r++)
 #pragma unroll
         for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
-    constexpr u32 STEP = 256 * 8;
-    for (u32 kb = tid * 8; kb < kdim; kb += 2 * STEP) {
-        const bool two = kb + STEP < kdim;
-        Vec8<T> wv[2][NW];
+    const u32 nch = kdim / 8;
+    for (u32 c0 = lane; c0 < nch; c0 += 32 * U) {
+        Vec8<T> wv[U][NW];
 #pragma unroll
-        for (int r = 0; r < NW; r++) {
-            moe_wload<T>(wv[0][r], wr[r] + kb);
-            if (two) moe_wload<T>(wv[1][r], wr[r] + kb + STEP);
-            else wv[1][r].zero();
+        for (int u = 0; u < U; u++) {
+            const u32 c = c0 + u * 32;
+#pragma unroll
+            for (int r = 0; r < NW; r++) {
+                if (c < nch) moe_wload<T>(wv[u][r], wr[r] + (u64)c * 8);
+                else wv[u][r].zero();
+            }
         }
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            if (u == 1 && !two) break;
+        for (int u = 0; u < U; u++) {
+            const u32 c = c0 + u * 32;
+            if (c >= nch) break;
             float xf[MT][8];
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 Vec8<T> v;
-                v.load(xr[i] + kb + u * STEP);
+                v.load(xr[i] + (u64)c * 8);
                 v.to_float(xf[i]);
             }
 #pragma unroll
@@ -277,32 +360,24 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
 #pragma unroll
     for (int r = 0; r < NW; r++)
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            const float sv = warp_sum(acc[r][i]);
-            if (lane == 0) red[warp][r * MT + i] = sv;
-        }
-    __syncthreads();
-    if (tid < RPW * MT) {
-        const u32 r = tid / MT, i = tid % MT;
-        float g = 0.f, u = 0.f;
+        for (int i = 0; i < MT; i++) acc[r][i] = warp_sum(acc[r][i]);
+    // Lane r·MT + i writes output o0 + r of tile row i.
 #pragma unroll
-        for (int wi = 0; wi < 8; wi++) {
-            g += red[wi][r * MT + i];
-            if (GU) u += red[wi][(RPW + r) * MT + i];
-        }
-        const u32 o = o0 + r;
-        if (o < nout && i < tl.rows) {
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const u32 o = o0 + r;
+            if (lane != (u32)(r * MT + i) || o >= nout || (u32)i >= tl.rows) continue;
             float v;
             if (GU) {
-                g += moe_bias(bias, tl.expert, wrows, moe_gu_row(o, false, nout, act));
-                u += moe_bias(bias, tl.expert, wrows, moe_gu_row(o, true, nout, act));
+                const float g = acc[r][i] + moe_bias(bias, tl.expert, wrows, moe_gu_row(o, false, nout, act));
+                const float u = acc[RPW + r][i] + moe_bias(bias, tl.expert, wrows, moe_gu_row(o, true, nout, act));
                 v = moe_act_f(g, u, limit, act, alpha);
             } else {
-                v = g + moe_bias(bias, tl.expert, wrows, o);
+                v = acc[r][i] + moe_bias(bias, tl.expert, wrows, o);
             }
             out[(u64)(tl.first + i) * nout + o] = from_f<T>(v);
         }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -715,14 +790,16 @@ __device__ __forceinline__ void moe_fma_impl(const T* __restrict__ a, const T* _
         }
 }
 
-// y[n, d] = Σ_j weights[n, j] · y2[pos[n·k + j], d] (f32, j in order). grid.x = N (grid-stride).
+// y[n, d] = Σ_j weights[n, j] · y2[pos[n·k + j], d] (f32, j in order). grid.x = N, grid.y =
+// column blocks (both grid-stride; any grid gives the same sums: a decode step spreads its one
+// token's columns over several SMs, launch::moe_combine_grid).
 template <typename T>
 __device__ __forceinline__ void moe_combine_impl(const T* __restrict__ y2, const u32* __restrict__ pos,
                                                  const float* __restrict__ weights, T* __restrict__ y,
                                                  u32 n, u32 k, u32 d) {
     grid_dep_wait();
     for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
-        for (u32 c = threadIdx.x; c < d; c += blockDim.x) {
+        for (u32 c = blockIdx.y * blockDim.x + threadIdx.x; c < d; c += gridDim.y * blockDim.x) {
             float acc = 0.f;
             for (u32 j = 0; j < k; j++) {
                 const u32 sp = pos[(u64)t * k + j];
@@ -749,10 +826,10 @@ __device__ __forceinline__ void moe_cast_impl(const T* __restrict__ x, float* __
     a, w, out, offsets, sorted, tiles, ntiles, bt, gather_k, nout, kdim, wrows, limit, bias, act, alpha
 #define MOE_GEMV(S, T, MT)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_gu_m##MT(MOE_ARGS(T)) {     \
-        moe_gemv_impl<T, true, MT, 2>(MOE_PASS);                                              \
+        moe_gemv_impl<T, true, MT, MOE_GEMV_GU_RPW>(MOE_PASS);                                              \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(256) moe_gemv_##S##_dn_m##MT(MOE_ARGS(T)) {     \
-        moe_gemv_impl<T, false, MT, 4>(MOE_PASS);                                             \
+        moe_gemv_impl<T, false, MT, MOE_GEMV_DN_RPW>(MOE_PASS);                                             \
     }
 #define MOE_ALL(S, T)                                                                         \
     MOE_GEMV(S, T, 1) MOE_GEMV(S, T, 2) MOE_GEMV(S, T, 4) MOE_GEMV(S, T, 8)                   \

@@ -345,6 +345,44 @@ pub fn moe_auto_tile(p: usize, e: usize) -> MoeTile {
 /// tokens, the tensor-core kernel 1.9/2.2/2.3 TB/s at 2/4/8 tokens.
 pub const MOE_GEMV_MAX_TOKENS: usize = 4;
 
+/// Warps per block of the grouped MoE GEMV (`moe_gemv_*`, `MOE_GEMV_WARPS` in kernels/moe.cu).
+pub const MOE_GEMV_WARPS: usize = 8;
+/// Outputs per warp of the gate_up GEMV (`MOE_GEMV_GU_RPW`): each reads a gate and an up row.
+pub const MOE_GEMV_GU_RPW: usize = 1;
+/// Outputs (weight rows) per warp of the down GEMV (`MOE_GEMV_DN_RPW`).
+pub const MOE_GEMV_DN_RPW: usize = 4;
+
+/// Outputs one block of the grouped MoE GEMV covers (grid.x = `ceil(nout / this)`):
+/// [`MOE_GEMV_WARPS`] warps of [`MOE_GEMV_GU_RPW`] (gate_up) or [`MOE_GEMV_DN_RPW`] outputs.
+pub fn moe_gemv_outputs(gate_up: bool) -> usize {
+    MOE_GEMV_WARPS
+        * if gate_up {
+            MOE_GEMV_GU_RPW
+        } else {
+            MOE_GEMV_DN_RPW
+        }
+}
+
+/// Threads of the one-block `moe_sort` over `p` pairs and `e` experts: enough for one pair or
+/// expert per thread, a multiple of 32 from 32 to 1024 (a decode step's 8 pairs over 256
+/// experts take 256 threads, so its barriers span 8 warps, not 32).
+pub fn moe_sort_threads(p: usize, e: usize) -> u32 {
+    (p.max(e).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// Grid of `moe_combine_*` for `n` tokens of width `d` and 256-thread blocks: (tokens, column
+/// blocks) with the column blocks so that at least ~16 blocks run when few tokens do (the
+/// kernel is grid-stride in both; the sums do not depend on the grid).
+pub fn moe_combine_grid(n: usize, d: usize) -> (u32, u32) {
+    let x = row_grid(n, 65535);
+    let y = if n >= 16 {
+        1
+    } else {
+        d.div_ceil(256).clamp(1, 64) as u32
+    };
+    (x, y)
+}
+
 /// The MoE expert plan: kernels for gate_up (reduction over `d`) and down (over `f`), the tile
 /// rows of the shared sort (the smaller of the two kernels' tiles) and the largest tile count
 /// (`ceil(P / bt) + min(E, P)` for `P = n·k` pairs, every expert adding at most one partial tile).
@@ -566,6 +604,22 @@ mod tests {
             (p.gate_up, p.down, p.bt),
             (MoeKernel::Gemv(4), MoeKernel::Fma, 4)
         );
+    }
+
+    #[test]
+    fn moe_small_step_launches() {
+        // Kimi-Linear decode: gate_up 1024 outputs → 128 blocks, down 2304 → 72.
+        assert_eq!(1024usize.div_ceil(moe_gemv_outputs(true)), 128);
+        assert_eq!(2304usize.div_ceil(moe_gemv_outputs(false)), 72);
+        assert_eq!(moe_sort_threads(8, 256), 256);
+        assert_eq!(moe_sort_threads(1, 4), 32);
+        assert_eq!(moe_sort_threads(300, 256), 320);
+        assert_eq!(moe_sort_threads(65536, 256), 1024);
+        assert_eq!(moe_sort_threads(8, 4096), 1024);
+        assert_eq!(moe_combine_grid(1, 2304), (1, 9));
+        assert_eq!(moe_combine_grid(3, 100), (3, 1));
+        assert_eq!(moe_combine_grid(4096, 7168), (4096, 1));
+        assert_eq!(moe_combine_grid(1, 1 << 20), (1, 64));
     }
 
     #[test]

@@ -635,8 +635,8 @@ impl CudaBackend {
             let (name, cols, (threads, smem)) = match kernel {
                 MoeKernel::Gemv(mt) => (
                     format!("moe_gemv_{sfx}_{tag}_m{mt}"),
-                    if tag == "gu" { 2 } else { 4 },
-                    (256, 0),
+                    launch::moe_gemv_outputs(tag == "gu"),
+                    (32 * launch::MOE_GEMV_WARPS as u32, 0),
                 ),
                 MoeKernel::Mma(tile) => {
                     let sh = tile.shape(x.dtype.size());
@@ -676,10 +676,11 @@ impl CudaBackend {
             )?;
         }
         let comb = self.func("moe", sfx, &format!("moe_combine_{sfx}"))?;
+        let (cx, cy) = launch::moe_combine_grid(n, d);
         self.launch(
             OP,
             &comb,
-            (launch::row_grid(n, 65535), 1, 1),
+            (cx, cy, 1),
             (256, 1, 1),
             0,
             kparams![
@@ -781,7 +782,7 @@ impl CudaBackend {
             op,
             &sort,
             (1, 1, 1),
-            (1024, 1, 1),
+            (launch::moe_sort_threads(p, e), 1, 1),
             (3 * e * 4) as u32,
             kparams![
                 ids.device_ptr(),

@@ -147,6 +147,24 @@ fn moe_experts_paths() {
     experts(&b, 300, 256, 2, 96, 1, DType::BF16);
 }
 
+/// Decode-sized steps on the small-step paths (`moe_sort`'s stable rank for ≤ 64 pairs and its
+/// block scan over 256 experts, the warp-per-row grouped GEMV with K = 2304 and 1024, i.e. not
+/// multiples of 256 elements per warp pass, the column-split combine): 1, 2, 3 and 8 tokens,
+/// top-8 of 256 experts (Kimi-Linear's gate_up K = 2304; its down K = 1024 on 16 experts to
+/// keep the host reference small), bf16 and f32.
+#[test]
+fn moe_experts_decode_steps() {
+    let Some(b) = backend("moe_experts_decode_steps") else {
+        return;
+    };
+    for dt in [DType::BF16, DType::F32] {
+        for n in [1, 2, 3, 8] {
+            experts(&b, n, 2304, 256, 64, 8, dt);
+            experts(&b, n, 264, 16, 1024, 8, dt);
+        }
+    }
+}
+
 /// Routing with DeepSeek-V3's 256 experts at n_group 1 and 8, many tokens (cuBLAS logits) and
 /// few (GEMV logits): ids exactly (on rows with a clear margin), weights within tolerance.
 #[test]
