@@ -82,7 +82,22 @@ pub struct DtypeCase {
     /// Top-1 minus top-2 logit at each step (near-ties make greedy comparisons fragile).
     #[serde(default)]
     pub top2_margin: Vec<f32>,
+    /// MoE fixtures, float32 only: per logits row (step 0 = the prompt, step i = decode step i)
+    /// the smallest over layers and over that step's new tokens of the router's relative top-k
+    /// gap `(l_(k) − l_(k+1)) / max_j |l_j|` (l = one token's router logits, k = experts per
+    /// token), recorded by transformers itself. Empty where the fixture has none.
+    #[serde(default)]
+    pub router_margin: Vec<f32>,
 }
+
+/// A bf16 routing near-tie: a step whose recorded float32 router margin (see
+/// [`DtypeCase::router_margin`]) is below 2⁻⁶ = 1/64. bf16 keeps 8 significant bits (unit
+/// roundoff 2⁻⁹): rounding the two router logits of the pair alone moves their gap by up to
+/// 2⁻⁸·max|l|, and the router input carries the rounding of every earlier bf16 op (transformers'
+/// own bf16 run of gpt_oss_tiny deviates from its f32 router logits by 0.5–5 % of max|l|), so a
+/// gap below a few times 2⁻⁸ can flip which expert is chosen — a legitimate divergence, not an
+/// error. 1/64 is 2⁻⁷ · 2, the smallest "a few"; it is not fitted to any fixture.
+pub const ROUTER_NEAR_TIE: f32 = 1.0 / 64.0;
 
 /// A fixture's `reference.json`.
 #[derive(Deserialize, Debug)]
@@ -156,6 +171,15 @@ pub fn greedy(max_tokens: usize) -> SamplingParams {
 /// bf16-vs-f32 error on that prompt where the reference itself is further off. In bf16 a near-tie may flip the greedy token; the logits of that step must still
 /// be within tolerance, and the comparison of that prompt stops there, since later steps continue
 /// from a different token.
+///
+/// MoE routing near-ties (bf16 only): where the reference records `float32.router_margin`, a
+/// step whose margin is below [`ROUTER_NEAR_TIE`] may legitimately route a token of that step
+/// to another expert in bf16, which can change that step's logits by far more than the tolerance
+/// (0.1–0.6 relative in gpt_oss_tiny, measured by forcing single flips in transformers' f32 model)
+/// and later steps' through the KV cache. The comparison of that prompt stops before that step's
+/// logits, with a line on stderr naming the case, step and margin, and a bf16 run ends with a
+/// line saying how many logits rows were compared. float32 runs compare every step, and fixtures
+/// without the field are compared as before.
 pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
     check_golden_with(
         b,
@@ -186,6 +210,7 @@ pub fn check_golden_dir<B: Backend>(
     let mut e = Engine::new(b, &loader::open(dir)?, &cfg, None)?;
     e.capture_logits = true;
     let tol = tolerance(dtype);
+    let (mut compared, mut total) = (0usize, 0usize);
     for (ci, case) in r.cases.iter().enumerate() {
         let want = &case.float32;
         let tol = if dtype == DType::F32 {
@@ -194,18 +219,32 @@ pub fn check_golden_dir<B: Backend>(
             tol.max(1.5 * own_bf16_error(case))
         };
         e.add_request(case.prompt_ids.clone(), greedy(want.logits.len()))?;
+        total += want.logits.len();
         let mut step = 0;
         let mut diverged = false;
         while e.has_unfinished() {
             let events = e.step()?;
             if events.is_empty() || diverged {
-                continue; // a prefill chunk without a sampled token, or past a bf16 near-tie
+                continue; // a prefill chunk without a sampled token, or past a bf16 near-tie (greedy or routing)
+            }
+            if dtype != DType::F32 {
+                if let Some(&m) = want.router_margin.get(step) {
+                    if m < ROUTER_NEAR_TIE {
+                        eprintln!(
+                            "{name} {dtype} case {ci} step {step}: router near-tie (f32 router margin \
+                             {m:.2e} < {ROUTER_NEAR_TIE:.2e}); comparison of this prompt stops here"
+                        );
+                        diverged = true;
+                        continue;
+                    }
+                }
             }
             let (_, logits) = &e.last_logits[0];
             let err = rel_err(logits, &want.logits[step]);
             if err > tol {
                 bail!("{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
             }
+            compared += 1;
             if let Some(&want_id) = want.greedy_ids.get(step) {
                 if events[0].token != want_id {
                     if dtype == DType::F32 {
@@ -216,6 +255,11 @@ pub fn check_golden_dir<B: Backend>(
             }
             step += 1;
         }
+    }
+    if dtype != DType::F32 && r.cases.iter().any(|c| !c.float32.router_margin.is_empty()) {
+        eprintln!(
+            "{name} {dtype}: {compared} of {total} logits rows compared (the rest past a near-tie)"
+        );
     }
     Ok(())
 }
