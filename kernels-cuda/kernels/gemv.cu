@@ -39,13 +39,13 @@ template <> struct WLoad<bf16> : WLoadHalf<bf16> {};
 template <> struct WLoad<f16> : WLoadHalf<f16> {};
 
 // acc[r][i] += w[r][kk .. kk + 8) · x[i][kk .. kk + 8) with the weights already in `wv`.
-template <typename T, int MT, int RPW>
-__device__ __forceinline__ void gemv_accum(const Vec8<T> (&wv)[RPW], const T* const* xr, u32 kk,
+template <typename T, int MT, int RPW, typename TX = T>
+__device__ __forceinline__ void gemv_accum(const Vec8<T> (&wv)[RPW], const TX* const* xr, u32 kk,
                                            float (&acc)[RPW][MT]) {
     float xf[MT][8];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
-        Vec8<T> v;
+        Vec8<TX> v;
         v.load(xr[i] + kk);
         v.to_float(xf[i]);
     }
@@ -69,8 +69,9 @@ __device__ __forceinline__ void gemv_wload(Vec8<T> (&wv)[U][RPW], const T* const
         for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[u][r], wr[r] + kb + u * STEP);
 }
 
-template <typename T, int MT, int RPW, int U>
-__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w,
+// TX: x's dtype (T but for the router's `gemv_x*_f32`, which widens 16-bit x as it loads it).
+template <typename T, int MT, int RPW, int U, typename TX = T>
+__device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, T* __restrict__ y, u32 m,
                                           u32 n, u32 k, u32 w_const, u32 row0) {
     __shared__ float red[GEMV_WARPS][RPW * MT];
@@ -80,7 +81,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
     const T* wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) wr[r] = w + (u64)min(row0 + r, n - 1) * k;
-    const T* xr[MT];
+    const TX* xr[MT];
 #pragma unroll
     for (int i = 0; i < MT; i++) xr[i] = x + (u64)min((u32)i, m - 1) * k;
     float acc[RPW][MT];
@@ -112,7 +113,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             float xf[MT][8];
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                Vec8<T> v;
+                Vec8<TX> v;
                 v.load(xr[i] + kb + u * STEP);
                 v.to_float(xf[i]);
             }
@@ -131,7 +132,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         if (!(first_rest && kk == k0))
 #pragma unroll
             for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[0][r], wr[r] + kk);
-        gemv_accum<T, MT, RPW>(wv[0], xr, kk, acc);
+        gemv_accum<T, MT, RPW, TX>(wv[0], xr, kk, acc);
     }
 
 #pragma unroll
@@ -191,3 +192,24 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
     GEMV(S, T, 4, 1, 2) GEMV(S, T, 4, 2, 2) GEMV(S, T, 4, 4, 1)                               \
     GEMV(S, T, 8, 1, 2) GEMV(S, T, 8, 2, 1) GEMV(S, T, 8, 4, 1)
 DAYONE_FOR_FLOAT_TYPES(GEMV_ALL)
+
+// MoE router logits (moe_route): y f32 [M, N] = x [M, K] of this module's 16-bit dtype · w f32
+// [N, K]ᵀ; the f32 GEMV with x widened as it is loaded, so the same sums, bit for bit, as
+// `moe_cast_f32` then `gemv_f32_m*_r*` with one launch less. No bias.
+#define GEMV_X(S, T, MT, RPW, U)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_x##S##_f32_m##MT##_r##RPW( \
+        const T* x, const float* w, const float* bias, float* y, u32 m, u32 n, u32 k,         \
+        u32 w_const) {                                                                        \
+        gemv_impl<float, MT, RPW, U, T>(x, w, bias, y, m, n, k, w_const, blockIdx.x * RPW);   \
+    }
+#define GEMV_X_ALL(S, T)                                                                      \
+    GEMV_X(S, T, 1, 1, 2) GEMV_X(S, T, 1, 2, 2) GEMV_X(S, T, 1, 4, 2)                         \
+    GEMV_X(S, T, 2, 1, 2) GEMV_X(S, T, 2, 2, 2) GEMV_X(S, T, 2, 4, 2)                         \
+    GEMV_X(S, T, 4, 1, 2) GEMV_X(S, T, 4, 2, 2) GEMV_X(S, T, 4, 4, 1)                         \
+    GEMV_X(S, T, 8, 1, 2) GEMV_X(S, T, 8, 2, 1) GEMV_X(S, T, 8, 4, 1)
+#if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
+GEMV_X_ALL(bf16, bf16)
+#endif
+#if defined(DAYONE_ONLY_F16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_BF16))
+GEMV_X_ALL(f16, f16)
+#endif

@@ -481,7 +481,8 @@ impl CudaBackend {
     }
 
     /// DeepSeek-V3 routing: logits `x · gate_wᵀ` in f32 through `linear` (GEMV for ≤ 8 tokens,
-    /// cuBLAS SGEMM otherwise; bf16/f16 `x` is widened to f32 first), then `moe_topk`.
+    /// cuBLAS SGEMM otherwise; bf16/f16 `x` is widened to f32 first, inside the GEMV for decode
+    /// sizes: [`CudaBackend::router_logits_16bit`]), then `moe_topk`.
     pub(crate) fn moe_route_impl(
         &self,
         x: &CudaTensor,
@@ -530,8 +531,14 @@ impl CudaBackend {
         if n == 0 {
             return Ok((ids, weights));
         }
-        let xf = self.to_f32_impl(x)?;
-        let logits = self.linear_impl(&xf, gate_w, None, true)?;
+        let fused = launch::gemv_mt(n, d).filter(|_| x.dtype != DType::F32 && !self.invariant());
+        let logits = match fused {
+            Some(mt) => self.router_logits_16bit(x, gate_w, mt)?,
+            None => {
+                let xf = self.to_f32_impl(x)?;
+                self.linear_impl(&xf, gate_w, None, true)?
+            }
+        };
         let f = self.func("moe", sfx, "moe_topk")?;
         self.launch(
             OP,
@@ -554,6 +561,47 @@ impl CudaBackend {
             ],
         )?;
         Ok((ids, weights))
+    }
+
+    /// Router logits `[N, E]` f32 of a bf16/f16 `x` `[N, D]` and f32 `gate_w` `[E, D]` in one
+    /// `gemv_x{dtype}_f32_m{mt}_r*` launch (kernels/gemv.cu): the f32 decode GEMV widening x as
+    /// it loads it, bit for bit the sums of `to_f32` then `linear` (same kernel shape: `mt`
+    /// from [`launch::gemv_mt`], rows per block from [`launch::gemv_rpw`]), one launch less.
+    fn router_logits_16bit(
+        &self,
+        x: &CudaTensor,
+        gate_w: &CudaTensor,
+        mt: u32,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "moe_route";
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let (n, d) = rank2(OP, "x", x, "[N, D]")?;
+        let e = gate_w.shape[0];
+        let out = self.alloc(vec![n, e], DType::F32)?;
+        let rpw = launch::gemv_rpw(e, self.info.sms);
+        let f = self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_m{mt}_r{rpw}"))?;
+        self.launch(
+            OP,
+            &f,
+            (
+                to_u32(OP, "E / rows per block", e.div_ceil(rpw as usize))?,
+                1,
+                1,
+            ),
+            (launch::GEMV_THREADS, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                gate_w.device_ptr(),
+                0u64,
+                out.device_ptr(),
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "E", e)?,
+                to_u32(OP, "D", d)?,
+                gate_w.buf.weight as u32
+            ],
+        )?;
+        Ok(out)
     }
 
     /// Routed SwiGLU experts: sort pairs by expert on the device, grouped gate_up (+ silu·up,

@@ -223,6 +223,51 @@ fn moe_route_deepseek() {
     }
 }
 
+/// The decode router widens bf16/f16 x inside its GEMV (`gemv_x*_f32`); its ids and weights
+/// must equal, bit for bit, routing the same x widened first (`to_f32`, the f32 GEMV path), at
+/// every GEMV token count, with n_group 1 and 8.
+#[test]
+fn moe_route_fused_cast_exact() {
+    let Some(b) = backend("moe_route_fused_cast_exact") else {
+        return;
+    };
+    let (e, d) = (256usize, 2304usize);
+    let mut rng = Rng::new(91);
+    let gate = HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 6.0 / (d as f32).sqrt())).unwrap();
+    let bias = HostTensor::from_f32(vec![e], &rng.vec(e, 0.3)).unwrap();
+    let (gate, bias) = (b.upload(&gate).unwrap(), b.upload(&bias).unwrap());
+    for (groups, kg) in [(1usize, 1usize), (8, 4)] {
+        let routing = MoeRouting {
+            top_k: 8,
+            n_group: groups,
+            topk_group: kg,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+        };
+        for n in [1usize, 2, 3, 8] {
+            for dt in [DType::BF16, DType::F16] {
+                let x = b
+                    .upload(&rand_tensor(&mut rng, &[n, d], dt, 1.0).unwrap())
+                    .unwrap();
+                let xf = b.to_f32(&x).unwrap();
+                let (gi, gw) = b.moe_route(&x, &gate, Some(&bias), &routing).unwrap();
+                let (wi, ww) = b.moe_route(&xf, &gate, Some(&bias), &routing).unwrap();
+                let what = format!("{dt} n {n} groups {groups}");
+                assert_eq!(
+                    b.download(&gi).unwrap().data,
+                    b.download(&wi).unwrap().data,
+                    "{what}: ids"
+                );
+                assert_eq!(
+                    b.download(&gw).unwrap().data,
+                    b.download(&ww).unwrap().data,
+                    "{what}: weights"
+                );
+            }
+        }
+    }
+}
+
 /// `DAYONE_CUDA_BENCH=1`: latent decode attention, 128 heads, L 512 + R 64, bf16, context 4096.
 #[test]
 fn bench_latent_decode() {
