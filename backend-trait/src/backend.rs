@@ -665,10 +665,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// The largest step, in tokens, for which [`Backend::moe_experts_quant`] reads the codes of
-    /// `format` directly and is faster than decoding the experts into a workspace first; 0
-    /// (the default): never, so the MoE layers decode into their shared workspace at every
-    /// step size.
-    fn moe_quant_direct_tokens(&self, _format: QuantFormat) -> usize {
+    /// `format` directly and is faster than decoding the experts into a workspace first, for a
+    /// layer of `experts` routed experts with `top_k` per token (the crossing depends on the
+    /// (token, expert) pairs per expert: each direct tile re-reads its expert's codes, a decode
+    /// converts every touched expert once); 0 (the default): never, so the MoE layers decode into
+    /// their shared workspace at every step size.
+    fn moe_quant_direct_tokens(
+        &self,
+        _format: QuantFormat,
+        _experts: usize,
+        _top_k: usize,
+    ) -> usize {
         0
     }
 

@@ -355,7 +355,7 @@ pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
         );
         for (i, ((w, bias), y)) in host.iter().zip(&got).enumerate() {
             let case = format!("{dt} x [{m}, {k}] part {i} of {ns:?}");
-            let one = run(b, &b.linear(&xd, &parts[i].0, parts[i].1)?)?;
+            let one = run(b, &b.linear(&xd, parts[i].0, parts[i].1)?)?;
             let many = run(b, y)?;
             ensure!(
                 one.shape == many.shape && one.data == many.data,

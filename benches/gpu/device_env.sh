@@ -36,5 +36,7 @@ for l in sys.stdin:
               "decode %.1f tok/s" % d["decode_tokens_per_s"],
               "tpot %.3f/%.3f ms" % (1e3 * d["tpot_median_s"], 1e3 * d["tpot_p99_s"]),
               "roof %.3f" % d["roofline_fraction"], "bytes %.3e" % d["decode_bytes_per_step_avg"],
-              "ttft %.3f s" % d["ttft_median_s"], "ceiling %.0f" % d["roofline_gbps"])'
+              "ttft %.3f s" % d["ttft_median_s"], "ceiling %.0f" % d["roofline_gbps"],
+              "weights %.2f GB" % (d.get("weight_resident_bytes", 0) / 1e9),
+              "devmem %.2f GB" % ((d.get("device_memory_bytes") or 0) / 1e9))'
 }

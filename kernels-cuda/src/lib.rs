@@ -36,8 +36,8 @@ pub mod nvrtc_cache;
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
     decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
-    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
-    DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape,
+    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan,
+    MoeKernel, MoePlan, MoeTile, MoeTileShape,
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -67,21 +67,23 @@ macro_rules! kparams {
 mod attention;
 mod basic;
 mod bulk_upload;
-mod profile;
 pub mod comm;
 mod dsa;
 mod ext;
 mod flash;
 mod graph;
+mod profile;
 pub use flash::FlashVariant;
 mod host_rows;
 mod invariant;
 mod kda;
 mod linear;
 mod mla_moe;
-mod moe_quant;
 pub mod moe_fp8;
-pub use moe_quant::MOE_QUANT_DIRECT_TOKENS;
+mod moe_quant;
+pub use moe_quant::{
+    direct_tokens_for as moe_quant_direct_tokens_for, MOE_QUANT_DIRECT_PAIRS_PER_EXPERT,
+};
 mod quant;
 mod rows;
 
@@ -514,12 +516,10 @@ impl CudaBackend {
         let start = profile::Profiler::start(&self.ctx, &self.stream)?;
         self.launch_now(op, f, grid, block, smem, params)?;
         let name = self.kernel_name(f).unwrap_or_else(|| op.to_string());
-        profiler.lock().unwrap_or_else(|p| p.into_inner()).end(
-            &self.ctx,
-            &self.stream,
-            name,
-            start,
-        )
+        profiler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .end(&self.ctx, &self.stream, name, start)
     }
 
     /// Times `work` (a cuBLAS call) as `name` when profiling.
@@ -943,8 +943,8 @@ impl Backend for CudaBackend {
         self.moe_experts_quant_impl(x, ids, weights, gate_up, down, opts)
     }
 
-    fn moe_quant_direct_tokens(&self, format: QuantFormat) -> usize {
-        self.moe_quant_direct_tokens_impl(format)
+    fn moe_quant_direct_tokens(&self, format: QuantFormat, experts: usize, top_k: usize) -> usize {
+        self.moe_quant_direct_tokens_impl(format, experts, top_k)
     }
 
     fn moe_fp8_available(&self, format: QuantFormat) -> bool {

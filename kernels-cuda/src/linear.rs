@@ -274,13 +274,7 @@ impl CudaBackend {
             (to_u32(OP, "grid", blocks)?, 1, 1),
             (launch::GEMV_THREADS, 1, 1),
             0,
-            kparams![
-                x.device_ptr(),
-                segs,
-                m as u32,
-                to_u32(OP, "K", k)?,
-                w_const
-            ],
+            kparams![x.device_ptr(), segs, m as u32, to_u32(OP, "K", k)?, w_const],
         )?;
         Ok(outs)
     }

@@ -11,21 +11,30 @@ use anyhow::{bail, Result};
 use dayone_backend::quant::Codes;
 use dayone_backend::{DType, ExpertOptions, QuantFormat, QuantTensor};
 
-/// The largest step (tokens) the MoE layers send to the direct kernels by default. Measured on
-/// the H200 (docs/perf.md, issue [11] third run; Kimi-K2-shaped layer, MXFP4 and INT4): direct
-/// 2.5× faster than decoding at 1 token and 1.9× at 64, slower at 512 (crossing ≈ 180 tokens).
-pub const MOE_QUANT_DIRECT_TOKENS: usize = 64;
+/// The average (token, expert) pairs per expert up to which the MoE layers send a step to the
+/// direct kernels by default: each tile of up to 8 pairs re-reads its expert's codes, while a
+/// decode converts every touched expert once. Measured on the H200 (docs/perf.md, issue [11]):
+/// Kimi-K2-shaped layer (384 experts, top 8) direct 1.9× faster than decoding at 64 tokens (1.3
+/// pairs per expert), slower at 512 (10.7), crossing ≈ 180 tokens (3.75); gpt-oss-20b shape (32
+/// experts, top 4) direct faster at batch 32 (4 pairs: 657.9 vs 556.5 tok/s), slower at batch
+/// 64 (8 pairs: 757.0 vs 1 052.7).
+pub const MOE_QUANT_DIRECT_PAIRS_PER_EXPERT: usize = 4;
 
-/// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace), default
-/// [`MOE_QUANT_DIRECT_TOKENS`]; read once.
-fn direct_max() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace) when set; read
+/// once.
+fn direct_max_env() -> Option<usize> {
+    static MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var("DAYONE_MOE_QUANT_DIRECT_MAX")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(MOE_QUANT_DIRECT_TOKENS)
     })
+}
+
+/// The default direct-path limit in tokens for `experts` routed experts, `top_k` per token:
+/// [`MOE_QUANT_DIRECT_PAIRS_PER_EXPERT`] pairs per expert on average, at least one token.
+pub fn direct_tokens_for(experts: usize, top_k: usize) -> usize {
+    (MOE_QUANT_DIRECT_PAIRS_PER_EXPERT * experts / top_k.max(1)).max(1)
 }
 
 /// The code tag of the direct kernels for `f` (`fp4`, `int4`), or `None` when they do not
@@ -42,12 +51,17 @@ pub(crate) fn direct_kind(f: &QuantFormat) -> Option<&'static str> {
 }
 
 impl CudaBackend {
-    pub(crate) fn moe_quant_direct_tokens_impl(&self, f: QuantFormat) -> usize {
+    pub(crate) fn moe_quant_direct_tokens_impl(
+        &self,
+        f: QuantFormat,
+        experts: usize,
+        top_k: usize,
+    ) -> usize {
         // Batch-invariant mode: one path (decode + the tiled kernels) for every step size.
         if self.invariant() || direct_kind(&f).is_none() {
             0
         } else {
-            direct_max()
+            direct_max_env().unwrap_or_else(|| direct_tokens_for(experts, top_k))
         }
     }
 
@@ -201,9 +215,19 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::direct_kind;
+    use super::{direct_kind, direct_tokens_for};
     use dayone_backend::quant::ScaleType;
     use dayone_backend::QuantFormat;
+
+    #[test]
+    fn direct_limit_is_pairs_per_expert() {
+        // Kimi-K2 (384 experts, top 8), gpt-oss-20b (32, top 4), gpt-oss-120b (128, top 4).
+        assert_eq!(direct_tokens_for(384, 8), 192);
+        assert_eq!(direct_tokens_for(32, 4), 32);
+        assert_eq!(direct_tokens_for(128, 4), 128);
+        assert_eq!(direct_tokens_for(2, 16), 1);
+        assert_eq!(direct_tokens_for(8, 0), 32);
+    }
 
     #[test]
     fn direct_kernels_take_mxfp4_and_int4_only() {

@@ -101,15 +101,16 @@ impl<B: Backend> QuantExperts<B> {
         })
     }
 
-    /// Whether a step of `n` tokens reads the codes directly.
-    fn direct(&self, b: &B, n: usize) -> bool {
+    /// Whether a step of `n` tokens with `top_k` experts each reads the codes directly.
+    fn direct(&self, b: &B, n: usize, top_k: usize) -> bool {
         match self.path {
             QuantPath::Direct => true,
             QuantPath::Decode => false,
             QuantPath::Auto => {
+                let e = self.gate_up.shape[0];
                 let max = b
-                    .moe_quant_direct_tokens(self.gate_up.format)
-                    .min(b.moe_quant_direct_tokens(self.down.format));
+                    .moe_quant_direct_tokens(self.gate_up.format, e, top_k)
+                    .min(b.moe_quant_direct_tokens(self.down.format, e, top_k));
                 n > 0 && n <= max
             }
         }
@@ -131,7 +132,8 @@ impl<B: Backend> QuantExperts<B> {
             down_bias: None,
             fp8: self.fp8,
         };
-        if self.direct(b, x.shape()[0]) {
+        let top_k = weights.shape().last().copied().unwrap_or(1);
+        if self.direct(b, x.shape()[0], top_k) {
             return b.moe_experts_quant(x, ids, weights, &self.gate_up, &self.down, &opts);
         }
         let host = b.download(ids)?.to_u32()?;
@@ -155,7 +157,8 @@ impl<B: Backend> QuantExperts<B> {
             down_bias: biases.map(|b| b.1),
             fp8: self.fp8,
         };
-        if self.direct(b, x.shape()[0]) {
+        let n = x.shape()[0];
+        if self.direct(b, n, host.len() / n.max(1)) {
             let ids = b.upload(&HostTensor::from_u32(weights.shape().to_vec(), host)?)?;
             return b.moe_experts_quant(x, &ids, weights, &self.gate_up, &self.down, &opts);
         }
@@ -294,7 +297,7 @@ mod tests {
         )
         .unwrap();
         // Auto on a backend without a direct kernel decodes.
-        assert_eq!(b.moe_quant_direct_tokens(QuantFormat::MXFP4), 0);
+        assert_eq!(b.moe_quant_direct_tokens(QuantFormat::MXFP4, 32, 4), 0);
         // `--moe-fp8` on a backend without the FP8 GEMM: refused at load (with a warning), and a
         // layer that asks anyway gets the decode path's result.
         assert!(!super::fp8_available(
