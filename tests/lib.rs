@@ -176,10 +176,11 @@ pub fn greedy(max_tokens: usize) -> SamplingParams {
 /// step whose margin is below [`ROUTER_NEAR_TIE`] may legitimately route a token of that step
 /// to another expert in bf16, which can change that step's logits by far more than the tolerance
 /// (0.1–0.6 relative in gpt_oss_tiny, measured by forcing single flips in transformers' f32 model)
-/// and later steps' through the KV cache. The comparison of that prompt stops before that step's
-/// logits, with a line on stderr naming the case, step and margin, and a bf16 run ends with a
-/// line saying how many logits rows were compared. float32 runs compare every step, and fixtures
-/// without the field are compared as before.
+/// and later steps' through the KV cache. Such steps are still compared; a logits miss at or
+/// after the first near-tie of a prompt ends that prompt's comparison (a line on stderr names
+/// the case, step and error) instead of failing, and a bf16 run ends with a line saying how many
+/// logits rows were compared. A miss before any near-tie fails; float32 runs compare every step;
+/// fixtures without the field are compared as before.
 pub fn check_golden<B: Backend>(b: B, name: &str, dtype: DType) -> Result<()> {
     check_golden_with(
         b,
@@ -221,28 +222,33 @@ pub fn check_golden_dir<B: Backend>(
         e.add_request(case.prompt_ids.clone(), greedy(want.logits.len()))?;
         total += want.logits.len();
         let mut step = 0;
-        let mut diverged = false;
+        let (mut diverged, mut past_near_tie) = (false, false);
         while e.has_unfinished() {
             let events = e.step()?;
             if events.is_empty() || diverged {
                 continue; // a prefill chunk without a sampled token, or past a bf16 near-tie (greedy or routing)
             }
-            if dtype != DType::F32 {
-                if let Some(&m) = want.router_margin.get(step) {
-                    if m < ROUTER_NEAR_TIE {
-                        eprintln!(
-                            "{name} {dtype} case {ci} step {step}: router near-tie (f32 router margin \
-                             {m:.2e} < {ROUTER_NEAR_TIE:.2e}); comparison of this prompt stops here"
-                        );
-                        diverged = true;
-                        continue;
-                    }
-                }
-            }
+            // A bf16 step at or after a routing near-tie of this prompt may have routed a token
+            // to another expert: a miss there ends this prompt's comparison instead of failing.
+            let near_tie = dtype != DType::F32
+                && want
+                    .router_margin
+                    .get(step)
+                    .is_some_and(|&m| m < ROUTER_NEAR_TIE);
+            past_near_tie |= near_tie;
             let (_, logits) = &e.last_logits[0];
             let err = rel_err(logits, &want.logits[step]);
             if err > tol {
-                bail!("{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
+                if !past_near_tie {
+                    bail!("{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e}");
+                }
+                eprintln!(
+                    "{name} {dtype} case {ci} step {step}: logits relative error {err:.3e} > {tol:.0e} \
+                     at or after a router near-tie (f32 router margin below {ROUTER_NEAR_TIE:.2e}); \
+                     comparison of this prompt stops here"
+                );
+                diverged = true;
+                continue;
             }
             compared += 1;
             if let Some(&want_id) = want.greedy_ids.get(step) {
@@ -258,7 +264,7 @@ pub fn check_golden_dir<B: Backend>(
     }
     if dtype != DType::F32 && r.cases.iter().any(|c| !c.float32.router_margin.is_empty()) {
         eprintln!(
-            "{name} {dtype}: {compared} of {total} logits rows compared (the rest past a near-tie)"
+            "{name} {dtype}: {compared} of {total} logits rows compared (the rest after a near-tie)"
         );
     }
     Ok(())
