@@ -1245,7 +1245,8 @@ pub fn state_meta(rng: &mut Rng, seqs: &[(usize, usize)], slots: usize) -> StepM
 
 /// `short_conv`: widths 4 (Kimi), 3 and 2; in one step fresh and continuing sequences, chunks of
 /// 1, 2 and 3 tokens (shorter than the width) continuing from history, a continuation from
-/// position 1 (partial history), a 150-token prefill; scattered slots pre-filled with random
+/// position 1 (partial history), a 150-token prefill, decode steps of one row per sequence;
+/// scattered slots pre-filled with random
 /// history that fresh sequences must ignore and untouched slots must keep. Outputs and the
 /// updated state are compared (the state exactly: it only holds copies of inputs).
 pub fn check_short_conv<B: Backend>(b: &B, dt: DType) -> Result<()> {
@@ -1261,6 +1262,10 @@ pub fn check_short_conv<B: Backend>(b: &B, dt: DType) -> Result<()> {
         (40, 3, 4, &[(2, 1), (0, 70), (5, 2)]),
         (24, 2, 3, &[(0, 2), (9, 1), (4, 6)]),
         (96, 4, 2, &[(33, 1)]),
+        // Decode steps (one row per sequence: CUDA's fused conv + history update), fresh and
+        // partial histories among them.
+        (32, 4, 6, &[(5, 1), (0, 1), (12, 1), (1, 1)]),
+        (24, 3, 4, &[(2, 1), (0, 1), (7, 1)]),
     ];
     for &(c, w, slots, seqs) in cases {
         let meta = state_meta(&mut rng, seqs, slots);

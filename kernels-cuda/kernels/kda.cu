@@ -90,7 +90,42 @@ __device__ void short_conv_state_impl(const T* __restrict__ x, float* __restrict
     }
 }
 
+// Decode steps (every sequence has exactly one row: token qstart[s]): short_conv and
+// short_conv_state in one launch, one thread per (sequence, channel), with the same arithmetic
+// in the same order as the two kernels (bit-equal): y from the history and the new row, then
+// the history shifted by one.
+template <typename T>
+__device__ void short_conv_decode_impl(const T* __restrict__ x, const float* __restrict__ w,
+                                       float* __restrict__ state, T* __restrict__ y,
+                                       const u32* __restrict__ qstart,
+                                       const u32* __restrict__ positions,
+                                       const u32* __restrict__ slots, u32 nseq, u32 c,
+                                       u32 width) {
+    grid_dep_wait();
+    const u32 h = width - 1;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)nseq * c;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u32 s = (u32)(i / c), ch = (u32)(i % c);
+        const u32 start = qstart[s];
+        const bool fresh = positions[start] == 0;
+        float* st = state + ((u64)slots[s] * c + ch) * h;
+        float old[8];
+        for (u32 j = 0; j < h && j < 8; j++) old[j] = fresh ? 0.f : st[j];
+        const float xv = to_f(x[(u64)start * c + ch]);
+        float acc = 0.f;
+        for (u32 j = 0; j < width; j++) acc += w[(u64)ch * width + j] * (j < h ? old[j] : xv);
+        y[(u64)start * c + ch] = from_f<T>(acc / (1.f + expf(-acc)));
+        for (u32 j = 0; j < h && j < 8; j++) st[j] = j + 1 < h ? old[j + 1] : xv;
+    }
+}
+
 #define SHORT_CONV(S, T)                                                                        \
+    extern "C" __global__ void short_conv_decode_##S(const T* x, const float* w, float* state,  \
+                                                     T* y, const u32* qstart,                   \
+                                                     const u32* positions, const u32* slots,    \
+                                                     u32 nseq, u32 c, u32 width) {              \
+        short_conv_decode_impl<T>(x, w, state, y, qstart, positions, slots, nseq, c, width);    \
+    }                                                                                           \
     extern "C" __global__ void short_conv_##S(const T* x, const float* w, const float* state,   \
                                               T* y, const u32* token_seq, const u32* qstart,    \
                                               const u32* positions, const u32* slots, u32 n,    \

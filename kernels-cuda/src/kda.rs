@@ -281,6 +281,31 @@ impl CudaBackend {
             return Ok(y);
         }
         let (cu, wu) = (to_u32(OP, "C", c)?, width as u32);
+        let one_row_each = n == nseq && meta.host.query_start.windows(2).all(|q| q[1] == q[0] + 1);
+        if width > 1 && one_row_each {
+            // Decode: the convolution and the history update in one launch (bit-equal).
+            let f = self.func("kda", sfx, &format!("short_conv_decode_{sfx}"))?;
+            self.launch(
+                OP,
+                &f,
+                (launch::elementwise_grid(nseq * c, 1, 256, 65535), 1, 1),
+                (256, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    w.device_ptr(),
+                    state.device_ptr(),
+                    y.device_ptr(),
+                    meta.query_start.device_ptr(),
+                    meta.positions.device_ptr(),
+                    meta.state_slots.device_ptr(),
+                    nseq as u32,
+                    cu,
+                    wu
+                ],
+            )?;
+            return Ok(y);
+        }
         if n > 0 {
             let f = self.func("kda", sfx, &format!("short_conv_{sfx}"))?;
             self.launch(
