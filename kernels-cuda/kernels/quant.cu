@@ -248,9 +248,10 @@ DAYONE_FOR_FLOAT_TYPES(QUANT)
 // weights decoded in registers. The (token, choice) pairs are sorted by expert by the moe
 // family's `moe_sort` (tiles of at most MT pairs of one expert, `bt` = MT: 1 for one token, else
 // 8, rows past a tile's pairs skipped, so two variants serve every step); each warp owns RPW
-// outputs of one tile (m1: 2 for gate_up, 4 for down; m8: 1; GU: their gate and up rows,
-// [gate; up] or, for gpt-oss, interleaved) and streams those weight rows once for the tile's
-// pairs, 32 codes (16 bytes) per lane and step; a block is 8 warps.
+// outputs of one tile (2 for gate_up, 4 for down; GU: their gate and up rows, [gate; up] or,
+// for gpt-oss, interleaved) and streams those weight rows once for the tile's pairs, 32 codes
+// (16 bytes) per lane and step; a block is 8 warps. m1: moe_q_impl; m8: moe_q8_impl, the
+// tile's rows staged in shared memory.
 //   moe_q_gu  h[sp, o] = act(gate[e, o]·x[tok] + b, up[e, o]·x[tok] + b)   f32 [P, F]
 //   moe_q_dn  y2[sp, o] = down[e, o]·h[sp] + b_d[e, o]                     f32 [P, D]
 //   moe_q_combine  y[t, o] = Σ_j weights[t, j] · y2[pos[t·k + j], o]       (f32, j in order)
@@ -423,6 +424,168 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
     }
 }
 
+// Tiles of up to 8 pairs (m8): the tile's activation rows are staged once per block in shared
+// memory as f32, 1024 columns (one warp step: 32 lanes x 32 codes) at a time (8 rows x 1024 x
+// 4 B = 32 KB), so the block's eight warps read them from shared memory instead of each
+// re-reading the rows from global memory with 128-byte lane strides. Layout per row: float4
+// unit u of the chunk (columns 4u..4u+3; lane u / 8's sub-step u % 8) at (u % 8) * 32 + u / 8,
+// so a lane-contiguous float4 read (one sub-step, all lanes) is free of bank conflicts, and so
+// is the staging write (thread t writes unit position t). Each warp owns RPW outputs (GU: their
+// gate and up rows), decodes each code once and applies it to the tile's rows, in the same
+// order of operations as moe_q_impl (8-value partial sums, then one FMA with the group scale):
+// bit-equal results. Every warp takes part in the staging: warps past nout compute row
+// nout - 1 and store nothing. Blocks of 256 threads (one float4 unit of each row per thread and
+// chunk), as the host launches them.
+constexpr int MOE_Q_KC = 1024;
+
+template <typename A> __device__ __forceinline__ float4 q_ld4f(const A* p) {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    A v0, v1, v2, v3;
+    v0.x = (u16)(r.x & 0xffffu);
+    v1.x = (u16)(r.x >> 16);
+    v2.x = (u16)(r.y & 0xffffu);
+    v3.x = (u16)(r.y >> 16);
+    return make_float4(to_f(v0), to_f(v1), to_f(v2), to_f(v3));
+}
+template <> __device__ __forceinline__ float4 q_ld4f<float>(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+
+template <typename T, typename A, int KIND, bool GU, int RPW>
+__device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsigned char* codes,
+                                            const unsigned char* scales,
+                                            const T* __restrict__ bias, float* __restrict__ out,
+                                            const u32* __restrict__ offsets,
+                                            const u32* __restrict__ sorted,
+                                            const u32* __restrict__ tiles,
+                                            const u32* __restrict__ ntiles, u32 gather_k,
+                                            u32 nout, u32 kdim, u32 scale, u32 group, u32 act,
+                                            float alpha, float limit) {
+    constexpr int MT = 8;
+    constexpr int NW = GU ? 2 * RPW : RPW;  // weight rows per warp: gates then ups
+    __shared__ float4 xs[MT * MOE_Q_KC / 4];
+    grid_dep_wait();
+    const u32 ti = blockIdx.y;
+    if (ti >= *ntiles) return;  // uniform over the block
+    const u32 lane = threadIdx.x & 31;
+    const u32 o0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RPW;
+    const u32 expert = tiles[2 * ti];
+    const u32 r0 = tiles[2 * ti + 1];
+    const u32 first = offsets[expert] + r0;
+    const u32 rows = min((u32)MT, offsets[expert + 1] - first);
+    const u32 wrows = GU ? 2 * nout : nout;
+    // Outputs past nout read row nout − 1 and store nothing. Weight row indices fit u32 (the
+    // host's E · 2F < 2^32); their element offsets are formed in u64.
+    u32 row[NW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const u32 o = min(o0 + r, nout - 1);
+        if (GU) {
+            row[r] = expert * wrows + (act == 1 ? 2 * o : o);
+            row[NW - RPW + r] = expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
+        } else {
+            row[r] = expert * wrows + o;
+        }
+    }
+    // Staging: thread t writes unit position t of each row (row k of iteration k): column
+    // 4 * ((t % 32) * 8 + t / 32) of the chunk.
+    const u32 scol = 4 * ((threadIdx.x & 31) * 8 + (threadIdx.x >> 5));
+    float acc[NW][MT];
+#pragma unroll
+    for (int r = 0; r < NW; r++)
+#pragma unroll
+        for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
+    uint4 w[NW];
+    float s[NW];
+    auto load = [&](u32 c, uint4* wd, float* sd) {
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            const u64 e = (u64)row[r] * kdim + c;
+            wd[r] = q_ld_stream16(codes + e / 2);
+            sd[r] = q_scale32(scales, scale, e / group);
+        }
+    };
+    if (lane * 32 < kdim) load(lane * 32, w, s);
+    for (u32 k0 = 0; k0 < kdim; k0 += MOE_Q_KC) {
+        const u32 c0 = k0 + lane * 32;
+        // The next chunk's codes are issued before the staging (in flight across it).
+        uint4 wn[NW];
+        float sn[NW];
+        if (c0 + MOE_Q_KC < kdim) load(c0 + MOE_Q_KC, wn, sn);
+        if (k0 != 0) __syncthreads();  // the previous chunk's reads are done
+        if (k0 + scol < kdim) {
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                if (i < (int)rows) {
+                    const u32 sp = first + i;
+                    const A* xr = a + (u64)(gather_k ? sorted[sp] / gather_k : sp) * kdim;
+                    xs[i * (MOE_Q_KC / 4) + threadIdx.x] = q_ld4f<A>(xr + k0 + scol);
+                }
+            }
+        }
+        __syncthreads();
+        if (c0 < kdim) {
+#pragma unroll 1
+            for (int j = 0; j < 4; j++) {
+                float wv[NW][8];
+#pragma unroll
+                for (int r = 0; r < NW; r++) {
+                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+#pragma unroll
+                    for (int q = 0; q < 8; q++)
+                        wv[r][q] = q_value4<KIND>((word >> (4 * q)) & 15u);
+                }
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    if (i < (int)rows) {
+                        const float4 xa = xs[i * (MOE_Q_KC / 4) + (2 * j) * 32 + lane];
+                        const float4 xb = xs[i * (MOE_Q_KC / 4) + (2 * j + 1) * 32 + lane];
+                        const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                        for (int r = 0; r < NW; r++) {
+                            float dsum = 0.f;
+#pragma unroll
+                            for (int q = 0; q < 8; q++) dsum = fmaf(wv[r][q], xf[q], dsum);
+                            acc[r][i] = fmaf(dsum, s[r], acc[r][i]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NW; r++) {
+            w[r] = wn[r];
+            s[r] = sn[r];
+        }
+    }
+    if (o0 >= nout) return;  // after the last __syncthreads
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        if (i >= (int)rows) break;  // uniform over the block: every lane stops together
+        float v[NW];
+#pragma unroll
+        for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                if (o0 + r >= nout) break;
+                float y;
+                if (GU) {
+                    float g = v[r], u = v[NW - RPW + r];
+                    if (bias) {
+                        g += to_f(bias[row[r]]);
+                        u += to_f(bias[row[NW - RPW + r]]);
+                    }
+                    y = q_act(g, u, act, alpha, limit);
+                } else {
+                    y = v[r] + (bias ? to_f(bias[row[r]]) : 0.f);
+                }
+                out[(u64)(first + i) * nout + o0 + r] = y;
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
                                                    const u32* __restrict__ pos,
@@ -450,10 +613,11 @@ __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
 #define MOE_Q_PASS                                                                            \
     a, codes, scales, bias, out, offsets, sorted, tiles, ntiles, gather_k, nout, kdim, scale, \
         group, act, alpha, limit
-// Rows per warp: one token's tiles (m1) take 2 gate/up outputs or 4 down outputs per warp, else
-// 1. Minimum blocks per SM as register caps (ptxas takes up to 145 registers unasked): 3 (≤ 80
-// registers; m1 spills nothing, m8's down a few bytes) except m8's gate/up, 2 (96 registers;
-// at 80 it spills 88 bytes).
+// Rows per warp: 2 gate/up outputs or 4 down outputs. Minimum blocks per SM as register caps
+// (ptxas takes up to 145 registers unasked): m1 3 (≤ 80 registers, no spills); m8 2 (≤ 128
+// registers, 32 KB shared memory per block; ptxas -v with NVRTC 13, sm_90: int4 125–128
+// registers and no spills, fp4 128 registers and a spill of 8 bytes (down) or 4 bytes
+// (gate/up)).
 #define MOE_Q_ONE(S, T, KN, KIND, MT, RPW_GU, RPW_DN, MINB_GU, MINB_DN)                       \
     extern "C" __global__ void __launch_bounds__(256, MINB_GU)                                \
         moe_q_##S##_##KN##_gu_m##MT(MOE_Q_ARGS(T, T)) {                                       \
@@ -463,8 +627,18 @@ __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
         moe_q_##S##_##KN##_dn_m##MT(MOE_Q_ARGS(float, T)) {                                   \
         moe_q_impl<T, float, KIND, false, MT, RPW_DN>(MOE_Q_PASS);                            \
     }
+// m8: moe_q8_impl (activations staged in shared memory), 2 gate/up or 4 down outputs per warp.
+#define MOE_Q_EIGHT(S, T, KN, KIND, RPW_GU, RPW_DN, MINB_GU, MINB_DN)                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB_GU)                                \
+        moe_q_##S##_##KN##_gu_m8(MOE_Q_ARGS(T, T)) {                                          \
+        moe_q8_impl<T, T, KIND, true, RPW_GU>(MOE_Q_PASS);                                    \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB_DN)                                \
+        moe_q_##S##_##KN##_dn_m8(MOE_Q_ARGS(float, T)) {                                      \
+        moe_q8_impl<T, float, KIND, false, RPW_DN>(MOE_Q_PASS);                               \
+    }
 #define MOE_Q_KIND(S, T, KN, KIND)                                                            \
-    MOE_Q_ONE(S, T, KN, KIND, 1, 2, 4, 3, 3) MOE_Q_ONE(S, T, KN, KIND, 8, 1, 1, 2, 3)
+    MOE_Q_ONE(S, T, KN, KIND, 1, 2, 4, 3, 3) MOE_Q_EIGHT(S, T, KN, KIND, 2, 4, 2, 2)
 #define MOE_Q(S, T)                                                                           \
     MOE_Q_KIND(S, T, fp4, 0) MOE_Q_KIND(S, T, int4, 1)                                        \
     extern "C" __global__ void moe_q_combine_##S(const float* y2, const u32* pos,             \

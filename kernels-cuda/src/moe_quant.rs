@@ -100,6 +100,8 @@ impl CudaBackend {
             }
         }
         let k = ids.shape[1];
+        // The kernels index weight rows (E · 2F of gate_up) in u32.
+        to_u32(OP, "gate_up rows (experts x 2F)", e * f2)?;
         // The kernels' 16-byte loads: codes rows of 32 values, x rows of 8 values, aligned.
         let aligned = d.is_multiple_of(32)
             && f.is_multiple_of(32)
@@ -151,14 +153,10 @@ impl CudaBackend {
                 f,
             ),
         ];
-        // Eight warps per block, each owning `rpw` outputs (the kernels' RPW: one token's
-        // tiles take 2 gate/up or 4 down outputs per warp, else 1).
+        // Eight warps per block, each owning `rpw` outputs (the kernels' RPW: 2 gate/up or 4
+        // down outputs per warp, m1 and m8 alike).
         for (a, q, bias, o, tag, gather, nout, kdim) in projections {
-            let rpw = match (mt, tag.ends_with("_gu")) {
-                (1, true) => 2,
-                (1, false) => 4,
-                _ => 1,
-            };
+            let rpw = if tag.ends_with("_gu") { 2 } else { 4 };
             let [_, scale, _, group] = q.format.kernel_params();
             let fun = self.func("quant", sfx, &format!("moe_q_{sfx}_{tag}_m{mt}"))?;
             self.launch(
