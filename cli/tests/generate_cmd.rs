@@ -77,3 +77,50 @@ fn cpu_backend_matches_wgsl() {
     assert_eq!(w["generated_ids"], c["generated_ids"]);
     assert!(c["backend"].as_str().unwrap().contains("cpu"), "{c}");
 }
+
+/// `--moe-fp8` where it cannot run says so in exactly one line and generates the same tokens as
+/// without the flag: a dense model, low-bit experts decoded at load, and low-bit experts on a
+/// backend without the FP8 GEMM (the CPU backend).
+#[test]
+fn moe_fp8_says_once_why_it_does_nothing() {
+    let run = |model: &str, extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dayone"))
+            .args([
+                "generate",
+                "--backend",
+                "cpu",
+                "--output",
+                "json",
+                "-n",
+                "3",
+            ])
+            .args(["--prompt-ids", "5,6,7", "--model"])
+            .arg(fixture(model))
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", "/tmp")
+            .env_remove("DAYONE_LOG")
+            .output()
+            .expect("run dayone");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{stderr}");
+        let j: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        (j["generated_ids"].clone(), stderr)
+    };
+    for (model, extra, why) in [
+        ("llama_tiny", &[][..], "no MXFP4 / INT4 routed experts"),
+        (
+            "deepseek_v3_mxfp4",
+            &["--dequantize-at-load"][..],
+            "decoded at load",
+        ),
+        ("deepseek_v3_int4", &[][..], "no FP8 expert GEMM"),
+    ] {
+        let (plain, _) = run(model, extra);
+        let (ids, stderr) = run(model, &[extra, &["--moe-fp8"]].concat());
+        assert_eq!(ids, plain, "{model}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("--moe-fp8")).collect();
+        assert_eq!(lines.len(), 1, "{model} {extra:?}: {stderr}");
+        assert!(lines[0].contains(why), "{model} {extra:?}: {stderr}");
+    }
+}

@@ -267,12 +267,20 @@ pub struct MoeTileShape {
 }
 
 impl MoeTile {
-    /// `DAYONE_MOE_TILE` (`16`, `32`, `64`, `128`, `128w`; anything else → auto).
+    /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`); another value → auto, with
+    /// one warning line on stderr (a mistyped tile in a sweep would otherwise time auto).
     pub fn from_env() -> Self {
-        Self::parse(std::env::var("DAYONE_MOE_TILE").ok().as_deref())
+        let v = std::env::var("DAYONE_MOE_TILE").ok();
+        let tile = Self::parse(v.as_deref());
+        if let Some(v) = v.filter(|v| !Self::known(v)) {
+            eprintln!(
+                "warning: DAYONE_MOE_TILE={v:?} is not auto, 16, 32, 64, 128 or 128w; using auto"
+            );
+        }
+        tile
     }
 
-    /// Parses a `DAYONE_MOE_TILE` value.
+    /// Parses a `DAYONE_MOE_TILE` value (unknown values and `None` → [`MoeTile::Auto`]).
     pub fn parse(v: Option<&str>) -> Self {
         match v.map(str::trim) {
             Some("16") => MoeTile::Rows16,
@@ -282,6 +290,11 @@ impl MoeTile {
             Some("128w") => MoeTile::Rows128Wide,
             _ => MoeTile::Auto,
         }
+    }
+
+    /// Whether `v` is one of the `DAYONE_MOE_TILE` values (surrounding spaces ignored).
+    pub fn known(v: &str) -> bool {
+        v.trim() == "auto" || Self::parse(Some(v)) != MoeTile::Auto
     }
 
     /// The value stored by [`MoeTile`]'s `as u8` back as a tile choice.
@@ -657,6 +670,14 @@ mod tests {
         }
         assert_eq!(MoeTile::parse(Some("auto")), MoeTile::Auto);
         assert_eq!(MoeTile::parse(None), MoeTile::Auto);
+        // from_env warns about any value that is not known (and runs auto).
+        for v in ["auto", " 64 ", "128w"] {
+            assert!(MoeTile::known(v), "{v}");
+        }
+        for v in ["128W", "17", "", "wide", "256"] {
+            assert!(!MoeTile::known(v), "{v}");
+            assert_eq!(MoeTile::parse(Some(v)), MoeTile::Auto);
+        }
         // Shared memory of the dynamic variants (bf16), within sm_90's 227 KiB opt-in: 3, 2,
         // 2 and 1 blocks per SM of 228 KiB (1 KiB reserved per block).
         let smem = |t: MoeTile| t.shape(2).smem;

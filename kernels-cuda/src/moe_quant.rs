@@ -21,14 +21,30 @@ use dayone_backend::{DType, ExpertOptions, QuantFormat, QuantTensor};
 pub const MOE_QUANT_DIRECT_PAIRS_PER_EXPERT: usize = 4;
 
 /// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace) when set; read
-/// once.
+/// once. A value that is not a token count is ignored with one warning line on stderr.
 fn direct_max_env() -> Option<usize> {
     static MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("DAYONE_MOE_QUANT_DIRECT_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        let v = std::env::var("DAYONE_MOE_QUANT_DIRECT_MAX").ok();
+        parse_direct_max(v.as_deref()).unwrap_or_else(|e| {
+            eprintln!("warning: {e}");
+            None
+        })
     })
+}
+
+/// Parses a `DAYONE_MOE_QUANT_DIRECT_MAX` value: `None` → `Ok(None)` (the default limit), a
+/// token count → `Ok(Some(n))`; anything else is an error naming the variable and the value.
+pub(crate) fn parse_direct_max(v: Option<&str>) -> Result<Option<usize>, String> {
+    match v {
+        None => Ok(None),
+        Some(s) => s.trim().parse().map(Some).map_err(|_| {
+            format!(
+                "DAYONE_MOE_QUANT_DIRECT_MAX={s:?} is not a token count (0, 1, 2, …); using the \
+                 default ({MOE_QUANT_DIRECT_PAIRS_PER_EXPERT} pairs per expert)"
+            )
+        }),
+    }
 }
 
 /// The default direct-path limit in tokens for `experts` routed experts, `top_k` per token:
@@ -213,7 +229,7 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{direct_kind, direct_tokens_for};
+    use super::{direct_kind, direct_tokens_for, parse_direct_max};
     use dayone_backend::quant::ScaleType;
     use dayone_backend::QuantFormat;
 
@@ -225,6 +241,19 @@ mod tests {
         assert_eq!(direct_tokens_for(128, 4), 128);
         assert_eq!(direct_tokens_for(2, 16), 1);
         assert_eq!(direct_tokens_for(8, 0), 32);
+    }
+
+    /// `DAYONE_MOE_QUANT_DIRECT_MAX`: unset → the default, a count → it, else an error that
+    /// names the variable (the backend warns and keeps the default).
+    #[test]
+    fn direct_max_env_values() {
+        assert_eq!(parse_direct_max(None), Ok(None));
+        assert_eq!(parse_direct_max(Some("0")), Ok(Some(0)));
+        assert_eq!(parse_direct_max(Some(" 64 ")), Ok(Some(64)));
+        for bad in ["", "-1", "4.5", "auto", "64 tokens"] {
+            let e = parse_direct_max(Some(bad)).unwrap_err();
+            assert!(e.contains("DAYONE_MOE_QUANT_DIRECT_MAX"), "{e}");
+        }
     }
 
     #[test]

@@ -129,6 +129,13 @@ pub fn load_model<B: Backend>(
         plan.check_context_parallel()?;
     }
     let mut model = Decoder::load(&w, &plan)?;
+    if w.moe_fp8() && w.parallel().rank() == 0 {
+        // Each low-bit expert layer made or shared a decode workspace; none: nothing to run in FP8.
+        if let Some(note) = moe_fp8_unused(!w.workspaces().borrow().is_empty(), w.keeps_quantized())
+        {
+            tracing::warn!("{note}");
+        }
+    }
     if let Some(comm) = context {
         model.cp = Some(crate::parallel::ContextParallel::new(
             comm,
@@ -137,4 +144,25 @@ pub fn load_model<B: Backend>(
         ));
     }
     Ok((Box::new(model), w.loaded_bytes()))
+}
+
+/// Why `--moe-fp8` changes nothing for a model, or `None` when it has low-bit (MXFP4, INT4)
+/// routed experts kept low-bit (`quant_experts`); `keeps_quantized`: whether block-quantized
+/// weights stay low-bit at all ([`WeightLoader::keeps_quantized`]).
+fn moe_fp8_unused(quant_experts: bool, keeps_quantized: bool) -> Option<String> {
+    if quant_experts {
+        None
+    } else if !keeps_quantized {
+        Some(
+            "--moe-fp8 has no effect: low-bit weights are decoded at load (--dequantize-at-load, \
+             or -tp > 1), so no MXFP4 / INT4 experts remain"
+                .into(),
+        )
+    } else {
+        Some(
+            "--moe-fp8 has no effect: this model has no MXFP4 / INT4 routed experts (it applies \
+             only to those)"
+                .into(),
+        )
+    }
 }
