@@ -224,6 +224,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `x` `[R, D]`, `w` `[D]` → `[R, D]`. Per-head norms pass `x` as `[N·H, hd]`.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
 
+    /// The residual add before a pre-norm sublayer and that sublayer's norm: `s = a + r`, then
+    /// `y = rms_norm(s, w, eps)`; returns `(s, y)`, each exactly as [`Backend::add`] then
+    /// [`Backend::rms_norm`] compute them (the norm reads `s` as stored, in its dtype). `a`, `r`
+    /// `[R, D]` of one dtype, `w` `[D]` → two `[R, D]`. The default makes the two calls; a backend
+    /// may fuse them (CUDA: one launch). Errors: as `add` and `rms_norm`.
+    fn add_rms_norm(
+        &self,
+        a: &Self::Tensor,
+        r: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let s = self.add(a, r)?;
+        let y = self.rms_norm(&s, w, eps)?;
+        Ok((s, y))
+    }
+
     /// Rotary position embedding on the first `rot_dim` dims of every head (the rest pass through).
     /// `x` `[N, H, hd]`, `positions` `[N]` u32, `inv_freq` `[rot_dim/2]` f32 (frequency scaling
     /// such as `llama3` or YaRN is folded into it by the caller) → `[N, H, hd]`.

@@ -139,6 +139,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_linear(b, dt)?;
         check_linear_many(b, dt)?;
         check_rms_norm(b, dt)?;
+        check_add_rms_norm(b, dt)?;
         check_rope(b, dt)?;
         check_silu_mul(b, dt)?;
         check_silu_mul_limit(b, dt)?;
@@ -364,6 +365,31 @@ pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
             let want = reference::linear(&x, w, bias.as_ref())?;
             compare("linear_many", &case, &many, &want, tolerance(dt))?;
         }
+    }
+    Ok(())
+}
+
+/// `add_rms_norm`: both outputs bit-equal to `add` then `rms_norm` on the same backend (and the
+/// norm within tolerance of the reference), widths with and without a multiple of 8, one and
+/// many rows, widths above and below 2 048.
+pub fn check_add_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(22);
+    for &(r, d) in &[(1usize, 4096usize), (3, 1000), (7, 33), (2, 2304), (64, 576)] {
+        let x = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
+        let a = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
+        let w = rand_tensor(&mut rng, &[d], dt, 1.5)?;
+        let (xd, ad, wd) = (b.upload(&x)?, b.upload(&a)?, b.upload(&w)?);
+        let (s, y) = b.add_rms_norm(&xd, &ad, &wd, 1e-5)?;
+        let s2 = b.add(&xd, &ad)?;
+        let y2 = b.rms_norm(&s2, &wd, 1e-5)?;
+        let case = format!("{dt} [{r}, {d}]");
+        let (s, y, s2, y2) = (run(b, &s)?, run(b, &y)?, run(b, &s2)?, run(b, &y2)?);
+        ensure!(
+            s.data == s2.data && y.data == y2.data,
+            "add_rms_norm {case}: not bit-equal to add then rms_norm"
+        );
+        let want = reference::rms_norm(&s2, &w, 1e-5)?;
+        compare("add_rms_norm", &case, &y, &want, tolerance(dt))?;
     }
     Ok(())
 }

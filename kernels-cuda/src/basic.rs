@@ -174,6 +174,60 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// [`dayone_backend::Backend::add_rms_norm`]: one `add_rms_norm_*` launch (norm.cu) with
+    /// `rms_norm`'s grid and block, so the sum and the norm are bit-equal to the two kernels.
+    ///
+    /// Errors: `a`, `r` not of one shape and dtype; `w` not `[D]` of that dtype.
+    pub(crate) fn add_rms_norm_impl(
+        &self,
+        a: &CudaTensor,
+        r: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "add_rms_norm";
+        let sfx = dtype_suffix(OP, a.dtype)?;
+        if r.shape != a.shape {
+            bail!("{OP}: a {:?} and r {:?} differ in shape", a.shape, r.shape);
+        }
+        check_dtype(OP, "r", r, a.dtype)?;
+        let (rows, d) = rows_last(OP, "a [R, D]", a)?;
+        if w.shape != [d] {
+            bail!(
+                "{OP}: w must be [D] = [{d}] (a is {:?}), got {:?}",
+                a.shape,
+                w.shape
+            );
+        }
+        check_dtype(OP, "w", w, a.dtype)?;
+        self.bind()?;
+        let sum = self.alloc(a.shape.clone(), a.dtype)?;
+        let out = self.alloc(a.shape.clone(), a.dtype)?;
+        if rows == 0 || d == 0 {
+            return Ok((sum, out));
+        }
+        let f = self.func("norm", sfx, &format!("add_rms_norm_{sfx}"))?;
+        let threads = if d >= 2048 { 512 } else { 256 };
+        self.launch(
+            OP,
+            &f,
+            (launch::row_grid(rows, 65535), 1, 1),
+            (threads, 1, 1),
+            0,
+            kparams![
+                a.device_ptr(),
+                r.device_ptr(),
+                w.device_ptr(),
+                sum.device_ptr(),
+                out.device_ptr(),
+                to_u32(OP, "R", rows)?,
+                to_u32(OP, "D", d)?,
+                eps
+            ],
+        )?;
+        Ok((sum, out))
+    }
+
     pub(crate) fn rms_norm_impl(
         &self,
         x: &CudaTensor,

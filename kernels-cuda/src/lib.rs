@@ -778,6 +778,16 @@ impl Backend for CudaBackend {
         self.rms_norm_impl(x, w, eps)
     }
 
+    fn add_rms_norm(
+        &self,
+        a: &CudaTensor,
+        r: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.add_rms_norm_impl(a, r, w, eps)
+    }
+
     fn rope(
         &self,
         x: &CudaTensor,

@@ -167,8 +167,8 @@ impl<B: Backend> Block<B> {
             BlockResidual::Plain => {
                 let x = self.input_norm.forward(b, h)?;
                 let a = self.mixer.forward(b, &x, meta, cache, layer, sel, cp)?;
-                let h = b.add(h, &a)?;
-                let m = self.ffn.forward(b, &self.post_norm.forward(b, &h)?)?;
+                let (h, x) = self.post_norm.add_forward(b, h, &a)?;
+                let m = self.ffn.forward(b, &x)?;
                 b.add(&h, &m)
             }
             BlockResidual::Hyper { attn, ffn } => {

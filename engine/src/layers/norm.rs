@@ -25,4 +25,15 @@ impl<B: Backend> RmsNorm<B> {
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         b.rms_norm(x, &self.weight, self.eps)
     }
+
+    /// The residual `h + a` and its norm, `(h + a, norm(h + a))`, in one backend call
+    /// ([`Backend::add_rms_norm`]; each as `add` then [`RmsNorm::forward`] compute them).
+    pub fn add_forward(
+        &self,
+        b: &B,
+        h: &B::Tensor,
+        a: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        b.add_rms_norm(h, a, &self.weight, self.eps)
+    }
 }
