@@ -374,7 +374,13 @@ pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
 /// many rows, widths above and below 2 048.
 pub fn check_add_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
     let mut rng = Rng::new(22);
-    for &(r, d) in &[(1usize, 4096usize), (3, 1000), (7, 33), (2, 2304), (64, 576)] {
+    for &(r, d) in &[
+        (1usize, 4096usize),
+        (3, 1000),
+        (7, 33),
+        (2, 2304),
+        (64, 576),
+    ] {
         let x = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
         let a = rand_tensor(&mut rng, &[r, d], dt, 2.0)?;
         let w = rand_tensor(&mut rng, &[d], dt, 1.5)?;
