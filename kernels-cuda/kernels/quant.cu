@@ -497,21 +497,22 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
         for (int i = 0; i < MT; i++) acc[r][i] = 0.f;
     uint4 w[NW];
     float s[NW];
-    auto load = [&](u32 c, uint4* wd, float* sd) {
+    // The codes of a chunk are issued one chunk ahead (in flight across the previous chunk's
+    // arithmetic and this chunk's staging), its scales before the staging.
+    auto load = [&](u32 c, uint4* wd) {
 #pragma unroll
-        for (int r = 0; r < NW; r++) {
-            const u64 e = (u64)row[r] * kdim + c;
-            wd[r] = q_ld_stream16(codes + e / 2);
-            sd[r] = q_scale32(scales, scale, e / group);
-        }
+        for (int r = 0; r < NW; r++) wd[r] = q_ld_stream16(codes + ((u64)row[r] * kdim + c) / 2);
     };
-    if (lane * 32 < kdim) load(lane * 32, w, s);
+    if (lane * 32 < kdim) load(lane * 32, w);
     for (u32 k0 = 0; k0 < kdim; k0 += MOE_Q_KC) {
         const u32 c0 = k0 + lane * 32;
-        // The next chunk's codes are issued before the staging (in flight across it).
         uint4 wn[NW];
-        float sn[NW];
-        if (c0 + MOE_Q_KC < kdim) load(c0 + MOE_Q_KC, wn, sn);
+        if (c0 + MOE_Q_KC < kdim) load(c0 + MOE_Q_KC, wn);
+        if (c0 < kdim) {
+#pragma unroll
+            for (int r = 0; r < NW; r++)
+                s[r] = q_scale32(scales, scale, ((u64)row[r] * kdim + c0) / group);
+        }
         if (k0 != 0) __syncthreads();  // the previous chunk's reads are done
         if (k0 + scol < kdim) {
 #pragma unroll
@@ -553,10 +554,7 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
             }
         }
 #pragma unroll
-        for (int r = 0; r < NW; r++) {
-            w[r] = wn[r];
-            s[r] = sn[r];
-        }
+        for (int r = 0; r < NW; r++) w[r] = wn[r];
     }
     if (o0 >= nout) return;  // after the last __syncthreads
 #pragma unroll
@@ -615,9 +613,8 @@ __device__ __forceinline__ void moe_q_combine_impl(const float* __restrict__ y2,
         group, act, alpha, limit
 // Rows per warp: 2 gate/up outputs or 4 down outputs. Minimum blocks per SM as register caps
 // (ptxas takes up to 145 registers unasked): m1 3 (≤ 80 registers, no spills); m8 2 (≤ 128
-// registers, 32 KB shared memory per block; ptxas -v with NVRTC 13, sm_90: int4 125–128
-// registers and no spills, fp4 128 registers and a spill of 8 bytes (down) or 4 bytes
-// (gate/up)).
+// registers, 32 KB shared memory per block; ptxas -v with NVRTC 13, sm_90, every dtype and
+// kind: 126–128 registers, no spills).
 #define MOE_Q_ONE(S, T, KN, KIND, MT, RPW_GU, RPW_DN, MINB_GU, MINB_DN)                       \
     extern "C" __global__ void __launch_bounds__(256, MINB_GU)                                \
         moe_q_##S##_##KN##_gu_m##MT(MOE_Q_ARGS(T, T)) {                                       \
