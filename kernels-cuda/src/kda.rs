@@ -18,6 +18,7 @@ use crate::device::drv;
 use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DType, DeviceStepMeta, HostTensor, StepMeta};
+use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 /// Tokens per chunk of the chunked KDA kernels.
@@ -282,71 +283,46 @@ impl CudaBackend {
         }
         let (cu, wu) = (to_u32(OP, "C", c)?, width as u32);
         let one_row_each = n == nseq && meta.host.query_start.windows(2).all(|q| q[1] == q[0] + 1);
+        // Each kernel is a grid-stride loop of 256-thread blocks over `elems` outputs.
+        let run = |kernel: &str, elems: usize, params: &mut [*mut c_void]| -> Result<()> {
+            let f = self.func("kda", sfx, &format!("{kernel}_{sfx}"))?;
+            let grid = launch::elementwise_grid(elems, 1, 256, 65535);
+            self.launch(OP, &f, (grid, 1, 1), (256, 1, 1), 0, params)
+        };
+        let (xp, wp, sp, yp) = (
+            x.device_ptr(),
+            w.device_ptr(),
+            state.device_ptr(),
+            y.device_ptr(),
+        );
+        let (qs, pos, slot) = (
+            meta.query_start.device_ptr(),
+            meta.positions.device_ptr(),
+            meta.state_slots.device_ptr(),
+        );
+        let ns = nseq as u32;
         if width > 1 && one_row_each {
             // Decode: the convolution and the history update in one launch (bit-equal).
-            let f = self.func("kda", sfx, &format!("short_conv_decode_{sfx}"))?;
-            self.launch(
-                OP,
-                &f,
-                (launch::elementwise_grid(nseq * c, 1, 256, 65535), 1, 1),
-                (256, 1, 1),
-                0,
-                kparams![
-                    x.device_ptr(),
-                    w.device_ptr(),
-                    state.device_ptr(),
-                    y.device_ptr(),
-                    meta.query_start.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.state_slots.device_ptr(),
-                    nseq as u32,
-                    cu,
-                    wu
-                ],
+            run(
+                "short_conv_decode",
+                nseq * c,
+                kparams![xp, wp, sp, yp, qs, pos, slot, ns, cu, wu],
             )?;
             return Ok(y);
         }
         if n > 0 {
-            let f = self.func("kda", sfx, &format!("short_conv_{sfx}"))?;
-            self.launch(
-                OP,
-                &f,
-                (launch::elementwise_grid(n * c, 1, 256, 65535), 1, 1),
-                (256, 1, 1),
-                0,
-                kparams![
-                    x.device_ptr(),
-                    w.device_ptr(),
-                    state.device_ptr(),
-                    y.device_ptr(),
-                    meta.token_seq.device_ptr(),
-                    meta.query_start.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.state_slots.device_ptr(),
-                    to_u32(OP, "N", n)?,
-                    cu,
-                    wu
-                ],
+            let (ts, nu) = (meta.token_seq.device_ptr(), to_u32(OP, "N", n)?);
+            run(
+                "short_conv",
+                n * c,
+                kparams![xp, wp, sp, yp, ts, qs, pos, slot, nu, cu, wu],
             )?;
         }
         if width > 1 {
-            let f = self.func("kda", sfx, &format!("short_conv_state_{sfx}"))?;
-            self.launch(
-                OP,
-                &f,
-                (launch::elementwise_grid(nseq * c, 1, 256, 65535), 1, 1),
-                (256, 1, 1),
-                0,
-                kparams![
-                    x.device_ptr(),
-                    state.device_ptr(),
-                    meta.query_start.device_ptr(),
-                    meta.positions.device_ptr(),
-                    meta.state_slots.device_ptr(),
-                    nseq as u32,
-                    cu,
-                    wu
-                ],
+            run(
+                "short_conv_state",
+                nseq * c,
+                kparams![xp, sp, qs, pos, slot, ns, cu, wu],
             )?;
         }
         Ok(y)

@@ -510,20 +510,19 @@ impl CudaBackend {
         smem: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        let Some(profiler) = self.profiler.as_ref().filter(|_| !self.pool.is_capturing()) else {
-            return self.launch_now(op, f, grid, block, smem, params);
-        };
-        let start = profile::Profiler::start(&self.ctx, &self.stream)?;
-        self.launch_now(op, f, grid, block, smem, params)?;
-        let name = self.kernel_name(f).unwrap_or_else(|| op.to_string());
-        profiler
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .end(&self.ctx, &self.stream, name, start)
+        self.profiled(
+            || self.kernel_name(f).unwrap_or_else(|| op.to_string()),
+            || self.launch_now(op, f, grid, block, smem, params),
+        )
     }
 
-    /// Times `work` (a cuBLAS call) as `name` when profiling.
-    fn profiled<T>(&self, name: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// Runs `work` (a launch, a cuBLAS call), timed as `name()` when profiling
+    /// (`DAYONE_CUDA_PROFILE=1`, outside graph captures).
+    fn profiled<T>(
+        &self,
+        name: impl FnOnce() -> String,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let Some(profiler) = self.profiler.as_ref().filter(|_| !self.pool.is_capturing()) else {
             return work();
         };
@@ -532,7 +531,7 @@ impl CudaBackend {
         profiler.lock().unwrap_or_else(|p| p.into_inner()).end(
             &self.ctx,
             &self.stream,
-            name.to_string(),
+            name(),
             start,
         )?;
         Ok(out)

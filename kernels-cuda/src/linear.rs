@@ -38,32 +38,34 @@ impl CudaBackend {
         );
         let (alpha, beta) = (1.0f32, 0.0f32);
         let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-        let name = format!("cublas_gemm m{m}");
         // SAFETY: device pointers of live buffers with the sizes the callers checked.
-        self.profiled(&name, || unsafe {
-            cublas::result::gemm_ex(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                ni,
-                mi,
-                ki,
-                (&alpha) as *const f32 as *const c_void,
-                w.device_ptr() as *const c_void,
-                dt,
-                ki,
-                x.device_ptr() as *const c_void,
-                dt,
-                ki,
-                (&beta) as *const f32 as *const c_void,
-                out.device_ptr() as *mut c_void,
-                ot,
-                ni,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-            .map_err(|e| anyhow!("{op}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))
-        })
+        self.profiled(
+            || format!("cublas_gemm m{m}"),
+            || unsafe {
+                cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    ni,
+                    mi,
+                    ki,
+                    (&alpha) as *const f32 as *const c_void,
+                    w.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    x.device_ptr() as *const c_void,
+                    dt,
+                    ki,
+                    (&beta) as *const f32 as *const c_void,
+                    out.device_ptr() as *mut c_void,
+                    ot,
+                    ni,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .map_err(|e| anyhow!("{op}: cuBLAS GemmEx [{m}x{k}]·[{n}x{k}]ᵀ failed: {e:?}"))
+            },
+        )
     }
 
     /// `x · wᵀ` with an f32 output: cuBLAS GemmEx with 16-bit (or f32) inputs and an f32 C.

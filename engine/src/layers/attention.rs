@@ -140,9 +140,7 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<(B::Tensor, B::Tensor)> {
-        let [k, v]: [B::Tensor; 2] = Linear::forward_many(b, x, &[&self.k_proj, &self.v_proj])?
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("linear_many: expected 2 outputs"))?;
+        let [k, v] = Linear::forward_n(b, x, [&self.k_proj, &self.v_proj])?;
         self.key_rows_of(b, k, v, rope, meta)
     }
 
@@ -173,10 +171,7 @@ impl<B: Backend> Attention<B> {
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let [q, k, v]: [B::Tensor; 3] =
-            Linear::forward_many(b, x, &[&self.q_proj, &self.k_proj, &self.v_proj])?
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("linear_many: expected 3 outputs"))?;
+        let [q, k, v] = Linear::forward_n(b, x, [&self.q_proj, &self.k_proj, &self.v_proj])?;
         let q = self.heads(b, q, s.heads, &self.q_norm)?;
         let q = rope.forward(b, &q, &meta.positions)?;
         let (k, v) = self.key_rows_of(b, k, v, rope, meta)?;

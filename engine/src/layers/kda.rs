@@ -181,10 +181,10 @@ impl<B: Backend> Kda<B> {
         let n = meta.host.num_tokens();
         let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
         // Every projection of x at once (one decode GEMV launch on CUDA).
-        let [q, k, v, f, beta, g]: [B::Tensor; 6] = Linear::forward_many(
+        let [q, k, v, f, beta, g] = Linear::forward_n(
             b,
             x,
-            &[
+            [
                 &self.q_proj,
                 &self.k_proj,
                 &self.v_proj,
@@ -192,9 +192,7 @@ impl<B: Backend> Kda<B> {
                 &self.b_proj,
                 &self.g_a,
             ],
-        )?
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("linear_many: expected 6 outputs"))?;
+        )?;
         let conv = |t: &B::Tensor, i: usize| -> Result<B::Tensor> {
             heads(&b.short_conv(t, &self.conv[i], &conv_state[i], meta)?)
         };

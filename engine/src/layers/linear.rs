@@ -89,4 +89,17 @@ impl<B: Backend> Linear<B> {
             None => layers.iter().map(|l| l.forward(b, x)).collect(),
         }
     }
+
+    /// [`Linear::forward_many`] for a fixed number of projections, as an array.
+    pub fn forward_n<const N: usize>(
+        b: &B,
+        x: &B::Tensor,
+        layers: [&Linear<B>; N],
+    ) -> Result<[B::Tensor; N]> {
+        Self::forward_many(b, x, &layers)?
+            .try_into()
+            .map_err(|v: Vec<_>| {
+                anyhow::anyhow!("linear_many: {} outputs for {N} weights", v.len())
+            })
+    }
 }

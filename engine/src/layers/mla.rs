@@ -248,9 +248,7 @@ impl<B: Backend> Mla<B> {
         rope: Option<&Rope<B>>,
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<(B::Tensor, B::Tensor)> {
-        let [c_kv, k_pe]: [B::Tensor; 2] = Linear::forward_many(b, x, &[&self.kv_a, &self.k_pe])?
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("linear_many: expected 2 outputs"))?;
+        let [c_kv, k_pe] = Linear::forward_n(b, x, [&self.kv_a, &self.k_pe])?;
         self.latent_rows_of(b, c_kv, k_pe, rope, meta)
     }
 

@@ -51,9 +51,7 @@ impl<B: Backend> Mlp<B> {
 
     /// `x` `[N, D]` → this rank's partial `[N, D]` (its slice of the width), not yet summed.
     pub fn forward_partial(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let [g, u]: [B::Tensor; 2] = Linear::forward_many(b, x, &[&self.gate, &self.up])?
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("linear_many: expected 2 outputs"))?;
+        let [g, u] = Linear::forward_n(b, x, [&self.gate, &self.up])?;
         let act = match self.limit {
             Some(l) => b.silu_mul_limit(&g, &u, l)?,
             None => b.silu_mul(&g, &u)?,
