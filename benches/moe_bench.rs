@@ -136,8 +136,8 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let (d, e, f) = (a.hidden, a.experts, a.expert_dim);
     let act = b.activation_dtype(DType::BF16);
     let mut rng = Rng::new(7);
-    let gate = b.upload(&HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 0.05))?)?;
-    let bias = b.upload(&HostTensor::from_f32(vec![e], &rng.vec(e, 0.01))?)?;
+    let gate = b.upload_weight(&HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 0.05))?)?;
+    let bias = b.upload_weight(&HostTensor::from_f32(vec![e], &rng.vec(e, 0.01))?)?;
     let format = match a.experts_format.as_str() {
         "bf16" => None,
         "mxfp4" => Some(QuantFormat::MXFP4),
@@ -166,8 +166,8 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     }
     let (gate_up, down, mut quant) = match format {
         None => (
-            b.upload(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?,
-            b.upload(&filled(&[e, d, f], &mut rng, 0.02)?)?,
+            b.upload_weight(&filled(&[e, 2 * f, d], &mut rng, 0.02)?)?,
+            b.upload_weight(&filled(&[e, d, f], &mut rng, 0.02)?)?,
             None,
         ),
         Some(fmt) => {
@@ -183,9 +183,9 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
         }
     };
     let sf = f * a.shared;
-    let sh_gate = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
-    let sh_up = b.upload(&filled(&[sf, d], &mut rng, 0.02)?)?;
-    let sh_down = b.upload(&filled(&[d, sf], &mut rng, 0.02)?)?;
+    let sh_gate = b.upload_weight(&filled(&[sf, d], &mut rng, 0.02)?)?;
+    let sh_up = b.upload_weight(&filled(&[sf, d], &mut rng, 0.02)?)?;
+    let sh_down = b.upload_weight(&filled(&[d, sf], &mut rng, 0.02)?)?;
     let routing = MoeRouting {
         top_k: a.top_k,
         n_group: a.groups,
@@ -200,11 +200,9 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
                 Some(q) => q.forward(&b, x, &ids, &w)?,
                 None => b.moe_experts(x, &ids, &w, &gate_up, &down)?,
             };
-            let s = b.linear(
-                &b.silu_mul(&b.linear(x, &sh_gate, None)?, &b.linear(x, &sh_up, None)?)?,
-                &sh_down,
-                None,
-            )?;
+            // The shared expert as the engine runs it: gate and up in one `linear_many`.
+            let gu = b.linear_many(x, &[(&sh_gate, None), (&sh_up, None)])?;
+            let s = b.linear(&b.silu_mul(&gu[0], &gu[1])?, &sh_down, None)?;
             Ok((b.add(&y, &s)?, ids))
         };
     if !a.json {
