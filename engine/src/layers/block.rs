@@ -148,30 +148,57 @@ impl<B: Backend> BlockFfn<B> {
     }
 }
 
+/// The residual stream between blocks: summed, or the previous plain block's `h` and
+/// feed-forward output `m` not yet added — the next plain block adds them in the same launch as
+/// its input norm ([`Backend::add_rms_norm`], bit-equal to adding first).
+pub enum ResidualStream<B: Backend> {
+    /// `[N, D]` (or `[N, n·D]` streams).
+    Sum(B::Tensor),
+    /// `h + m`, both `[N, D]`.
+    Pending(B::Tensor, B::Tensor),
+}
+
+impl<B: Backend> ResidualStream<B> {
+    /// The summed residual (one `add` for a pending one).
+    pub fn sum(self, b: &B) -> Result<B::Tensor> {
+        match self {
+            ResidualStream::Sum(h) => Ok(h),
+            ResidualStream::Pending(h, m) => b.add(&h, &m),
+        }
+    }
+}
+
 impl<B: Backend> Block<B> {
     /// The residual `h` (`[N, D]`, or `[N, n·D]` streams with hyper-connections) after this
     /// block (layer `layer` of the model); `sel` and `cp` as in [`BlockMixer::forward`] (the
-    /// feed-forward is token-local).
+    /// feed-forward is token-local). A plain block leaves its last add pending.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,
-        h: &B::Tensor,
+        h: ResidualStream<B>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
         layer: usize,
         sel: &mut Option<Selection<B>>,
         cp: Option<&CpStep<B>>,
-    ) -> Result<B::Tensor> {
+    ) -> Result<ResidualStream<B>> {
         match &self.residual {
             BlockResidual::Plain => {
-                let x = self.input_norm.forward(b, h)?;
+                let (h, x) = match h {
+                    ResidualStream::Sum(h) => {
+                        let x = self.input_norm.forward(b, &h)?;
+                        (h, x)
+                    }
+                    ResidualStream::Pending(h, m) => self.input_norm.add_forward(b, &h, &m)?,
+                };
                 let a = self.mixer.forward(b, &x, meta, cache, layer, sel, cp)?;
-                let (h, x) = self.post_norm.add_forward(b, h, &a)?;
+                let (h, x) = self.post_norm.add_forward(b, &h, &a)?;
                 let m = self.ffn.forward(b, &x)?;
-                b.add(&h, &m)
+                Ok(ResidualStream::Pending(h, m))
             }
             BlockResidual::Hyper { attn, ffn } => {
+                let h = &h.sum(b)?;
                 let h = attn.forward(b, h, |x| {
                     let x = self.input_norm.forward(b, x)?;
                     self.mixer.forward(b, &x, meta, cache, layer, sel, cp)
@@ -179,6 +206,7 @@ impl<B: Backend> Block<B> {
                 ffn.forward(b, &h, |x| {
                     self.ffn.forward(b, &self.post_norm.forward(b, x)?)
                 })
+                .map(ResidualStream::Sum)
             }
         }
     }

@@ -20,7 +20,7 @@ mod rope;
 pub mod vision;
 
 pub use attention::{Attention, AttentionShape};
-pub use block::{Block, BlockFfn, BlockMixer, BlockResidual};
+pub use block::{Block, BlockFfn, BlockMixer, BlockResidual, ResidualStream};
 pub use dsa_indexer::DsaIndexer;
 pub use gpt_oss_moe::{GptOssExperts, GptOssMoe};
 pub use hyper_connections::{expand_streams, mean_streams, HcWeights, HyperConnection};

@@ -15,7 +15,7 @@ use crate::cache::{CacheSpec, KvCache, LayerCacheSpec};
 use crate::layers::{
     expand_streams, mean_streams, Attention, AttentionShape, Block, BlockFfn, BlockMixer,
     BlockResidual, DsaIndexer, ExpertNames, GptOssMoe, HyperConnection, Kda, KdaShape, Mla,
-    MlaShape, MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, RmsNorm, Rope,
+    MlaShape, MlaSparse, Mlp, Moe, MoeShape, PooledDsaIndexer, ResidualStream, RmsNorm, Rope,
 };
 use crate::models::{CausalLm, TokenHead};
 use crate::parallel::{ContextParallel, CpStep};
@@ -616,14 +616,18 @@ impl<B: Backend> Decoder<B> {
             }
         };
         let mut sel = None;
+        let mut r = ResidualStream::Sum(h);
         for (i, block) in self.blocks.iter().enumerate() {
-            h = block.forward(b, &h, meta, cache, i, &mut sel, cp)?;
+            r = block.forward(b, r, meta, cache, i, &mut sel, cp)?;
             if trace.is_some() {
+                let h = r.sum(b)?;
                 let all = gather(view(&h)?)?;
                 self.head
                     .trace(b, trace.as_deref_mut(), &all, i, self.blocks.len())?;
+                r = ResidualStream::Sum(h);
             }
         }
+        let h = r.sum(b)?;
         let logits = self.head.logits(b, &view(&h)?, meta)?;
         match cp {
             Some(cp) => cp.gather_logits(b, &logits),
