@@ -283,6 +283,7 @@ fn bench(
         cfg.context_parallel_size,
     );
     let enforce_eager = cfg.enforce_eager;
+    let moe_fp8 = cfg.moe_fp8;
     // The engine runs on its own thread behind the service handle, as under `dayone serve`.
     let handle = load::service(kind, ckpt, cfg, a.json)?;
     let info = handle.model_info().clone();
@@ -335,6 +336,7 @@ fn bench(
         roofline,
         split,
         enforce_eager,
+        moe_fp8,
         image: image.as_ref().map(|(img, p)| (img.as_ref(), *p)),
         copies: Cell::new(1),
     };
@@ -419,6 +421,8 @@ struct Run<'a> {
     split: (usize, usize, usize),
     /// `--enforce-eager`: decode steps never ran as CUDA graphs (other backends have none).
     enforce_eager: bool,
+    /// `--moe-fp8` as given (a warning line at load says when it fell back or had no effect).
+    moe_fp8: bool,
     /// `--image` and its placeholder id, put before every sequence's text.
     image: Option<(&'a RgbImage, u32)>,
     /// The next [`unique_copy`] number of the image.
@@ -604,6 +608,7 @@ impl Run<'_> {
             "context_parallel_size": self.split.2,
             "batch_invariant": info.batch_invariant,
             "enforce_eager": self.enforce_eager,
+            "moe_fp8": self.moe_fp8,
             "ttft_median_s": percentile(&ttft, 0.5),
             "ttft_max_s": ttft.last().copied().unwrap_or(f64::NAN),
             "prefill_tokens_per_s": prefill_tokens as f64 / ttft.last().copied().unwrap_or(f64::NAN),
@@ -635,6 +640,11 @@ impl Run<'_> {
         };
         let split = if self.enforce_eager {
             format!("{split} | eager")
+        } else {
+            split
+        };
+        let split = if self.moe_fp8 {
+            format!("{split} | moe-fp8")
         } else {
             split
         };

@@ -85,6 +85,25 @@ fn tiny_bench(model: &str, extra: &[&str]) -> (String, String) {
     dayone(&args, model)
 }
 
+/// `bench` says whether `--moe-fp8` was given (`moe_fp8` in `--json`, `| moe-fp8` in the
+/// header), so saved reports of a speed comparison tell the two runs apart; on WGSL the load
+/// also warns that it fell back.
+#[test]
+fn bench_reports_moe_fp8() {
+    let plain = json(&tiny_bench("gpt_oss_tiny", &["--json"]).0);
+    assert_eq!(plain["moe_fp8"], false, "{plain}");
+    let (out, stderr) = tiny_bench("gpt_oss_tiny", &["--json", "--moe-fp8"]);
+    assert_eq!(json(&out)["moe_fp8"], true, "{out}");
+    assert!(stderr.contains("no FP8 expert GEMM"), "{stderr}");
+    let (table, _) = tiny_bench("gpt_oss_tiny", &["--moe-fp8"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("model ") && l.ends_with("| moe-fp8")),
+        "{table}"
+    );
+}
+
 #[test]
 fn bench_reports_the_weight_dtype_and_resident_bytes() {
     let bench = |dtype: &str| json(&tiny_bench("gpt_oss_tiny", &["--dtype", dtype, "--json"]).0);
