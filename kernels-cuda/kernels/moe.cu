@@ -204,58 +204,7 @@ extern "C" __global__ void moe_sort(const u32* __restrict__ ids, u32 p, u32 e, u
     }
 }
 
-// Which rows a tile covers. `gather_k` > 0: A row of sorted position sp is token sorted[sp] / k
-// (gate_up reads x); 0: A row is sp itself (down reads h).
-struct MoeTile {
-    u32 expert, first, rows;  // first sorted position, rows in the tile
-};
-__device__ __forceinline__ bool moe_tile(const u32* offsets, const u32* tiles, const u32* ntiles,
-                                         u32 bt, MoeTile& t) {
-    const u32 ti = blockIdx.y;
-    if (ti >= *ntiles) return false;
-    t.expert = tiles[2 * ti];
-    const u32 r0 = tiles[2 * ti + 1];
-    const u32 o0 = offsets[t.expert], o1 = offsets[t.expert + 1];
-    t.first = o0 + r0;
-    t.rows = min(bt, o1 - o0 - r0);
-    return true;
-}
-__device__ __forceinline__ u32 moe_src_row(const u32* sorted, u32 gather_k, u32 sp) {
-    return gather_k ? sorted[sp] / gather_k : sp;
-}
-
-__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
-
-// The gate_up epilogue: silu(g) · u, or with limit > 0 (glm5_next's swiglu_limit)
-// silu(min(g, limit)) · clamp(u, −limit, limit).
-__device__ __forceinline__ float swiglu_f(float g, float u, float limit) {
-    if (limit > 0.f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-    }
-    return silu_f(g) * u;
-}
-
-// The expert activations of dayone_backend::ExpertAct, as the kernels number them: act 0/2
-// SwiGLU on rows [gate; up] (clamped when limit > 0); act 1 gpt-oss's GLU on interleaved rows
-// (2i gate, 2i + 1 up): g = min(g, limit), u = clamp(u, −limit, limit), (u + 1) · g · σ(αg)
-// (HF `GptOssExperts._apply_gate`).
-__device__ __forceinline__ u32 moe_gu_row(u32 o, bool up, u32 nout, u32 act) {
-    return act == 1 ? 2 * o + (up ? 1u : 0u) : (up ? nout + o : o);
-}
-__device__ __forceinline__ float moe_act_f(float g, float u, float limit, u32 act, float alpha) {
-    if (act == 1) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return (u + 1.f) * g / (1.f + expf(-alpha * g));
-    }
-    return swiglu_f(g, u, limit);
-}
-// Per-expert bias of weight row `row` (`bias` [E, wrows] or null).
-template <typename T>
-__device__ __forceinline__ float moe_bias(const T* bias, u32 expert, u32 wrows, u32 row) {
-    return bias ? to_f(bias[(u64)expert * wrows + row]) : 0.f;
-}
+// MoeTile, moe_tile, moe_src_row, the activations (moe_act_f) and moe_bias: moe_common.cuh.
 
 // ---------------------------------------------------------------------------------------------
 // Grouped GEMV (decode: at most MT rows per tile). A warp owns RPW outputs of one tile (GU: the
@@ -490,32 +439,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
     }
     cp_async_wait<0>();
 
-    // Epilogue. acc[mt][j]: rows wm·32 + mt·16 + g (+8), columns (n-tile j) t4·2 + {0, 1}.
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const u32 row = wm * 32 + mt * 16 + g + 8 * (e >> 1);
-            if (row >= tl.rows) continue;
-            T* orow = out + (u64)(tl.first + row) * nout;
-            if (GU) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const u32 col = n0 + wn * 16 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) {
-                        const float gv = acc[mt][j][e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, false, nout, act));
-                        const float uv = acc[mt][j + 2][e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(col, true, nout, act));
-                        orow[col] = from_f<T>(moe_act_f(gv, uv, limit, act, alpha));
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const u32 col = n0 + wn * 32 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) orow[col] = from_f<T>(acc[mt][j][e] + moe_bias(bias, tl.expert, wrows, col));
-                }
-            }
-        }
+    moe_mma_epilogue<T, GU>(acc, out, tl, wm, wn, g, t4, n0, nout, wrows, limit, bias, act, alpha);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@
 // 32-wide block with one `mma.sync.m16n8k32.e4m3` into a fresh fragment and adds it times
 // scale_a[row][kb] · scale_b[col][kb] into f32 accumulators. Tile map, epilogues (act 0/2
 // SwiGLU on rows [gate; up], act 1 gpt-oss's GLU on interleaved rows, per-expert biases) and
-// output layout are those of moe_mma in kernels/moe.cu, so moe_combine finishes the step.
+// output layout are those of moe_mma in kernels/moe.cu (shared: kernels/moe_common.cuh, which
+// nvrtc_cache puts before this file), so moe_combine finishes the step.
 //
 //   moe_fp8_weights  codes [E, R, K] (items[m] of them) → q [m, R, K] e4m3, s [m, R, K/32] f32
 //   moe_fp8_act_S    x [rows, K] (T) → q [rows, K] e4m3, s [rows, K/32] f32
@@ -153,26 +154,6 @@ __device__ __forceinline__ void f8_mma(float* d, const u32* a, u32 b0, u32 b1) {
 #endif
 }
 
-__device__ __forceinline__ u32 f8_gu_row(u32 o, bool up, u32 nout, u32 act) {
-    return act == 1 ? 2 * o + (up ? 1u : 0u) : (up ? nout + o : o);
-}
-__device__ __forceinline__ float f8_act(float g, float u, float limit, u32 act, float alpha) {
-    if (act == 1) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return (u + 1.f) * g / (1.f + expf(-alpha * g));
-    }
-    if (limit > 0.f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-    }
-    return g / (1.f + expf(-g)) * u;
-}
-template <typename T>
-__device__ __forceinline__ float f8_bias(const T* bias, u32 expert, u32 wrows, u32 row) {
-    return bias ? to_f(bias[(u64)expert * wrows + row]) : 0.f;
-}
-
 // a [rows, K] e4m3 + as [rows, K/32]; w [E, wrows, K] e4m3 + ws [E, wrows, K/32]; out [P, nout]
 // (T). 8 warps as 2 (rows) × 4 (weight rows); GU: the 128 weight rows are 64 gate rows and the
 // matching up rows, epilogue act(g, u) for 64 outputs; else 128 outputs.
@@ -189,24 +170,21 @@ __device__ __forceinline__ void moe_fp8_mma_impl(
     __shared__ float ssa[F8_STAGES][F8_BM][2];
     __shared__ float ssb[F8_STAGES][F8_BN][2];
     grid_dep_wait();
-    const u32 ti = blockIdx.y;
-    if (ti >= *ntiles) return;
-    const u32 expert = tiles[2 * ti];
-    const u32 first = offsets[expert] + tiles[2 * ti + 1];
-    const u32 rows = min((u32)F8_BM, offsets[expert + 1] - first);
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, F8_BM, tl)) return;
     const u32 tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const u32 wm = wp & 1, wn = wp >> 1;
     const u32 g = lane >> 2, t4 = lane & 3;
     const u32 n0 = blockIdx.x * (GU ? F8_BN / 2 : F8_BN);
     const u32 nkb = kdim / 32;
-    const u8* wexp = w + (u64)expert * wrows * kdim;
-    const float* wsexp = ws + (u64)expert * wrows * nkb;
-    auto src_row = [&](u32 r) { return gather_k ? sorted[first + r] / gather_k : first + r; };
+    const u8* wexp = w + (u64)tl.expert * wrows * kdim;
+    const float* wsexp = ws + (u64)tl.expert * wrows * nkb;
+    auto src_row = [&](u32 r) { return moe_src_row(sorted, gather_k, tl.first + r); };
     auto weight_row = [&](u32 br, bool& ok) {
         if (GU) {
             const u32 o = n0 + (br & 63);
             ok = o < nout;
-            return f8_gu_row(ok ? o : 0, br >= 64, nout, act);
+            return moe_gu_row(ok ? o : 0, br >= 64, nout, act);
         }
         ok = n0 + br < nout;
         return ok ? n0 + br : 0u;
@@ -215,14 +193,14 @@ __device__ __forceinline__ void moe_fp8_mma_impl(
     // Copy jobs: one 16-byte A chunk (row tid / 4, chunk tid % 4), two B chunks (rows tid / 4
     // and 64 + tid / 4); scales: A (row tid / 2, block tid % 2) for tid < 128, B (row tid / 2).
     const u32 ar = tid >> 2, ac = (tid & 3) * 16;
-    const bool a_ok = ar < rows;
+    const bool a_ok = ar < tl.rows;
     const u8* asrc = a + (u64)src_row(a_ok ? ar : 0) * kdim + ac;
     const u8* bsrc[2];
     bool b_ok[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) bsrc[i] = wexp + (u64)weight_row(ar + 64 * i, b_ok[i]) * kdim + ac;
     const u32 sr = tid >> 1, skb = tid & 1;
-    const bool sa_ok = sr < rows && tid < 128;
+    const bool sa_ok = sr < tl.rows && tid < 128;
     const float* sasrc = as + (u64)src_row(sa_ok ? sr : 0) * nkb + skb;
     bool sb_ok;
     const float* sbsrc = wsexp + (u64)weight_row(sr, sb_ok) * nkb + skb;
@@ -307,32 +285,7 @@ __device__ __forceinline__ void moe_fp8_mma_impl(
     }
     cp_async_wait<0>();
 
-    // Epilogue (moe_mma's). acc[mt][j]: rows wm·32 + mt·16 + g (+8), columns (n-tile j) t4·2 + {0, 1}.
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const u32 row = wm * 32 + mt * 16 + g + 8 * (e >> 1);
-            if (row >= rows) continue;
-            T* orow = out + (u64)(first + row) * nout;
-            if (GU) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const u32 col = n0 + wn * 16 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) {
-                        const float gv = acc[mt][j][e] + f8_bias(bias, expert, wrows, f8_gu_row(col, false, nout, act));
-                        const float uv = acc[mt][j + 2][e] + f8_bias(bias, expert, wrows, f8_gu_row(col, true, nout, act));
-                        orow[col] = from_f<T>(f8_act(gv, uv, limit, act, alpha));
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const u32 col = n0 + wn * 32 + j * 8 + t4 * 2 + (e & 1);
-                    if (col < nout) orow[col] = from_f<T>(acc[mt][j][e] + f8_bias(bias, expert, wrows, col));
-                }
-            }
-        }
+    moe_mma_epilogue<T, GU>(acc, out, tl, wm, wn, g, t4, n0, nout, wrows, limit, bias, act, alpha);
 }
 
 #define MOE_FP8_ARGS(T)                                                                        \

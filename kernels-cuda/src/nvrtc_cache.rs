@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 /// Helpers prepended to every family (bf16/f16 conversion, 16-byte vector loads, warp reductions).
 pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 
-/// Every kernel family: `(name, source without the common header)`.
+/// Every kernel family: `(name, source without the common header)`. The `moe` and `moe_fp8`
+/// sources start with `kernels/moe_common.cuh` (their shared tile map, activations, biases and
+/// GEMM epilogue).
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("embedding", include_str!("../kernels/embedding.cu")),
     ("norm", include_str!("../kernels/norm.cu")),
@@ -28,13 +30,25 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
         include_str!("../kernels/attention_paged.cu"),
     ),
     ("mla", include_str!("../kernels/mla.cu")),
-    ("moe", include_str!("../kernels/moe.cu")),
+    (
+        "moe",
+        concat!(
+            include_str!("../kernels/moe_common.cuh"),
+            include_str!("../kernels/moe.cu")
+        ),
+    ),
     ("kda", include_str!("../kernels/kda.cu")),
     ("dsa", include_str!("../kernels/dsa.cu")),
     ("quant", include_str!("../kernels/quant.cu")),
     ("attention_ext", include_str!("../kernels/attention_ext.cu")),
     ("moe_ext", include_str!("../kernels/moe_ext.cu")),
-    ("moe_fp8", include_str!("../kernels/moe_fp8.cu")),
+    (
+        "moe_fp8",
+        concat!(
+            include_str!("../kernels/moe_common.cuh"),
+            include_str!("../kernels/moe_fp8.cu")
+        ),
+    ),
     ("gemm_inv", include_str!("../kernels/gemm_inv.cu")),
     ("flash_attn", include_str!("../kernels/flash_attn.cu")),
 ];
