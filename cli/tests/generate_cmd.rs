@@ -80,7 +80,7 @@ fn cpu_backend_matches_wgsl() {
 
 /// `--moe-fp8` where it cannot run says so in exactly one line and generates the same tokens as
 /// without the flag: a dense model, low-bit experts decoded at load, and low-bit experts on a
-/// backend without the FP8 GEMM (the CPU backend).
+/// backend without the FP8 GEMM (the CPU backend); once per job, not per rank.
 #[test]
 fn moe_fp8_says_once_why_it_does_nothing() {
     let run = |model: &str, extra: &[&str]| {
@@ -115,6 +115,13 @@ fn moe_fp8_says_once_why_it_does_nothing() {
             "decoded at load",
         ),
         ("deepseek_v3_int4", &[][..], "no FP8 expert GEMM"),
+        // Two context-parallel ranks: still one line (the first rank's).
+        ("deepseek_v3_int4", &["-cp", "2"][..], "no FP8 expert GEMM"),
+        (
+            "llama_tiny",
+            &["-cp", "2"][..],
+            "no MXFP4 / INT4 routed experts",
+        ),
     ] {
         let (plain, _) = run(model, extra);
         let (ids, stderr) = run(model, &[extra, &["--moe-fp8"]].concat());

@@ -97,7 +97,13 @@ impl<B: Backend> QuantExperts<B> {
             down: w.upload_quant(down)?,
             workspace: w.expert_workspace(e, f2 / 2, d)?,
             path: QuantPath::Auto,
-            fp8: w.moe_fp8() && fp8_available(w.backend(), gate_up.format, down.format),
+            fp8: w.moe_fp8()
+                && fp8_available(
+                    w.backend(),
+                    gate_up.format,
+                    down.format,
+                    w.parallel().is_first(),
+                ),
         })
     }
 
@@ -189,12 +195,15 @@ impl<B: Backend> QuantExperts<B> {
     }
 }
 
-/// Whether the backend runs both formats through its FP8 expert GEMM; when not, says once per
-/// process that `--moe-fp8` falls back to the float decode (as vLLM falls back, with a warning,
-/// where a quantisation kernel is missing on the device).
-fn fp8_available<B: Backend>(b: &B, gate_up: QuantFormat, down: QuantFormat) -> bool {
+/// Whether the backend runs both formats through its FP8 expert GEMM; when not and `warn` (the
+/// job's first rank), says once per process that `--moe-fp8` falls back to the float decode (as
+/// vLLM falls back, with a warning, where a quantisation kernel is missing on the device).
+fn fp8_available<B: Backend>(b: &B, gate_up: QuantFormat, down: QuantFormat, warn: bool) -> bool {
     if b.moe_fp8_available(gate_up) && b.moe_fp8_available(down) {
         return true;
+    }
+    if !warn {
+        return false;
     }
     static WARNED: std::sync::Once = std::sync::Once::new();
     WARNED.call_once(|| {
@@ -303,7 +312,8 @@ mod tests {
         assert!(!super::fp8_available(
             &b,
             QuantFormat::MXFP4,
-            QuantFormat::MXFP4
+            QuantFormat::MXFP4,
+            true
         ));
         layer.path = QuantPath::Decode;
         layer.fp8 = true;

@@ -129,7 +129,7 @@ pub fn load_model<B: Backend>(
         plan.check_context_parallel()?;
     }
     let mut model = Decoder::load(&w, &plan)?;
-    if w.moe_fp8() && w.parallel().rank() == 0 {
+    if w.moe_fp8() && w.parallel().is_first() {
         // Each low-bit expert layer made or shared a decode workspace; none: nothing to run in FP8.
         if let Some(note) = moe_fp8_unused(!w.workspaces().borrow().is_empty(), w.keeps_quantized())
         {

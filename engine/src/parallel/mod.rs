@@ -94,6 +94,12 @@ impl<B: Backend> Parallel<B> {
         self.comm.rank()
     }
 
+    /// Whether this is the first rank of the job (rank 0 of the tensor-parallel and of the
+    /// context-parallel group): the one that logs what every rank would say alike.
+    pub fn is_first(&self) -> bool {
+        self.rank() == 0 && self.context.as_ref().is_none_or(|c| c.rank() == 0)
+    }
+
     /// Ranks in all.
     pub fn world(&self) -> usize {
         self.comm.world()
