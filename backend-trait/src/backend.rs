@@ -260,6 +260,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.
     fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
 
+    /// A SwiGLU feed-forward's first half: `silu(x · w_gateᵀ) ⊙ (x · w_upᵀ)`, exactly as
+    /// [`Backend::linear_many`] of the two weights then [`Backend::silu_mul`] compute it (the
+    /// projections rounded to `x`'s dtype first). `x` `[M, K]`, `w_gate`, `w_up` `[F, K]` →
+    /// `[M, F]`. The default makes those calls; a backend may fuse them (CUDA decode: one GEMV
+    /// launch that never writes the projections). Errors: as `linear` and `silu_mul`.
+    fn linear_silu_mul(
+        &self,
+        x: &Self::Tensor,
+        w_gate: &Self::Tensor,
+        w_up: &Self::Tensor,
+    ) -> Result<Self::Tensor> {
+        let ys = self.linear_many(x, &[(w_gate, None), (w_up, None)])?;
+        self.silu_mul(&ys[0], &ys[1])
+    }
+
     /// Clamped SwiGLU (glm5_next's `swiglu_limit`, HF `Glm5NextTextMLP`):
     /// `silu(min(gate, limit)) ⊙ clamp(up, −limit, limit)`, `[M, F]` → `[M, F]` in `gate`'s
     /// dtype, f32 arithmetic. Default: the reference on the host (download, compute, upload).

@@ -138,6 +138,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_embedding(b, dt)?;
         check_linear(b, dt)?;
         check_linear_many(b, dt)?;
+        check_linear_silu_mul(b, dt)?;
         check_rms_norm(b, dt)?;
         check_add_rms_norm(b, dt)?;
         check_rope(b, dt)?;
@@ -365,6 +366,48 @@ pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
             let want = reference::linear(&x, w, bias.as_ref())?;
             compare("linear_many", &case, &many, &want, tolerance(dt))?;
         }
+    }
+    Ok(())
+}
+
+/// `linear_silu_mul`: bit-equal to `linear` of both weights then `silu_mul` on the same backend
+/// (and within tolerance of the reference), weights uploaded as weights or not, 1–8 rows, widths
+/// with and without a remainder past the GEMV's unrolled steps.
+pub fn check_linear_silu_mul<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(23);
+    for &(m, k, f, as_weight) in &[
+        (1usize, 2304usize, 1024usize, true),
+        (1, 4096, 3000, false),
+        (3, 1000, 64, true),
+        (8, 256, 33, true),
+        (9, 96, 40, false),
+    ] {
+        let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
+        let wg = rand_tensor(&mut rng, &[f, k], dt, 0.5)?;
+        let wu = rand_tensor(&mut rng, &[f, k], dt, 0.5)?;
+        let up = |t: &HostTensor| {
+            if as_weight {
+                b.upload_weight(t)
+            } else {
+                b.upload(t)
+            }
+        };
+        let (xd, gd, ud) = (b.upload(&x)?, up(&wg)?, up(&wu)?);
+        let case = format!("{dt} x [{m}, {k}] w [{f}, {k}] weights {as_weight}");
+        let got = run(b, &b.linear_silu_mul(&xd, &gd, &ud)?)?;
+        let two = run(
+            b,
+            &b.silu_mul(&b.linear(&xd, &gd, None)?, &b.linear(&xd, &ud, None)?)?,
+        )?;
+        ensure!(
+            got.data == two.data,
+            "linear_silu_mul {case}: not bit-equal to linear, linear, silu_mul"
+        );
+        let want = reference::silu_mul(
+            &reference::linear(&x, &wg, None)?,
+            &reference::linear(&x, &wu, None)?,
+        )?;
+        compare("linear_silu_mul", &case, &got, &want, tolerance(dt))?;
     }
     Ok(())
 }

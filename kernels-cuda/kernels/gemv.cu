@@ -70,17 +70,24 @@ __device__ __forceinline__ void gemv_wload(Vec8<T> (&wv)[U][RPW], const T* const
 }
 
 // TX: x's dtype (T but for the router's `gemv_x*_f32`, which widens 16-bit x as it loads it).
-template <typename T, int MT, int RPW, int U, typename TX = T>
+// GLU (`gemv_glu_*`, SwiGLU's gate and up in one launch): the block's RPW rows are RPW / 2 rows
+// of w (gate) and the same rows of w_up; y[i, row] = silu(g) · u with g and u first rounded to T
+// as the two projections' outputs are, and silu_mul's f32 formula — bit-equal to `linear` of
+// each then `silu_mul`, without writing g and u.
+template <typename T, int MT, int RPW, int U, typename TX = T, bool GLU = false>
 __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, T* __restrict__ y, u32 m,
-                                          u32 n, u32 k, u32 w_const, u32 row0) {
+                                          u32 n, u32 k, u32 w_const, u32 row0,
+                                          const T* __restrict__ w_up = nullptr) {
     __shared__ float red[GEMV_WARPS][RPW * MT];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Rows past N and x rows past M re-read a valid row and are dropped at the end, so the
     // main loop has no branches and all of its loads can be in flight together.
+    constexpr int ROWS = GLU ? RPW / 2 : RPW;  // output rows of the block
     const T* wr[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; r++) wr[r] = w + (u64)min(row0 + r, n - 1) * k;
+    for (int r = 0; r < RPW; r++)
+        wr[r] = (GLU && r >= ROWS ? w_up : w) + (u64)min(row0 + r % ROWS, n - 1) * k;
     const TX* xr[MT];
 #pragma unroll
     for (int i = 0; i < MT; i++) xr[i] = x + (u64)min((u32)i, m - 1) * k;
@@ -143,7 +150,21 @@ __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __r
             if (lane == 0) red[warp][r * MT + i] = s;
         }
     __syncthreads();
-    if (tid < RPW * MT) {
+    if (GLU) {
+        if (tid < ROWS * MT) {
+            const u32 r = tid / MT, i = tid % MT;
+            float g = 0.f, u = 0.f;
+#pragma unroll
+            for (int wi = 0; wi < GEMV_WARPS; wi++) g += red[wi][tid];
+#pragma unroll
+            for (int wi = 0; wi < GEMV_WARPS; wi++) u += red[wi][tid + ROWS * MT];
+            if (row0 + r < n && i < m) {
+                g = to_f(from_f<T>(g));
+                u = to_f(from_f<T>(u));
+                y[(u64)i * n + row0 + r] = from_f<T>(g / (1.f + expf(-g)) * u);
+            }
+        }
+    } else if (tid < RPW * MT) {
         const u32 r = tid / MT, i = tid % MT;
         float s = 0.f;
 #pragma unroll
@@ -186,7 +207,17 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
         gemv_many_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k, u32 w_const) { \
         gemv_many_impl<T, MT, RPW, U>(x, segs, m, k, w_const);                                \
     }
+// gemv_glu_*_m{MT}_r{R}: R output rows per block (2R weight rows: gate and up).
+#define GEMV_GLU(S, T, MT, R, U)                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_glu_##S##_m##MT##_r##R(  \
+        const T* x, const T* wg, const T* wu, T* y, u32 m, u32 n, u32 k, u32 w_const) {       \
+        gemv_impl<T, MT, 2 * R, U, T, true>(x, wg, nullptr, y, m, n, k, w_const,              \
+                                             blockIdx.x * R, wu);                             \
+    }
 #define GEMV_ALL(S, T)                                                                        \
+    GEMV_GLU(S, T, 1, 1, 2) GEMV_GLU(S, T, 1, 2, 2) GEMV_GLU(S, T, 2, 1, 2)                   \
+    GEMV_GLU(S, T, 2, 2, 2) GEMV_GLU(S, T, 4, 1, 2) GEMV_GLU(S, T, 4, 2, 1)                   \
+    GEMV_GLU(S, T, 8, 1, 2) GEMV_GLU(S, T, 8, 2, 1)                                           \
     GEMV(S, T, 1, 1, 2) GEMV(S, T, 1, 2, 2) GEMV(S, T, 1, 4, 2)                               \
     GEMV(S, T, 2, 1, 2) GEMV(S, T, 2, 2, 2) GEMV(S, T, 2, 4, 2)                               \
     GEMV(S, T, 4, 1, 2) GEMV(S, T, 4, 2, 2) GEMV(S, T, 4, 4, 1)                               \

@@ -811,6 +811,15 @@ impl Backend for CudaBackend {
         self.binary("silu_mul", gate, up)
     }
 
+    fn linear_silu_mul(
+        &self,
+        x: &CudaTensor,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.linear_silu_mul_impl(x, w_gate, w_up)
+    }
+
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         self.binary("add", a, b)
     }

@@ -281,3 +281,60 @@ impl CudaBackend {
         Ok(outs)
     }
 }
+
+impl CudaBackend {
+    /// [`dayone_backend::Backend::linear_silu_mul`]: one `gemv_glu` launch for decode-sized M
+    /// (bit-equal to the two projections then `silu_mul`), else the trait's two-step default.
+    ///
+    /// Errors: as `linear` for each weight and `silu_mul`.
+    pub(crate) fn linear_silu_mul_impl(
+        &self,
+        x: &CudaTensor,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear_silu_mul";
+        let (m, k) = rows_last(OP, "x [M, K]", x)?;
+        let fused = m > 0
+            && !self.invariant()
+            && launch::gemv_mt(m, k).is_some()
+            && w_gate.shape.len() == 2
+            && w_gate.shape[1] == k
+            && w_gate.shape[0] > 0
+            && w_up.shape == w_gate.shape
+            && w_gate.dtype == x.dtype
+            && w_up.dtype == x.dtype;
+        if !fused {
+            let ys = self.linear_many_impl(x, &[(w_gate, None), (w_up, None)])?;
+            return self.binary("silu_mul", &ys[0], &ys[1]);
+        }
+        let sfx = dtype_suffix(OP, x.dtype)?;
+        let mt = launch::gemv_mt(m, k).expect("checked above");
+        let n = w_gate.shape[0];
+        // Output rows per block: half the rows the plain GEMV would stream for 2N rows.
+        let rows = (launch::gemv_rpw(2 * n, self.info.sms) / 2).max(1);
+        self.bind()?;
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("rank >= 2") = n;
+        let out = self.alloc(shape, x.dtype)?;
+        let f = self.func("gemv", sfx, &format!("gemv_glu_{sfx}_m{mt}_r{rows}"))?;
+        self.launch(
+            OP,
+            &f,
+            (to_u32(OP, "grid", n.div_ceil(rows as usize))?, 1, 1),
+            (launch::GEMV_THREADS, 1, 1),
+            0,
+            kparams![
+                x.device_ptr(),
+                w_gate.device_ptr(),
+                w_up.device_ptr(),
+                out.device_ptr(),
+                m as u32,
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "K", k)?,
+                (w_gate.buf.weight && w_up.buf.weight) as u32
+            ],
+        )?;
+        Ok(out)
+    }
+}

@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward (Shazeer 2020): `down(silu(gate·x) ⊙ up·x)`; with a limit `l`
 //! (GLM-5.3-Flash's `swiglu_limit`), `down(silu(min(g, l)) ⊙ clamp(u, −l, l))`.
 
-use super::{Linear, RowLinear};
+use super::{Linear, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -51,10 +51,26 @@ impl<B: Backend> Mlp<B> {
 
     /// `x` `[N, D]` → this rank's partial `[N, D]` (its slice of the width), not yet summed.
     pub fn forward_partial(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let [g, u] = Linear::forward_n(b, x, [&self.gate, &self.up])?;
-        let act = match self.limit {
-            Some(l) => b.silu_mul_limit(&g, &u, l)?,
-            None => b.silu_mul(&g, &u)?,
+        let act = match (&self.gate, &self.up, self.limit) {
+            // Dense, bias-free SwiGLU: one call (one decode GEMV launch on CUDA).
+            (
+                Linear {
+                    weight: Weight::Dense(wg),
+                    bias: None,
+                },
+                Linear {
+                    weight: Weight::Dense(wu),
+                    bias: None,
+                },
+                None,
+            ) => b.linear_silu_mul(x, wg, wu)?,
+            _ => {
+                let [g, u] = Linear::forward_n(b, x, [&self.gate, &self.up])?;
+                match self.limit {
+                    Some(l) => b.silu_mul_limit(&g, &u, l)?,
+                    None => b.silu_mul(&g, &u)?,
+                }
+            }
         };
         self.down.forward_partial(b, &act)
     }
