@@ -392,29 +392,10 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
     };
 
     float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-    // Smem row of the first of each pair of this warp's n-tiles.
-    u32 pb[2];
-    if (GU) {
-        pb[0] = wn * 16;
-        pb[1] = 64 + wn * 16;
-    } else {
-        pb[0] = wn * 32;
-        pb[1] = wn * 32 + 16;
-    }
+    u32 pb[2];  // smem row of the first of each pair of this warp's n-tiles
+    moe_mma_start<GU>(acc, pb, wn);
     const u32 nk = (kdim + MOE_BK - 1) / MOE_BK;
-#pragma unroll
-    for (u32 s = 0; s < MOE_STAGES - 1; s++) {
-        if (s < nk) load(s, s);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < nk; kt++) {
-        cp_async_wait<MOE_STAGES - 2>();
-        __syncthreads();
-        const u32 st = kt % MOE_STAGES;
+    moe_kloop<MOE_STAGES>(nk, load, [&](u32 st) {
 #pragma unroll
         for (u32 kk = 0; kk < MOE_BK; kk += 16) {
             u32 af[2][4];
@@ -434,10 +415,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
                 }
             }
         }
-        if (kt + MOE_STAGES - 1 < nk) load(kt + MOE_STAGES - 1, (kt + MOE_STAGES - 1) % MOE_STAGES);
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
+    });
 
     moe_mma_epilogue<T, GU>(acc, out, tl, wm, wn, g, t4, n0, nout, wrows, limit, bias, act, alpha);
 }
@@ -571,15 +549,7 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
     }
     const u32 asel = lane >> 4, bsel = (lane >> 3) & 1;
     const u32 nk = (kdim + BK - 1) / BK;
-#pragma unroll
-    for (u32 s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load(s, s);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < nk; kt++) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const u32 st = kt % STAGES;
+    moe_kloop<STAGES>(nk, load, [&](u32 st) {
         const T* sas = sa + st * (BM * BK);
         const T* sbs = sb + st * (BN * BK);
 #pragma unroll
@@ -600,10 +570,7 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
                 }
             }
         }
-        if (kt + STAGES - 1 < nk) load(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
+    });
 
     // Epilogue. acc[mt][j][h · 2 + e]: row wm·WTM + mt·16 + g + 8h, column t4·2 + e of n-tile j.
 #pragma unroll

@@ -56,6 +56,45 @@ __device__ __forceinline__ float moe_bias(const T* bias, u32 expert, u32 wrows, 
     return bias ? to_f(bias[(u64)expert * wrows + row]) : 0.f;
 }
 
+// The k loop of the grouped GEMMs: a STAGES-deep cp.async pipeline over nk k slices.
+// load(kt, st) issues slice kt's copies into stage st; compute(st) consumes stage st. Every
+// warp is done with stage (kt − 1) % STAGES, which the load after compute overwrites, only after
+// the barrier at the top of iteration kt. Returns once every copy has landed.
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void moe_kloop(u32 nk, Load&& load, Compute&& compute) {
+#pragma unroll
+    for (u32 s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < nk; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        compute(kt % STAGES);
+        if (kt + STAGES - 1 < nk) load(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+}
+
+// Start of the 64 × 128 grouped GEMMs (8 warps as 2 × 4, warp column wn): zeroed accumulators
+// and pb, the smem row of the first of each pair of this warp's n-tiles (GU: gate rows 0 .. 64,
+// up rows 64 .. 128).
+template <bool GU>
+__device__ __forceinline__ void moe_mma_start(float (&acc)[2][4][4], u32 (&pb)[2], u32 wn) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    if (GU) {
+        pb[0] = wn * 16;
+        pb[1] = 64 + wn * 16;
+    } else {
+        pb[0] = wn * 32;
+        pb[1] = wn * 32 + 16;
+    }
+}
+
 // Epilogue of the 64 × 128 grouped GEMMs: 8 warps as 2 (rows, wm) × 4 (weight rows, wn), each
 // with acc[mt][j]: rows wm·32 + mt·16 + g (+8), columns (n-tile j) t4·2 + {0, 1}. GU: n-tiles
 // 0, 1 are gate columns n0 + wn·16 + j·8 .., 2, 3 the same columns' up rows; out[sp, o] =

@@ -220,29 +220,10 @@ __device__ __forceinline__ void moe_fp8_mma_impl(
     };
 
     float acc[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-    // Smem row of the first of each pair of this warp's n-tiles.
-    u32 pb[2];
-    if (GU) {
-        pb[0] = wn * 16;
-        pb[1] = 64 + wn * 16;
-    } else {
-        pb[0] = wn * 32;
-        pb[1] = wn * 32 + 16;
-    }
+    u32 pb[2];  // smem row of the first of each pair of this warp's n-tiles
+    moe_mma_start<GU>(acc, pb, wn);
     const u32 nk = (kdim + F8_BK - 1) / F8_BK;
-#pragma unroll
-    for (u32 s = 0; s < F8_STAGES - 1; s++) {
-        if (s < nk) load(s, s);
-        cp_async_commit();
-    }
-    for (u32 kt = 0; kt < nk; kt++) {
-        cp_async_wait<F8_STAGES - 2>();
-        __syncthreads();
-        const u32 st = kt % F8_STAGES;
+    moe_kloop<F8_STAGES>(nk, load, [&](u32 st) {
 #pragma unroll
         for (u32 h = 0; h < 2; h++) {
             const u32 kk = h * 32;
@@ -278,12 +259,7 @@ __device__ __forceinline__ void moe_fp8_mma_impl(
                 }
             }
         }
-        // Every warp is done with stage (kt − 1) % STAGES, which the next load overwrites, only
-        // after the barrier at the top of this iteration: that load is issued below.
-        if (kt + F8_STAGES - 1 < nk) load(kt + F8_STAGES - 1, (kt + F8_STAGES - 1) % F8_STAGES);
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
+    });
 
     moe_mma_epilogue<T, GU>(acc, out, tl, wm, wn, g, t4, n0, nout, wrows, limit, bias, act, alpha);
 }
