@@ -723,24 +723,7 @@ impl CudaBackend {
                 ],
             )?;
         }
-        let comb = self.func("moe", sfx, &format!("moe_combine_{sfx}"))?;
-        let (cx, cy) = launch::moe_combine_grid(n, d);
-        self.launch(
-            OP,
-            &comb,
-            (cx, cy, 1),
-            (256, 1, 1),
-            0,
-            kparams![
-                y2.device_ptr(),
-                sp.pos.device_ptr(),
-                weights.device_ptr(),
-                out.device_ptr(),
-                n as u32,
-                k as u32,
-                to_u32(OP, "D", d)?
-            ],
-        )?;
+        self.combine_pairs(OP, sfx, &y2, &sp, weights, &out, (n, k, d))?;
         Ok(out)
     }
 }
@@ -845,5 +828,40 @@ impl CudaBackend {
             ],
         )?;
         Ok(out)
+    }
+
+    /// The last step of a routed-experts op (`moe_combine`, kernels/moe.cu): `out[t, c]` =
+    /// Σ_j `weights[t, j]` · `y2[pos[t·k + j], c]` in f32, j in order, over the `k` choices of
+    /// each of the `n` tokens (pairs without a sorted position skipped); `y2` `[P, d]` and `out`
+    /// `[n, d]` in the activation dtype, `weights` `[n, k]` f32, `pos` from `sp`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn combine_pairs(
+        &self,
+        op: &str,
+        sfx: &'static str,
+        y2: &CudaTensor,
+        sp: &SortedPairs,
+        weights: &CudaTensor,
+        out: &CudaTensor,
+        (n, k, d): (usize, usize, usize),
+    ) -> Result<()> {
+        let comb = self.func("moe", sfx, &format!("moe_combine_{sfx}"))?;
+        let (cx, cy) = launch::moe_combine_grid(n, d);
+        self.launch(
+            op,
+            &comb,
+            (cx, cy, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                y2.device_ptr(),
+                sp.pos.device_ptr(),
+                weights.device_ptr(),
+                out.device_ptr(),
+                n as u32,
+                k as u32,
+                to_u32(op, "D", d)?
+            ],
+        )
     }
 }

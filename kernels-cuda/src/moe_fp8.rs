@@ -11,7 +11,7 @@
 
 use crate::mla_moe::{act_code, check_expert_biases, check_routing};
 use crate::moe_quant::direct_kind;
-use crate::{dtype_suffix, launch, to_u32, CudaBackend, CudaTensor};
+use crate::{dtype_suffix, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
 use dayone_backend::{DType, ExpertOptions, QuantFormat, QuantTensor};
 
@@ -286,23 +286,7 @@ impl CudaBackend {
                 ],
             )?;
         }
-        let comb = self.func("moe", sfx, &format!("moe_combine_{sfx}"))?;
-        self.launch(
-            OP,
-            &comb,
-            (launch::row_grid(n, 65535), 1, 1),
-            (256, 1, 1),
-            0,
-            kparams![
-                y2.device_ptr(),
-                sp.pos.device_ptr(),
-                weights.device_ptr(),
-                out.device_ptr(),
-                n as u32,
-                k as u32,
-                to_u32(OP, "D", d)?
-            ],
-        )?;
+        self.combine_pairs(OP, sfx, &y2, &sp, weights, &out, (n, k, d))?;
         Ok(Some(out))
     }
 

@@ -165,6 +165,26 @@ fn moe_experts_decode_steps() {
     }
 }
 
+/// A router's gate `[e, d]` (scale 6/√d) and score-correction bias `[e]` (scale 0.3), f32,
+/// drawn from `rng` in that order.
+fn router_weights(rng: &mut Rng, e: usize, d: usize) -> (HostTensor, HostTensor) {
+    let gate = HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 6.0 / (d as f32).sqrt())).unwrap();
+    let bias = HostTensor::from_f32(vec![e], &rng.vec(e, 0.3)).unwrap();
+    (gate, bias)
+}
+
+/// DeepSeek-V3's routing (top 8, normalised, scaled by 2.5) with `n_group` groups of which
+/// `topk_group` are kept.
+fn top8_routing(n_group: usize, topk_group: usize) -> MoeRouting {
+    MoeRouting {
+        top_k: 8,
+        n_group,
+        topk_group,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+    }
+}
+
 /// Routing with DeepSeek-V3's 256 experts at n_group 1 and 8, many tokens (cuBLAS logits) and
 /// few (GEMV logits): ids exactly (on rows with a clear margin), weights within tolerance.
 #[test]
@@ -174,16 +194,9 @@ fn moe_route_deepseek() {
     };
     let (e, d) = (256usize, 1024usize);
     let mut rng = Rng::new(77);
-    let gate = HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 6.0 / (d as f32).sqrt())).unwrap();
-    let bias = HostTensor::from_f32(vec![e], &rng.vec(e, 0.3)).unwrap();
+    let (gate, bias) = router_weights(&mut rng, e, d);
     for (n, groups, kg) in [(1usize, 8usize, 4usize), (5, 1, 1), (300, 8, 4), (64, 1, 1)] {
-        let routing = MoeRouting {
-            top_k: 8,
-            n_group: groups,
-            topk_group: kg,
-            norm_topk_prob: true,
-            routed_scaling_factor: 2.5,
-        };
+        let routing = top8_routing(groups, kg);
         for dt in [DType::F32, DType::BF16] {
             let x = rand_tensor(&mut rng, &[n, d], dt, 1.0).unwrap();
             let (wi, ww) = reference::moe_route(&x, &gate, Some(&bias), &routing).unwrap();
@@ -233,17 +246,10 @@ fn moe_route_fused_cast_exact() {
     };
     let (e, d) = (256usize, 2304usize);
     let mut rng = Rng::new(91);
-    let gate = HostTensor::from_f32(vec![e, d], &rng.vec(e * d, 6.0 / (d as f32).sqrt())).unwrap();
-    let bias = HostTensor::from_f32(vec![e], &rng.vec(e, 0.3)).unwrap();
+    let (gate, bias) = router_weights(&mut rng, e, d);
     let (gate, bias) = (b.upload(&gate).unwrap(), b.upload(&bias).unwrap());
     for (groups, kg) in [(1usize, 1usize), (8, 4)] {
-        let routing = MoeRouting {
-            top_k: 8,
-            n_group: groups,
-            topk_group: kg,
-            norm_topk_prob: true,
-            routed_scaling_factor: 2.5,
-        };
+        let routing = top8_routing(groups, kg);
         for n in [1usize, 2, 3, 8] {
             for dt in [DType::BF16, DType::F16] {
                 let x = b
