@@ -257,6 +257,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         mscale: f32,
     ) -> Result<Self::Tensor>;
 
+    /// [`Backend::rope`] of queries `q` `[N, H, hd]` and keys `k` `[N, Hk, hd]` at the same
+    /// positions, each exactly as `rope` computes it. The default makes the two calls; a backend
+    /// may do both in one launch (CUDA). Errors: as `rope` for each.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_pair(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        positions: &Self::Tensor,
+        inv_freq: &Self::Tensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        Ok((
+            self.rope(q, positions, inv_freq, rot_dim, style, mscale)?,
+            self.rope(k, positions, inv_freq, rot_dim, style, mscale)?,
+        ))
+    }
+
     /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.
     fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
 

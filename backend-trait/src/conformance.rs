@@ -501,6 +501,16 @@ pub fn check_rope<B: Backend>(b: &B, dt: DType) -> Result<()> {
         )?;
         let case = format!("{dt} x [{n}, {h}, {hd}] rot_dim {rot} {style:?} mscale {mscale}");
         compare("rope", &case, &run(b, &got)?, &want, tolerance(dt))?;
+        // rope_pair with keys of fewer heads (GQA): each output bit-equal to its own rope.
+        let hk = h.div_ceil(2);
+        let k = rand_tensor(&mut rng, &[n, hk, hd], dt, 1.0)?;
+        let (pd, id) = (b.upload(&pos)?, b.upload(&inv)?);
+        let (q2, k2) = b.rope_pair(&b.upload(&x)?, &b.upload(&k)?, &pd, &id, rot, style, mscale)?;
+        let k1 = b.rope(&b.upload(&k)?, &pd, &id, rot, style, mscale)?;
+        ensure!(
+            run(b, &q2)?.data == run(b, &got)?.data && run(b, &k2)?.data == run(b, &k1)?.data,
+            "rope_pair {case} (keys [{n}, {hk}, {hd}]): not bit-equal to rope of each"
+        );
     }
     Ok(())
 }

@@ -4,18 +4,24 @@
 // style 0 = half-split (dim i pairs with i + rot/2), 1 = interleaved (2i pairs with 2i+1).
 // grid.x = N tokens (grid-stride), block = 256 threads over the H*hd elements of a token.
 
+// A second tensor xk [N, Hk, hd] (rope_pair: queries and keys in one launch) takes elements
+// [H·hd, (H + Hk)·hd) of each token's loop; Hk = 0 for one tensor. Every element is computed
+// alone, so the pair is bit-equal to two launches.
 template <typename T>
 __device__ void rope_impl(const T* __restrict__ x, const u32* __restrict__ positions,
                           const float* __restrict__ inv_freq, T* __restrict__ y, u32 n, u32 h,
-                          u32 hd, u32 rot, u32 style, float mscale) {
+                          u32 hd, u32 rot, u32 style, float mscale, const T* __restrict__ xk,
+                          T* __restrict__ yk, u32 hk) {
     grid_dep_wait();
     const u32 half = rot / 2;
-    const u32 per_tok = h * hd;
+    const u32 per_q = h * hd, per_k = hk * hd;
     for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
         const float pos = (float)positions[t];
-        const T* xt = x + (u64)t * per_tok;
-        T* yt = y + (u64)t * per_tok;
-        for (u32 e = threadIdx.x; e < per_tok; e += blockDim.x) {
+        for (u32 f = threadIdx.x; f < per_q + per_k; f += blockDim.x) {
+            const bool q = f < per_q;
+            const u32 e = q ? f : f - per_q;
+            const T* xt = q ? x + (u64)t * per_q : xk + (u64)t * per_k;
+            T* yt = q ? y + (u64)t * per_q : yk + (u64)t * per_k;
             const u32 d = e % hd;
             const float xv = to_f(xt[e]);
             if (d >= rot) { yt[e] = xt[e]; continue; }
@@ -42,7 +48,7 @@ __device__ void rope_impl(const T* __restrict__ x, const u32* __restrict__ posit
 #define ROPE(S, T)                                                                          \
     extern "C" __global__ void rope_##S(const T* x, const u32* positions, const float* inv_freq, \
                                         T* y, u32 n, u32 h, u32 hd, u32 rot, u32 style,     \
-                                        float mscale) {                                     \
-        rope_impl<T>(x, positions, inv_freq, y, n, h, hd, rot, style, mscale);              \
+                                        float mscale, const T* xk, T* yk, u32 hk) {         \
+        rope_impl<T>(x, positions, inv_freq, y, n, h, hd, rot, style, mscale, xk, yk, hk);  \
     }
 DAYONE_FOR_FLOAT_TYPES(ROPE)

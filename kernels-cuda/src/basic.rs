@@ -279,12 +279,39 @@ impl CudaBackend {
         style: RopeStyle,
         mscale: f32,
     ) -> Result<CudaTensor> {
+        let (y, _) = self.rope_pair_impl(x, None, positions, inv_freq, rot_dim, style, mscale)?;
+        Ok(y)
+    }
+
+    /// `rope` of `q` `[N, H, hd]` and, when given, `k` `[N, Hk, hd]` (same N, hd and dtype) in
+    /// one launch ([`dayone_backend::Backend::rope_pair`]; bit-equal to one launch each).
+    ///
+    /// Errors: shapes, dtypes, `rot_dim` odd or above hd, `inv_freq` not f32 `[rot_dim / 2]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_pair_impl(
+        &self,
+        x: &CudaTensor,
+        k: Option<&CudaTensor>,
+        positions: &CudaTensor,
+        inv_freq: &CudaTensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<(CudaTensor, Option<CudaTensor>)> {
         const OP: &str = "rope";
         let sfx = dtype_suffix(OP, x.dtype)?;
         if x.shape.len() != 3 {
             bail!("{OP}: x must be [N, H, hd], got {:?}", x.shape);
         }
         let (n, h, hd) = (x.shape[0], x.shape[1], x.shape[2]);
+        let hk = match k {
+            Some(k) if k.shape.len() == 3 && k.shape[0] == n && k.shape[2] == hd => {
+                check_dtype(OP, "k", k, x.dtype)?;
+                k.shape[1]
+            }
+            Some(k) => bail!("{OP}: k must be [{n}, Hk, {hd}] like x, got {:?}", k.shape),
+            None => 0,
+        };
         if positions.shape != [n] || positions.dtype != DType::U32 {
             bail!(
                 "{OP}: positions must be u32 [N] = [{n}], got {:?} {}",
@@ -305,8 +332,11 @@ impl CudaBackend {
         }
         self.bind()?;
         let out = self.alloc(x.shape.clone(), x.dtype)?;
-        if x.numel() == 0 {
-            return Ok(out);
+        let out_k = k
+            .map(|k| self.alloc(k.shape.clone(), k.dtype))
+            .transpose()?;
+        if n == 0 || hd == 0 || (h == 0 && hk == 0) {
+            return Ok((out, out_k));
         }
         let f = self.func("rope", sfx, &format!("rope_{sfx}"))?;
         let style: u32 = match style {
@@ -329,10 +359,13 @@ impl CudaBackend {
                 to_u32(OP, "hd", hd)?,
                 rot_dim as u32,
                 style,
-                mscale
+                mscale,
+                k.map_or(0, |k| k.device_ptr()),
+                out_k.as_ref().map_or(0, |k| k.device_ptr()),
+                to_u32(OP, "Hk", hk)?
             ],
         )?;
-        Ok(out)
+        Ok((out, out_k))
     }
 
     pub(crate) fn argmax_impl(&self, x: &CudaTensor) -> Result<CudaTensor> {

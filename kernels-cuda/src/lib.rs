@@ -799,6 +799,21 @@ impl Backend for CudaBackend {
         self.rope_impl(x, positions, inv_freq, rot_dim, style, mscale)
     }
 
+    fn rope_pair(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        positions: &CudaTensor,
+        inv_freq: &CudaTensor,
+        rot_dim: usize,
+        style: RopeStyle,
+        mscale: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let (q, k) =
+            self.rope_pair_impl(q, Some(k), positions, inv_freq, rot_dim, style, mscale)?;
+        Ok((q, k.expect("k given")))
+    }
+
     fn stream_mix(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
         self.stream_mix_impl(x, w)
     }

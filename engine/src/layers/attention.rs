@@ -141,18 +141,6 @@ impl<B: Backend> Attention<B> {
         meta: &DeviceStepMeta<B::Tensor>,
     ) -> Result<(B::Tensor, B::Tensor)> {
         let [k, v] = Linear::forward_n(b, x, [&self.k_proj, &self.v_proj])?;
-        self.key_rows_of(b, k, v, rope, meta)
-    }
-
-    /// [`Attention::key_rows`] from the projections `k` `[N, Hkv·hd]`, `v` `[N, Hkv·hd]`.
-    fn key_rows_of(
-        &self,
-        b: &B,
-        k: B::Tensor,
-        v: B::Tensor,
-        rope: &Rope<B>,
-        meta: &DeviceStepMeta<B::Tensor>,
-    ) -> Result<(B::Tensor, B::Tensor)> {
         let s = self.shape;
         let n = meta.host.num_tokens();
         let k = self.heads(b, k, s.kv_heads, &self.k_norm)?;
@@ -173,8 +161,9 @@ impl<B: Backend> Attention<B> {
         let n = meta.host.num_tokens();
         let [q, k, v] = Linear::forward_n(b, x, [&self.q_proj, &self.k_proj, &self.v_proj])?;
         let q = self.heads(b, q, s.heads, &self.q_norm)?;
-        let q = rope.forward(b, &q, &meta.positions)?;
-        let (k, v) = self.key_rows_of(b, k, v, rope, meta)?;
+        let k = self.heads(b, k, s.kv_heads, &self.k_norm)?;
+        let (q, k) = rope.forward_pair(b, &q, &k, &meta.positions)?;
+        let v = b.reshape(&v, &[n, s.kv_heads, s.head_dim])?;
         b.write_kv(&k, &v, kv.0, kv.1, meta)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let opts = AttentionOptions {

@@ -27,6 +27,26 @@ impl<B: Backend> Rope<B> {
         })
     }
 
+    /// Queries `q` `[N, H, hd]` and keys `k` `[N, Hk, hd]` rotated at the same positions, in one
+    /// backend call ([`Backend::rope_pair`]; each as [`Rope::forward`]).
+    pub fn forward_pair(
+        &self,
+        b: &B,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        positions: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        b.rope_pair(
+            q,
+            k,
+            positions,
+            &self.inv_freq,
+            self.rot_dim,
+            self.style,
+            self.mscale,
+        )
+    }
+
     /// `x` `[N, H, hd]`, `positions` `[N]` u32 → rotated `[N, H, hd]`.
     pub fn forward(&self, b: &B, x: &B::Tensor, positions: &B::Tensor) -> Result<B::Tensor> {
         b.rope(
