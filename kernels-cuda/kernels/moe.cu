@@ -370,15 +370,7 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
     for (int i = 0; i < 2; i++) {
         const u32 br = (tid >> 2) + 128 * 0 + i * 64;
         brow[i] = br;
-        u32 wrow;
-        if (GU) {
-            const u32 o = n0 + (br & 63);
-            b_ok[i] = o < nout;
-            wrow = moe_gu_row(o, br >= 64, nout, act);
-        } else {
-            wrow = n0 + br;
-            b_ok[i] = wrow < nout;
-        }
+        const u32 wrow = moe_weight_row<GU, MOE_BN / 2>(n0, br, nout, act, b_ok[i]);
         bsrc[i] = wexp + (u64)(b_ok[i] ? wrow : 0) * kdim + ac;
     }
     auto load = [&](u32 kt, u32 st) {
@@ -503,15 +495,7 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
 #pragma unroll
     for (int i = 0; i < B_IT; i++) {
         const u32 idx = tid + i * NTH, br = idx / CH;
-        u32 wrow;
-        if (GU) {
-            const u32 o = n0 + br % (BN / 2);
-            bok[i] = o < nout;
-            wrow = moe_gu_row(o, br >= BN / 2, nout, act);
-        } else {
-            wrow = n0 + br;
-            bok[i] = wrow < nout;
-        }
+        const u32 wrow = moe_weight_row<GU, BN / 2>(n0, br, nout, act, bok[i]);
         bdst[i] = moe_sw<BK>(br, idx % CH);
         bsrc[i] = wexp + (u64)(bok[i] ? wrow : 0) * kdim + kc;
     }

@@ -50,6 +50,19 @@ __device__ __forceinline__ float moe_act_f(float g, float u, float limit, u32 ac
     }
     return swiglu_f(g, u, limit);
 }
+// Weight row of smem B row `br` in a grouped-GEMM block whose outputs start at n0; ok: the
+// output exists (o < nout). GU: smem rows 0 .. HALF are the gate rows of outputs n0 + br, rows
+// HALF .. 2·HALF the up rows of outputs n0 + br − HALF; else output n0 + br's row.
+template <bool GU, u32 HALF>
+__device__ __forceinline__ u32 moe_weight_row(u32 n0, u32 br, u32 nout, u32 act, bool& ok) {
+    if (GU) {
+        const u32 o = n0 + br % HALF;
+        ok = o < nout;
+        return moe_gu_row(o, br >= HALF, nout, act);
+    }
+    ok = n0 + br < nout;
+    return n0 + br;
+}
 // Per-expert bias of weight row `row` (`bias` [E, wrows] or null).
 template <typename T>
 __device__ __forceinline__ float moe_bias(const T* bias, u32 expert, u32 wrows, u32 row) {
