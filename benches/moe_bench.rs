@@ -13,7 +13,7 @@
 //! converts the experts a step routed to into a workspace before the expert GEMMs (the time
 //! includes that conversion and the read-back of the routing), `direct` reads the codes in the
 //! grouped low-bit GEMV (`Backend::moe_experts_quant`), `auto` is the engine's choice (direct up
-//! to the backend's `moe_quant_direct_tokens`; CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX` tokens, default 4 pairs per expert),
+//! to the backend's `moe_quant_direct_tokens`; CUDA: `DAYONE_MOE_QUANT_DIRECT_MAX` tokens, default 8 pairs per expert),
 //! `fp8` the decode path through the FP8 expert GEMM at every token count (`--moe-fp8`'s
 //! `Backend::moe_experts_fp8`: the chosen experts converted to e4m3 with per-32 block scales,
 //! activations rounded to e4m3; CUDA sm_89+, an error elsewhere).

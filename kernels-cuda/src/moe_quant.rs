@@ -13,12 +13,12 @@ use dayone_backend::{DType, ExpertOptions, QuantFormat, QuantTensor};
 
 /// The average (token, expert) pairs per expert up to which the MoE layers send a step to the
 /// direct kernels by default: each tile of up to 8 pairs re-reads its expert's codes, while a
-/// decode converts every touched expert once. Measured on the H200 (docs/perf.md, issue [11]):
-/// Kimi-K2-shaped layer (384 experts, top 8) direct 1.9× faster than decoding at 64 tokens (1.3
-/// pairs per expert), slower at 512 (10.7), crossing ≈ 180 tokens (3.75); gpt-oss-20b shape (32
-/// experts, top 4) direct faster at batch 32 (4 pairs: 657.9 vs 556.5 tok/s), slower at batch
-/// 64 (8 pairs: 757.0 vs 1 052.7).
-pub const MOE_QUANT_DIRECT_PAIRS_PER_EXPERT: usize = 4;
+/// decode converts every touched expert once. Measured on the H200 (docs/perf.md, issue [11]),
+/// with the m8 kernel that stages a tile's activations in shared memory (2026-12-02 12:31 UTC):
+/// gpt-oss-20b-shaped layer (32 experts, top 4, MXFP4) direct 0.73 vs decode 1.92 ms at 32
+/// tokens (4 pairs per expert) and 1.22 vs 1.98 ms at 64 (8 pairs). Before that kernel the
+/// crossing was ≈ 3.75 pairs (Kimi-K2 shape) and between 4 and 8 (gpt-oss-20b).
+pub const MOE_QUANT_DIRECT_PAIRS_PER_EXPERT: usize = 8;
 
 /// `DAYONE_MOE_QUANT_DIRECT_MAX` (tokens; 0: always decode into the workspace) when set; read
 /// once. A value that is not a token count is ignored with one warning line on stderr.
@@ -236,11 +236,11 @@ mod tests {
     #[test]
     fn direct_limit_is_pairs_per_expert() {
         // Kimi-K2 (384 experts, top 8), gpt-oss-20b (32, top 4), gpt-oss-120b (128, top 4).
-        assert_eq!(direct_tokens_for(384, 8), 192);
-        assert_eq!(direct_tokens_for(32, 4), 32);
-        assert_eq!(direct_tokens_for(128, 4), 128);
-        assert_eq!(direct_tokens_for(2, 16), 1);
-        assert_eq!(direct_tokens_for(8, 0), 32);
+        assert_eq!(direct_tokens_for(384, 8), 384);
+        assert_eq!(direct_tokens_for(32, 4), 64);
+        assert_eq!(direct_tokens_for(128, 4), 256);
+        assert_eq!(direct_tokens_for(1, 16), 1);
+        assert_eq!(direct_tokens_for(8, 0), 64);
     }
 
     /// `DAYONE_MOE_QUANT_DIRECT_MAX`: unset → the default, a count → it, else an error that
