@@ -302,6 +302,54 @@ __device__ __forceinline__ float q_scale32(const unsigned char* s, u32 scale, u6
 // A: activation type of the reduction input (T for gate_up's x, float for down's h). A warp owns
 // RPW consecutive outputs (GU: their gate and up rows): more rows in flight per warp, and the
 // tile lookup paid once for them.
+// acc[r][i] += s[r] · Σ_q w[r][q] · x[q] for the NW weight rows of a warp and one row i of x
+// (8-value partial sums, then one FMA with the group scale; both direct kernels).
+template <int NW, int MT>
+__device__ __forceinline__ void moe_q_dot(float (&acc)[NW][MT], int i, const float (&wv)[NW][8],
+                                          const float (&xf)[8], const float (&s)[NW]) {
+#pragma unroll
+    for (int r = 0; r < NW; r++) {
+        float dsum = 0.f;
+#pragma unroll
+        for (int q = 0; q < 8; q++) dsum = fmaf(wv[r][q], xf[q], dsum);
+        acc[r][i] = fmaf(dsum, s[r], acc[r][i]);
+    }
+}
+
+// The direct kernels' epilogue: warp sums of each of the tile's `rows` rows, biases, the
+// activation (gate/up) and the f32 store of the warp's RPW outputs from o0 (o0 < nout).
+template <typename T, bool GU, int MT, int RPW, int NW, typename R>
+__device__ __forceinline__ void moe_q_store(float (&acc)[NW][MT], u32 rows, u32 lane, u32 o0,
+                                            u32 nout, const R (&row)[NW],
+                                            const T* __restrict__ bias, u32 act, float alpha,
+                                            float limit, float* __restrict__ out, u32 first) {
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        if (i >= (int)rows) break;  // uniform over the block: every lane stops together
+        float v[NW];
+#pragma unroll
+        for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                if (o0 + r >= nout) break;
+                float y;
+                if (GU) {
+                    float g = v[r], u = v[NW - RPW + r];
+                    if (bias) {
+                        g += to_f(bias[row[r]]);
+                        u += to_f(bias[row[NW - RPW + r]]);
+                    }
+                    y = q_act(g, u, act, alpha, limit);
+                } else {
+                    y = v[r] + (bias ? to_f(bias[row[r]]) : 0.f);
+                }
+                out[(u64)(first + i) * nout + o0 + r] = y;
+            }
+        }
+    }
+}
+
 template <typename T, typename A, int KIND, bool GU, int MT, int RPW>
 __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsigned char* codes,
                                            const unsigned char* scales, const T* __restrict__ bias,
@@ -381,13 +429,7 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
                     xv.load(xr[i] + c0 + 8 * j);
                     float xf[8];
                     xv.to_float(xf);
-#pragma unroll
-                    for (int r = 0; r < NW; r++) {
-                        float dsum = 0.f;
-#pragma unroll
-                        for (int q = 0; q < 8; q++) dsum = fmaf(wv[r][q], xf[q], dsum);
-                        acc[r][i] = fmaf(dsum, s[r], acc[r][i]);
-                    }
+                    moe_q_dot<NW, MT>(acc, i, wv, xf, s);
                 }
             }
         }
@@ -397,31 +439,8 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
             s[r] = sn[r];
         }
     }
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        if (i >= (int)rows) break;  // uniform over the block: every lane stops together
-        float v[NW];
-#pragma unroll
-        for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                if (RPW > 1 && o0 + r >= nout) break;
-                float y;
-                if (GU) {
-                    float g = v[r], u = v[NW - RPW + r];
-                    if (bias) {
-                        g += to_f(bias[row[r]]);
-                        u += to_f(bias[row[NW - RPW + r]]);
-                    }
-                    y = q_act(g, u, act, alpha, limit);
-                } else {
-                    y = v[r] + (bias ? to_f(bias[row[r]]) : 0.f);
-                }
-                out[(u64)(first + i) * nout + o0 + r] = y;
-            }
-        }
-    }
+    moe_q_store<T, GU, MT, RPW, NW>(acc, rows, lane, o0, nout, row, bias, act, alpha, limit, out,
+                                    first);
 }
 
 // Tiles of up to 8 pairs (m8): the tile's activation rows are staged once per block in shared
@@ -542,13 +561,7 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
                         const float4 xa = xs[i * (MOE_Q_KC / 4) + (2 * j) * 32 + lane];
                         const float4 xb = xs[i * (MOE_Q_KC / 4) + (2 * j + 1) * 32 + lane];
                         const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-                        for (int r = 0; r < NW; r++) {
-                            float dsum = 0.f;
-#pragma unroll
-                            for (int q = 0; q < 8; q++) dsum = fmaf(wv[r][q], xf[q], dsum);
-                            acc[r][i] = fmaf(dsum, s[r], acc[r][i]);
-                        }
+                        moe_q_dot<NW, MT>(acc, i, wv, xf, s);
                     }
                 }
             }
@@ -557,31 +570,8 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
         for (int r = 0; r < NW; r++) w[r] = wn[r];
     }
     if (o0 >= nout) return;  // after the last __syncthreads
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        if (i >= (int)rows) break;  // uniform over the block: every lane stops together
-        float v[NW];
-#pragma unroll
-        for (int r = 0; r < NW; r++) v[r] = warp_sum(acc[r][i]);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                if (o0 + r >= nout) break;
-                float y;
-                if (GU) {
-                    float g = v[r], u = v[NW - RPW + r];
-                    if (bias) {
-                        g += to_f(bias[row[r]]);
-                        u += to_f(bias[row[NW - RPW + r]]);
-                    }
-                    y = q_act(g, u, act, alpha, limit);
-                } else {
-                    y = v[r] + (bias ? to_f(bias[row[r]]) : 0.f);
-                }
-                out[(u64)(first + i) * nout + o0 + r] = y;
-            }
-        }
-    }
+    moe_q_store<T, GU, MT, RPW, NW>(acc, rows, lane, o0, nout, row, bias, act, alpha, limit, out,
+                                    first);
 }
 
 template <typename T>

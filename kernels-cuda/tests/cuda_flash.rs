@@ -7,15 +7,10 @@
 use dayone_backend::conformance::{compare, rand_tensor, Rng};
 use dayone_backend::varlen::{attention_varlen, upload_varlen, VarlenMeta};
 use dayone_backend::{Backend, DType, HostTensor, VarlenResult};
-use dayone_cuda::{CudaBackend, FlashVariant};
+use dayone_cuda::FlashVariant;
 
-fn backend(test: &str) -> Option<CudaBackend> {
-    if !dayone_cuda::is_available() {
-        eprintln!("SKIPPED {test}: no CUDA driver or device");
-        return None;
-    }
-    Some(CudaBackend::new(0).expect("CUDA backend"))
-}
+mod common;
+use common::backend;
 
 /// One sequence of `n` queries at positions `p0 ..` over keys `k0 .. k0 + m`.
 fn one_seq(n: usize, p0: u32, k0: u32, m: usize, causal: bool) -> VarlenMeta {

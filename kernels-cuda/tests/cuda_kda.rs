@@ -11,15 +11,8 @@ use dayone_backend::conformance::{self, compare, rand_tensor, state_meta, tolera
 use dayone_backend::{reference, Backend, DType, HostTensor, StepMeta};
 use dayone_cuda::{CudaBackend, KdaPath};
 
-fn backend(test: &str) -> Option<CudaBackend> {
-    if !dayone_cuda::is_available() {
-        eprintln!("SKIPPED {test}: no CUDA driver or device");
-        return None;
-    }
-    let b = CudaBackend::new(0).expect("CUDA backend");
-    eprintln!("{test}: {}", b.name());
-    Some(b)
-}
+mod common;
+use common::backend;
 
 #[test]
 fn kda_ops_suite_every_path() {

@@ -9,15 +9,8 @@ use dayone_backend::conformance::{self, compare, rand_tensor, tolerance, LatentC
 use dayone_backend::{reference, Backend, DType, HostTensor, MoeRouting};
 use dayone_cuda::CudaBackend;
 
-fn backend(test: &str) -> Option<CudaBackend> {
-    if !dayone_cuda::is_available() {
-        eprintln!("SKIPPED {test}: no CUDA driver or device");
-        return None;
-    }
-    let b = CudaBackend::new(0).expect("CUDA backend");
-    eprintln!("{test}: {}", b.name());
-    Some(b)
-}
+mod common;
+use common::backend;
 
 #[test]
 fn mla_moe_suite() {

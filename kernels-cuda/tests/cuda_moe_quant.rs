@@ -14,15 +14,8 @@ use dayone_backend::{
 };
 use dayone_cuda::CudaBackend;
 
-fn backend(test: &str) -> Option<CudaBackend> {
-    if !dayone_cuda::is_available() {
-        eprintln!("SKIPPED {test}: no CUDA driver or device");
-        return None;
-    }
-    let b = CudaBackend::new(0).expect("CUDA backend");
-    eprintln!("{test}: {}", b.name());
-    Some(b)
-}
+mod common;
+use common::backend;
 
 /// The token rows `t` of `y` [N, D] (f32 view) as an f32 [1, D] tensor.
 fn row(y: &HostTensor, t: usize) -> Result<HostTensor> {

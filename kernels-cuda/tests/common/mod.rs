@@ -39,3 +39,18 @@ for m in ("nvidia.cu13", "nvidia.cuda_nvrtc", "nvidia.cu12"):
     }
     None
 }
+
+/// The CUDA backend on device 0, or `None` (with a `SKIPPED {test}: …` line on stderr) when no
+/// CUDA driver or device is present, so CI machines without a GPU pass; the device's name goes
+/// to stderr.
+#[allow(dead_code)]
+pub fn backend(test: &str) -> Option<dayone_cuda::CudaBackend> {
+    use dayone_backend::Backend;
+    if !dayone_cuda::is_available() {
+        eprintln!("SKIPPED {test}: no CUDA driver or device");
+        return None;
+    }
+    let b = dayone_cuda::CudaBackend::new(0).expect("CUDA backend");
+    eprintln!("{test}: {}", b.name());
+    Some(b)
+}
