@@ -16,6 +16,8 @@
 //! Usage: `dsa-bench [--backend cuda|wgsl|cpu] [--contexts 8192,32768,131072] [--batch 1]
 //!         [--heads 128] [--index-topk 2048] [--iters 20] [--prefill-chunk N] [--json]`
 
+mod sigpipe;
+
 use anyhow::{bail, Result};
 use clap::Parser;
 use dayone_backend::conformance::Rng;
@@ -398,6 +400,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    sigpipe::restore();
     let a = Args::parse();
     match a.backend.as_str() {
         "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),

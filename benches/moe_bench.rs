@@ -18,6 +18,8 @@
 //! `Backend::moe_experts_fp8`: the chosen experts converted to e4m3 with per-32 block scales,
 //! activations rounded to e4m3; CUDA sm_89+, an error elsewhere).
 
+mod sigpipe;
+
 use anyhow::{bail, Result};
 use clap::{CommandFactory, Parser};
 use dayone_backend::conformance::Rng;
@@ -287,6 +289,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    sigpipe::restore();
     let a = Args::parse();
     if let Some(msg) = shape_error(&a) {
         Args::command()

@@ -5,6 +5,8 @@
 //!
 //! Usage: `op-bench [--iters N] [--quick]` (WGSL backend; set `XDG_RUNTIME_DIR=/tmp` on lavapipe).
 
+mod sigpipe;
+
 use anyhow::Result;
 use clap::Parser;
 use dayone_backend::conformance::{AttnCase, Rng};
@@ -168,6 +170,7 @@ struct Args {
 }
 
 fn main() -> Result<()> {
+    sigpipe::restore();
     let a = Args::parse();
     let b = dayone_wgsl::WgslBackend::new()?;
     run(&b, a.iters as usize, a.quick)

@@ -12,6 +12,8 @@
 //! Usage: `vision-bench --model DIR --image FILE [--backend cuda|wgsl|cpu] [--dtype bf16|f32]
 //!         [--images-per-call 1] [--warmup 3] [--iters 20] [--json]`
 
+mod sigpipe;
+
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use dayone_backend::{Backend, DType, TensorInfo};
@@ -219,6 +221,7 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    sigpipe::restore();
     let a = Args::parse();
     match a.backend.as_str() {
         "cuda" => run(dayone_cuda::CudaBackend::new(0)?, &a),

@@ -119,3 +119,28 @@ fn bad_flag_values_are_usage_errors_naming_the_flag() {
     let err = usage_error(&["--topk-group", "3"]);
     assert!(err.contains("--topk-group 3"), "{err}");
 }
+
+/// With its stdout closed (`moe-bench … | head` after head exits) the bench ends quietly,
+/// killed by SIGPIPE like other Unix tools, instead of panicking in `println!`.
+#[cfg(unix)]
+#[test]
+fn closed_stdout_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moe-bench"))
+        .args(small(&["--tokens", "1,2"]))
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run moe-bench");
+    drop(child.stdout.take()); // no reader: the first write hits a closed pipe
+    let out = child.wait_with_output().expect("wait for moe-bench");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "moe-bench panicked: {err}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "moe-bench ended with {:?}: {err}",
+        out.status
+    );
+}
