@@ -176,6 +176,15 @@ impl CudaBackend {
                 .iter()
                 .all(|t| t.device_ptr().is_multiple_of(16));
         if !usable {
+            // The caller decodes into bf16 instead; say so once, since `--moe-fp8` was asked.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "warning: --moe-fp8: the FP8 expert GEMM does not take these experts \
+                     (D {d}, F {f}: multiples of 32 needed; {m} experts for {slots} workspace \
+                     slots; 16-byte aligned buffers); they are decoded to bf16 instead"
+                )
+            });
             return Ok(None);
         }
         let k = slot_ids.shape[1];
