@@ -789,6 +789,16 @@ impl Backend for WgslBackend {
         self.rms_norm_impl(x, w, eps)
     }
 
+    fn add_rms_norm(
+        &self,
+        a: &WTensor,
+        r: &WTensor,
+        w: &WTensor,
+        eps: f32,
+    ) -> Result<(WTensor, WTensor)> {
+        self.add_rms_norm_impl(a, r, w, eps)
+    }
+
     fn rope(
         &self,
         x: &WTensor,

@@ -76,6 +76,52 @@ impl WgslBackend {
         Ok(out)
     }
 
+    /// [`dayone_backend::Backend::add_rms_norm`]: one `add_rms_norm` dispatch (add_norm.wgsl),
+    /// both outputs bit-equal to `add` then `rms_norm`. Errors: `a`, `r` of different shapes;
+    /// `w` not `[D]`.
+    pub(crate) fn add_rms_norm_impl(
+        &self,
+        a: &WTensor,
+        r: &WTensor,
+        w: &WTensor,
+        eps: f32,
+    ) -> Result<(WTensor, WTensor)> {
+        const OP: &str = "add_rms_norm";
+        ensure!(
+            !a.shape.is_empty() && a.shape == r.shape,
+            "{OP}: a and r must have one shape [R, D], got {:?} and {:?}",
+            a.shape,
+            r.shape
+        );
+        let d = *a.shape.last().unwrap_or(&0);
+        ensure!(
+            w.shape == [d],
+            "{OP}: w must have shape [{d}] to match a {:?}, got {:?}",
+            a.shape,
+            w.shape
+        );
+        let a = &self.f32_of(OP, "a", a)?;
+        let r = &self.f32_of(OP, "r", r)?;
+        let w = &self.f32_of(OP, "w", w)?;
+        let rows = a.numel().checked_div(d).unwrap_or(0);
+        let sum = self.alloc(&a.shape, DType::F32)?;
+        let out = self.alloc(&a.shape, DType::F32)?;
+        let g = Self::grid(OP, rows as u64)?;
+        self.dispatch(
+            &pipelines::ADD_RMS_NORM,
+            &[rows as u32, d as u32, f32_param(eps), 0],
+            &[
+                a.single(OP, "a")?,
+                r.single(OP, "r")?,
+                w.single(OP, "w")?,
+                sum.single(OP, "sum")?,
+                out.single(OP, "output")?,
+            ],
+            g,
+        )?;
+        Ok((sum, out))
+    }
+
     pub(crate) fn rope_impl(
         &self,
         x: &WTensor,
