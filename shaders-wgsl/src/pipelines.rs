@@ -25,7 +25,6 @@ pub(crate) struct Spec {
 const ELEMENTWISE: &str = include_str!("../shaders/elementwise.wgsl");
 const EMBEDDING: &str = include_str!("../shaders/embedding.wgsl");
 const NORM: &str = include_str!("../shaders/norm.wgsl");
-const ADD_NORM: &str = include_str!("../shaders/add_norm.wgsl");
 const ROPE: &str = include_str!("../shaders/rope.wgsl");
 const ARGMAX: &str = include_str!("../shaders/argmax.wgsl");
 const MATMUL: &str = include_str!("../shaders/matmul.wgsl");
@@ -106,10 +105,10 @@ spec!(EMBED, EMBEDDING, "embedding.wgsl", "embedding", [R, R, W]);
 spec!(RMS_NORM, NORM, "norm.wgsl", "rms_norm", [R, R, W]);
 spec!(
     ADD_RMS_NORM,
-    ADD_NORM,
-    "add_norm.wgsl",
+    NORM,
+    "norm.wgsl",
     "add_rms_norm",
-    [R, R, R, W, W]
+    [R, R, W, R, W]
 );
 spec!(ROPE_K, ROPE, "rope.wgsl", "rope", [R, R, R, W]);
 spec!(ARGMAX_K, ARGMAX, "argmax.wgsl", "argmax", [R, W]);

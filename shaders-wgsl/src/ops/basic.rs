@@ -76,7 +76,7 @@ impl WgslBackend {
         Ok(out)
     }
 
-    /// [`dayone_backend::Backend::add_rms_norm`]: one `add_rms_norm` dispatch (add_norm.wgsl),
+    /// [`dayone_backend::Backend::add_rms_norm`]: one `add_rms_norm` dispatch (norm.wgsl),
     /// both outputs bit-equal to `add` then `rms_norm`. Errors: `a`, `r` of different shapes;
     /// `w` not `[D]`.
     pub(crate) fn add_rms_norm_impl(
@@ -112,10 +112,10 @@ impl WgslBackend {
             &[rows as u32, d as u32, f32_param(eps), 0],
             &[
                 a.single(OP, "a")?,
-                r.single(OP, "r")?,
                 w.single(OP, "w")?,
-                sum.single(OP, "sum")?,
                 out.single(OP, "output")?,
+                r.single(OP, "r")?,
+                sum.single(OP, "sum")?,
             ],
             g,
         )?;
