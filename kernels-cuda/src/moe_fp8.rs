@@ -132,18 +132,8 @@ impl CudaBackend {
     ) -> Result<Option<CudaTensor>> {
         const OP: &str = "moe_experts_fp8";
         let sfx = dtype_suffix(OP, x.dtype)?;
-        let [_, f2, d] = gate_up.shape;
-        let f = f2 / 2;
-        if x.shape.len() != 2 || x.shape[1] != d || !f2.is_multiple_of(2) {
-            bail!(
-                "{OP}: expected x [N, {d}] and gate_up [E, 2F, {d}], got x {:?} and gate_up {:?}",
-                x.shape,
-                gate_up.shape
-            );
-        }
-        if down.shape[1..] != [d, f] {
-            bail!("{OP}: down must be [E, {d}, {f}], got {:?}", down.shape);
-        }
+        let (f, d) = crate::moe_quant::quant_expert_dims(OP, x, gate_up, down)?;
+        let f2 = 2 * f;
         let n = x.shape[0];
         check_routing(OP, n, slot_ids, weights)?;
         if chosen.dtype != DType::U32 || chosen.shape.len() != 1 {
@@ -156,13 +146,6 @@ impl CudaBackend {
         let m = chosen.shape[0];
         let slots = gu_ws.shape.first().copied().unwrap_or(0);
         check_expert_biases(OP, x, (slots, f, d), opts.gate_up_bias, opts.down_bias)?;
-        for (q, what) in [(gate_up, "gate_up"), (down, "down")] {
-            for (t, part) in [(&q.codes, "codes"), (&q.scales, "scales")] {
-                if t.dtype != DType::U32 {
-                    bail!("{OP}: {what} {part} must be u32 words, got {}", t.dtype);
-                }
-            }
-        }
         // e4m3 codes then f32 block scales per projection, inside its workspace tensor.
         let fits = |ws: &CudaTensor, values: usize| values + values / 8 <= ws.num_bytes();
         let usable = self.moe_fp8_available_impl(gate_up.format)

@@ -66,6 +66,36 @@ pub(crate) fn direct_kind(f: &QuantFormat) -> Option<&'static str> {
     }
 }
 
+/// `(F, D)` of low-bit experts `gate_up` `[E, 2F, D]` and `down` `[E, D, F]` (codes and scales
+/// in u32 words) for `x` `[N, D]`. Errors name `op` and the mismatching shape or dtype.
+pub(crate) fn quant_expert_dims(
+    op: &str,
+    x: &CudaTensor,
+    gate_up: &QuantTensor<CudaTensor>,
+    down: &QuantTensor<CudaTensor>,
+) -> Result<(usize, usize)> {
+    let [e, f2, d] = gate_up.shape;
+    let f = f2 / 2;
+    if x.shape.len() != 2 || x.shape[1] != d || !f2.is_multiple_of(2) {
+        bail!(
+            "{op}: expected x [N, {d}] and gate_up [E, 2F, {d}], got x {:?} and gate_up {:?}",
+            x.shape,
+            gate_up.shape
+        );
+    }
+    if down.shape != [e, d, f] {
+        bail!("{op}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
+    }
+    for (q, what) in [(gate_up, "gate_up"), (down, "down")] {
+        for (t, part) in [(&q.codes, "codes"), (&q.scales, "scales")] {
+            if t.dtype != DType::U32 {
+                bail!("{op}: {what} {part} must be u32 words, got {}", t.dtype);
+            }
+        }
+    }
+    Ok((f, d))
+}
+
 impl CudaBackend {
     pub(crate) fn moe_quant_direct_tokens_impl(
         &self,
@@ -93,18 +123,8 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_experts_quant";
         let sfx = dtype_suffix(OP, x.dtype)?;
-        let [e, f2, d] = gate_up.shape;
-        let f = f2 / 2;
-        if x.shape.len() != 2 || x.shape[1] != d || !f2.is_multiple_of(2) {
-            bail!(
-                "{OP}: expected x [N, {d}] and gate_up [E, 2F, {d}], got x {:?} and gate_up {:?}",
-                x.shape,
-                gate_up.shape
-            );
-        }
-        if down.shape != [e, d, f] {
-            bail!("{OP}: down must be [{e}, {d}, {f}], got {:?}", down.shape);
-        }
+        let (f, d) = quant_expert_dims(OP, x, gate_up, down)?;
+        let e = gate_up.shape[0];
         let n = x.shape[0];
         crate::mla_moe::check_routing(OP, n, ids, weights)?;
         crate::mla_moe::check_expert_biases(OP, x, (e, f, d), opts.gate_up_bias, opts.down_bias)?;
@@ -117,7 +137,7 @@ impl CudaBackend {
         }
         let k = ids.shape[1];
         // The kernels index weight rows (E · 2F of gate_up) in u32.
-        to_u32(OP, "gate_up rows (experts x 2F)", e * f2)?;
+        to_u32(OP, "gate_up rows (experts x 2F)", e * 2 * f)?;
         // The kernels' 16-byte loads: codes rows of 32 values, x rows of 8 values, aligned.
         let aligned = d.is_multiple_of(32)
             && f.is_multiple_of(32)
