@@ -302,6 +302,25 @@ __device__ __forceinline__ float q_scale32(const unsigned char* s, u32 scale, u6
 // A: activation type of the reduction input (T for gate_up's x, float for down's h). A warp owns
 // RPW consecutive outputs (GU: their gate and up rows): more rows in flight per warp, and the
 // tile lookup paid once for them.
+// Weight rows of a warp's RPW outputs from o0 (GU: the gate rows, then the up rows; act 1
+// interleaves them as gpt-oss stores them) in expert `expert`'s [wrows, K] block; outputs past
+// nout read row nout − 1 and store nothing. R: u64, or u32 where the host checked E · 2F < 2^32.
+template <bool GU, int RPW, int NW, typename R>
+__device__ __forceinline__ void moe_q_rows(R (&row)[NW], u32 expert, u32 wrows, u32 o0, u32 nout,
+                                           u32 act) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const u32 o = min(o0 + r, nout - 1);
+        const R base = (R)expert * wrows;
+        if (GU) {
+            row[r] = base + (act == 1 ? 2 * o : o);
+            row[NW - RPW + r] = base + (act == 1 ? 2 * o + 1 : nout + o);
+        } else {
+            row[r] = base + o;
+        }
+    }
+}
+
 // acc[r][i] += s[r] · Σ_q w[r][q] · x[q] for the NW weight rows of a warp and one row i of x
 // (8-value partial sums, then one FMA with the group scale; both direct kernels).
 template <int NW, int MT>
@@ -371,18 +390,8 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
     const u32 first = offsets[expert] + r0;
     const u32 rows = min((u32)MT, offsets[expert + 1] - first);
     const u32 wrows = GU ? 2 * nout : nout;
-    // Outputs past nout (the last warp) read row nout − 1 and store nothing.
     u64 row[NW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const u32 o = RPW == 1 ? o0 : min(o0 + r, nout - 1);
-        if (GU) {
-            row[r] = (u64)expert * wrows + (act == 1 ? 2 * o : o);
-            row[NW - RPW + r] = (u64)expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
-        } else {
-            row[r] = (u64)expert * wrows + o;
-        }
-    }
+    moe_q_rows<GU, RPW>(row, expert, wrows, o0, nout, act);
     const A* xr[MT];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -493,19 +502,8 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
     const u32 first = offsets[expert] + r0;
     const u32 rows = min((u32)MT, offsets[expert + 1] - first);
     const u32 wrows = GU ? 2 * nout : nout;
-    // Outputs past nout read row nout − 1 and store nothing. Weight row indices fit u32 (the
-    // host's E · 2F < 2^32); their element offsets are formed in u64.
-    u32 row[NW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const u32 o = min(o0 + r, nout - 1);
-        if (GU) {
-            row[r] = expert * wrows + (act == 1 ? 2 * o : o);
-            row[NW - RPW + r] = expert * wrows + (act == 1 ? 2 * o + 1 : nout + o);
-        } else {
-            row[r] = expert * wrows + o;
-        }
-    }
+    u32 row[NW];  // the host checked E · 2F < 2^32
+    moe_q_rows<GU, RPW>(row, expert, wrows, o0, nout, act);
     // Staging: thread t writes unit position t of each row (row k of iteration k): column
     // 4 * ((t % 32) * 8 + t / 32) of the chunk.
     const u32 scol = 4 * ((threadIdx.x & 31) * 8 + (threadIdx.x >> 5));
