@@ -321,6 +321,17 @@ __device__ __forceinline__ void moe_q_rows(R (&row)[NW], u32 expert, u32 wrows, 
     }
 }
 
+// The 8 values of word j (0–3) of each of the warp's NW 16-byte code loads, as floats.
+template <int KIND, int NW>
+__device__ __forceinline__ void moe_q_decode(float (&wv)[NW][8], const uint4 (&w)[NW], int j) {
+#pragma unroll
+    for (int r = 0; r < NW; r++) {
+        const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
+#pragma unroll
+        for (int q = 0; q < 8; q++) wv[r][q] = q_value4<KIND>((word >> (4 * q)) & 15u);
+    }
+}
+
 // acc[r][i] += s[r] · Σ_q w[r][q] · x[q] for the NW weight rows of a warp and one row i of x
 // (8-value partial sums, then one FMA with the group scale; both direct kernels).
 template <int NW, int MT>
@@ -425,12 +436,7 @@ __device__ __forceinline__ void moe_q_impl(const A* __restrict__ a, const unsign
 #pragma unroll 1
         for (int j = 0; j < 4; j++) {
             float wv[NW][8];
-#pragma unroll
-            for (int r = 0; r < NW; r++) {
-                const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
-#pragma unroll
-                for (int q = 0; q < 8; q++) wv[r][q] = q_value4<KIND>((word >> (4 * q)) & 15u);
-            }
+            moe_q_decode<KIND>(wv, w, j);
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 if (i < (int)rows) {
@@ -546,13 +552,7 @@ __device__ __forceinline__ void moe_q8_impl(const A* __restrict__ a, const unsig
 #pragma unroll 1
             for (int j = 0; j < 4; j++) {
                 float wv[NW][8];
-#pragma unroll
-                for (int r = 0; r < NW; r++) {
-                    const u32 word = j == 0 ? w[r].x : j == 1 ? w[r].y : j == 2 ? w[r].z : w[r].w;
-#pragma unroll
-                    for (int q = 0; q < 8; q++)
-                        wv[r][q] = q_value4<KIND>((word >> (4 * q)) & 15u);
-                }
+                moe_q_decode<KIND>(wv, w, j);
 #pragma unroll
                 for (int i = 0; i < MT; i++) {
                     if (i < (int)rows) {
