@@ -27,6 +27,19 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// The rotary-embedding settings of one call, as [`Backend::rope`] takes them.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeArgs<'a, T> {
+    /// `[rot_dim / 2]` f32 (frequency scaling such as `llama3` or YaRN folded in).
+    pub inv_freq: &'a T,
+    /// Rotated dims of each head (the rest pass through).
+    pub rot_dim: usize,
+    /// How the dims pair.
+    pub style: RopeStyle,
+    /// Factor on `cos` and `sin` (1.0 except YaRN).
+    pub mscale: f32,
+}
+
 /// How a Mixture-of-Experts router turns gate logits into expert choices and weights
 /// (DeepSeek-V3 "noaux_tc": Liu et al. 2024, DeepSeek-V3 report §2.1.2; HF `DeepseekV3TopkRouter`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -275,6 +288,83 @@ pub trait Backend: Send + Sync + Sized + 'static {
             self.rope(q, positions, inv_freq, rot_dim, style, mscale)?,
             self.rope(k, positions, inv_freq, rot_dim, style, mscale)?,
         ))
+    }
+
+    /// A pre-norm sublayer's first projections: `x = rms_norm(a + r)` (`r` `None`:
+    /// `rms_norm(a)`) with weight `norm_w`, then [`Backend::linear_many`] of `x`. `a`, `r`
+    /// `[M, K]`, `norm_w` `[K]`, weights `[N_i, K]` (biases `[N_i]`), all of one dtype →
+    /// (`a + r` (`None` without `r`), outputs `[M, N_i]`). Bit-equal to
+    /// [`Backend::add_rms_norm`] (or [`Backend::rms_norm`]) then `linear_many`, which the
+    /// default calls; a backend may compute the norm inside the projections' launch (CUDA
+    /// decode: every GEMV block normalises the rows itself, so `x` is never written).
+    /// Errors: as those calls.
+    fn rms_norm_linear_many(
+        &self,
+        a: &Self::Tensor,
+        r: Option<&Self::Tensor>,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        parts: &[(&Self::Tensor, Option<&Self::Tensor>)],
+    ) -> Result<(Option<Self::Tensor>, Vec<Self::Tensor>)> {
+        let (sum, x) = match r {
+            Some(r) => {
+                let (s, x) = self.add_rms_norm(a, r, norm_w, eps)?;
+                (Some(s), x)
+            }
+            None => (None, self.rms_norm(a, norm_w, eps)?),
+        };
+        Ok((sum, self.linear_many(&x, parts)?))
+    }
+
+    /// [`Backend::linear_silu_mul`] of a pre-norm input, as [`Backend::rms_norm_linear_many`]
+    /// does for `linear_many`: → (`a + r` or `None`, `[M, F]`). Bit-equal to the norm then
+    /// `linear_silu_mul`, which the default calls. Errors: as those calls.
+    fn rms_norm_linear_silu_mul(
+        &self,
+        a: &Self::Tensor,
+        r: Option<&Self::Tensor>,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        w_gate: &Self::Tensor,
+        w_up: &Self::Tensor,
+    ) -> Result<(Option<Self::Tensor>, Self::Tensor)> {
+        let (sum, x) = match r {
+            Some(r) => {
+                let (s, x) = self.add_rms_norm(a, r, norm_w, eps)?;
+                (Some(s), x)
+            }
+            None => (None, self.rms_norm(a, norm_w, eps)?),
+        };
+        Ok((sum, self.linear_silu_mul(&x, w_gate, w_up)?))
+    }
+
+    /// [`Backend::rope_pair`] of queries `q` `[N, H, hd]` and keys `k` `[N, Hkv, hd]` at
+    /// `meta.positions`, then [`Backend::write_kv`] of the rotated keys and `v` `[N, Hkv, hd_v]`
+    /// into the paged caches; returns the rotated queries `[N, H, hd]`. Bit-equal to those two
+    /// calls, which the default makes; a backend may do both in one launch (CUDA: the rotated
+    /// keys go straight to their cache rows). Errors: as those calls.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_write_kv(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        rope: RopeArgs<'_, Self::Tensor>,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        let (q, k) = self.rope_pair(
+            q,
+            k,
+            &meta.positions,
+            rope.inv_freq,
+            rope.rot_dim,
+            rope.style,
+            rope.mscale,
+        )?;
+        self.write_kv(&k, v, k_cache, v_cache, meta)?;
+        Ok(q)
     }
 
     /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.

@@ -11,7 +11,9 @@
 //! dayone_backend::conformance::check_all(&MyBackend::new()?)?;
 //! ```
 
-use crate::{reference, rows, Backend, DType, HostTensor, RopeStyle, StepMeta, TensorInfo};
+use crate::{
+    reference, rows, Backend, DType, HostTensor, RopeArgs, RopeStyle, StepMeta, TensorInfo,
+};
 use anyhow::{bail, ensure, Context, Result};
 
 /// Tolerance (relative to `max |ref|`) for f32 activations.
@@ -141,6 +143,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_linear_silu_mul(b, dt)?;
         check_rms_norm(b, dt)?;
         check_add_rms_norm(b, dt)?;
+        check_rms_norm_linear(b, dt)?;
         check_rope(b, dt)?;
         check_silu_mul(b, dt)?;
         check_silu_mul_limit(b, dt)?;
@@ -148,6 +151,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_stream_mix(b, dt)?;
         check_to_f32(b, dt)?;
         check_write_kv(b, dt)?;
+        check_rope_write_kv(b, dt)?;
         check_paged_attention(b, dt)?;
         check_argmax(b, dt)?;
         check_token_logprob_rows(b, dt)?;
@@ -408,6 +412,95 @@ pub fn check_linear_silu_mul<B: Backend>(b: &B, dt: DType) -> Result<()> {
             &reference::linear(&x, &wu, None)?,
         )?;
         compare("linear_silu_mul", &case, &got, &want, tolerance(dt))?;
+    }
+    Ok(())
+}
+
+/// `rms_norm_linear_many` and `rms_norm_linear_silu_mul`: the sum and every output bit-equal
+/// to `add_rms_norm` (or `rms_norm`) then `linear_many` / `linear_silu_mul` on the same backend.
+/// Widths below 2 048 (the norm kernel's 256 threads), from 2 048 (512 threads: the fused CUDA
+/// GEMV regroups its partial sums) with an even and an odd number of 2 048-wide steps and with
+/// a remainder; 1–9 rows (past the decode GEMV, and rows that overflow its shared memory);
+/// with and without the residual add, biases, weights uploaded as weights or not.
+pub fn check_rms_norm_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(24);
+    let cases: &[(usize, usize, &[usize], bool)] = &[
+        (1, 4096, &[512, 128, 128], true),
+        (1, 2304, &[1024, 64], false),
+        (2, 1000, &[64, 200], true),
+        (3, 6144, &[96], true),
+        (5, 4096, &[40, 24], false),
+        (8, 512, &[33, 7], true),
+        (9, 256, &[16, 8], true),
+    ];
+    for &(m, k, ns, add) in cases {
+        let a = b.upload(&rand_tensor(&mut rng, &[m, k], dt, 2.0)?)?;
+        let r = b.upload(&rand_tensor(&mut rng, &[m, k], dt, 2.0)?)?;
+        let r = add.then_some(&r);
+        let g = b.upload(&rand_tensor(&mut rng, &[k], dt, 1.5)?)?;
+        let mut dev = Vec::new();
+        for (i, &n) in ns.iter().enumerate() {
+            let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+            let bias = (i % 2 == 1)
+                .then(|| rand_tensor(&mut rng, &[n], dt, 1.0))
+                .transpose()?;
+            let wd = if i % 3 == 2 {
+                b.upload(&w)?
+            } else {
+                b.upload_weight(&w)?
+            };
+            dev.push((wd, bias.as_ref().map(|t| b.upload(t)).transpose()?));
+        }
+        let parts: Vec<_> = dev.iter().map(|(w, bias)| (w, bias.as_ref())).collect();
+        let case = format!("{dt} a [{m}, {k}], add {add}, parts {ns:?}");
+        let (sum, x) = match r {
+            Some(r) => {
+                let (s, x) = b.add_rms_norm(&a, r, &g, 1e-5)?;
+                (Some(s), x)
+            }
+            None => (None, b.rms_norm(&a, &g, 1e-5)?),
+        };
+        let same_sum = |fused: &Option<B::Tensor>, what: &str| -> Result<()> {
+            ensure!(
+                fused.is_some() == add,
+                "{what} {case}: a sum returned {} the residual",
+                if add { "without" } else { "with" }
+            );
+            if let (Some(f), Some(s)) = (fused, &sum) {
+                ensure!(
+                    run(b, f)?.data == run(b, s)?.data,
+                    "{what} {case}: the sum is not bit-equal to add_rms_norm's"
+                );
+            }
+            Ok(())
+        };
+        let (fsum, ys) = b.rms_norm_linear_many(&a, r, &g, 1e-5, &parts)?;
+        same_sum(&fsum, "rms_norm_linear_many")?;
+        let want = b.linear_many(&x, &parts)?;
+        ensure!(
+            ys.len() == ns.len(),
+            "rms_norm_linear_many {case}: {} outputs",
+            ys.len()
+        );
+        for (i, (y, w)) in ys.iter().zip(&want).enumerate() {
+            let (y, w) = (run(b, y)?, run(b, w)?);
+            ensure!(
+                y.shape == w.shape && y.data == w.data,
+                "rms_norm_linear_many {case} part {i}: not bit-equal to the norm then linear_many"
+            );
+        }
+        let f = ns[0];
+        let (wg, wu) = (
+            b.upload_weight(&rand_tensor(&mut rng, &[f, k], dt, 0.5)?)?,
+            b.upload_weight(&rand_tensor(&mut rng, &[f, k], dt, 0.5)?)?,
+        );
+        let (fsum, y) = b.rms_norm_linear_silu_mul(&a, r, &g, 1e-5, &wg, &wu)?;
+        same_sum(&fsum, "rms_norm_linear_silu_mul")?;
+        let (y, w) = (run(b, &y)?, run(b, &b.linear_silu_mul(&x, &wg, &wu)?)?);
+        ensure!(
+            y.shape == w.shape && y.data == w.data,
+            "rms_norm_linear_silu_mul {case}: not bit-equal to the norm then linear_silu_mul"
+        );
     }
     Ok(())
 }
@@ -743,6 +836,62 @@ pub fn check_write_kv<B: Backend>(b: &B, dt: DType) -> Result<()> {
         let case_s = format!("{dt} {}", case.describe());
         compare("write_kv (k_cache)", &case_s, &run(b, &kcd)?, &kc, 0.0)?;
         compare("write_kv (v_cache)", &case_s, &run(b, &vcd)?, &vc, 0.0)?;
+    }
+    Ok(())
+}
+
+/// `rope_write_kv`: the rotated queries and both caches bit-equal to `rope_pair` then
+/// `write_kv` on the same backend, over the attention cases (padding tokens included), both
+/// pairing styles, whole and partial rotation.
+pub fn check_rope_write_kv<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(25);
+    for (i, case) in attention_cases().into_iter().enumerate() {
+        let (meta, blocks) = case.meta(&mut rng);
+        let n = meta.num_tokens();
+        let (h, hkv, hd, bs) = (case.h, case.hkv, case.hd_k, case.block_size);
+        let (style, rot) = if i % 2 == 0 {
+            (RopeStyle::HalfSplit, hd & !1)
+        } else {
+            (RopeStyle::Interleaved, (hd / 2) & !1)
+        };
+        let inv: Vec<f32> = (0..rot / 2)
+            .map(|j| 10000f32.powf(-((2 * j) as f32) / rot.max(1) as f32))
+            .collect();
+        let inv = b.upload(&HostTensor::from_f32(vec![rot / 2], &inv)?)?;
+        let q = b.upload(&rand_tensor(&mut rng, &[n, h, hd], dt, 1.0)?)?;
+        let k = b.upload(&rand_tensor(&mut rng, &[n, hkv, hd], dt, 1.0)?)?;
+        let v = b.upload(&rand_tensor(&mut rng, &[n, hkv, case.hd_v], dt, 1.0)?)?;
+        let kc = rand_tensor(&mut rng, &[blocks, bs, hkv, hd], dt, 1.0)?;
+        let vc = rand_tensor(&mut rng, &[blocks, bs, hkv, case.hd_v], dt, 1.0)?;
+        let (kc1, vc1, kc2, vc2) = (
+            b.upload(&kc)?,
+            b.upload(&vc)?,
+            b.upload(&kc)?,
+            b.upload(&vc)?,
+        );
+        let dmeta = b.upload_meta(meta.clone())?;
+        let (mscale, pos) = (1.0, &dmeta.positions);
+        let (q1, k1) = b.rope_pair(&q, &k, pos, &inv, rot, style, mscale)?;
+        b.write_kv(&k1, &v, &kc1, &vc1, &dmeta)?;
+        let args = RopeArgs {
+            inv_freq: &inv,
+            rot_dim: rot,
+            style,
+            mscale,
+        };
+        let q2 = b.rope_write_kv(&q, &k, &v, args, &kc2, &vc2, &dmeta)?;
+        let what = format!(
+            "rope_write_kv {dt} {} rot_dim {rot} {style:?}",
+            case.describe()
+        );
+        ensure!(
+            run(b, &q1)?.data == run(b, &q2)?.data,
+            "{what}: queries not bit-equal to rope_pair's"
+        );
+        ensure!(
+            run(b, &kc1)?.data == run(b, &kc2)?.data && run(b, &vc1)?.data == run(b, &vc2)?.data,
+            "{what}: caches not bit-equal to rope_pair then write_kv"
+        );
     }
     Ok(())
 }

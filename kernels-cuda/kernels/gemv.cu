@@ -69,16 +69,109 @@ __device__ __forceinline__ void gemv_wload(Vec8<T> (&wv)[U][RPW], const T* const
         for (int r = 0; r < RPW; r++) WLoad<T>::load(wv[u][r], wr[r] + kb + u * STEP);
 }
 
+// Pre-norm input computed inside the GEMV (`gemv_many_norm_*`, `gemv_glu_norm_*`: a
+// pre-norm sublayer's first projections): x = rms_norm(a + r) with weight g (r null:
+// rms_norm(a)), rounded to T, into shared memory `xs` [min(M, MT), K] before the main loop —
+// one launch and one store and load of x fewer than `add_rms_norm` then the GEMV, and
+// bit-equal to them. norm.cu's kernel runs `vt` threads (256, or 512 from D = 2048) of which
+// thread v owns the 8-element chunks 8v + 8·vt·i; here thread t owns chunks 8t + 2048c, i.e.
+// those of norm thread t + 256·(c mod 2) when vt = 512, so per-thread partial sums are kept
+// per norm thread, reduced per norm warp (warps w and w + 8) and then as norm.cu's warp 0 does,
+// lane 0's value being the one used. Each thread reads back only the chunks it wrote, so the
+// main loop needs no barrier. Block 0 stores a + r to `sum` (r non-null).
+struct GemvNorm {
+    const void* r;  // [M, K] or null
+    const void* g;  // [K]
+    void* sum;      // [M, K], written by block 0 when r is non-null
+    float eps;
+    u32 vt;         // threads of the norm kernel matched: 256 or 512
+};
+
+template <typename T, int MT>
+__device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, const GemvNorm& nm,
+                                                   u32 m, u32 k, T* xs, bool store_sum) {
+    __shared__ float nred[MT][16];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const T* r = static_cast<const T*>(nm.r);
+    const T* g = static_cast<const T*>(nm.g);
+    T* sum = static_cast<T*>(nm.sum);
+    const bool two = nm.vt == 512;
+    const u32 rows = min(m, (u32)MT);
+    constexpr u32 STEP = GEMV_THREADS * 8;
+    for (u32 i = 0; i < rows; i++) {
+        const u64 base = (u64)i * k;
+        float s0 = 0.f, s1 = 0.f;
+        u32 c = 0;
+        for (u32 j = tid * 8; j < k; j += STEP, c++) {
+            Vec8<T> v;
+            if (r) {
+                Vec8<T> va, vb;
+                va.load(a + base + j);
+                vb.load(r + base + j);
+                float fa[8], fb[8];
+                va.to_float(fa);
+                vb.to_float(fb);
+#pragma unroll
+                for (int e = 0; e < 8; e++) fa[e] = fa[e] + fb[e];
+                v.from_float(fa);
+                if (store_sum) v.store(sum + base + j);
+            } else {
+                v.load(a + base + j);
+            }
+            v.store(xs + base + j);
+            float f[8];
+            v.to_float(f);
+            if (two && (c & 1)) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) s1 += f[e] * f[e];
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) s0 += f[e] * f[e];
+            }
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (lane == 0) {
+            nred[i][warp] = s0;
+            nred[i][warp + GEMV_WARPS] = s1;
+        }
+    }
+    __syncthreads();
+    const u32 nw = nm.vt / 32;
+    for (u32 i = 0; i < rows; i++) {
+        const u64 base = (u64)i * k;
+        float t = lane < nw ? nred[i][lane] : 0.f;
+        t = __shfl_sync(0xffffffffu, warp_sum(t), 0);
+        const float inv = rsqrtf(t / (float)k + nm.eps);
+        for (u32 j = tid * 8; j < k; j += STEP) {
+            Vec8<T> v, wv;
+            v.load(xs + base + j);
+            wv.load(g + j);
+            float f[8], gf[8];
+            v.to_float(f);
+            wv.to_float(gf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[e] = f[e] * inv * gf[e];
+            Vec8<T> o;
+            o.from_float(f);
+            o.store(xs + base + j);
+        }
+    }
+}
+
 // TX: x's dtype (T but for the router's `gemv_x*_f32`, which widens 16-bit x as it loads it).
 // GLU (`gemv_glu_*`, SwiGLU's gate and up in one launch): the block's RPW rows are RPW / 2 rows
 // of w (gate) and the same rows of w_up; y[i, row] = silu(g) · u with g and u first rounded to T
 // as the two projections' outputs are, and silu_mul's f32 formula — bit-equal to `linear` of
 // each then `silu_mul`, without writing g and u.
-template <typename T, int MT, int RPW, int U, typename TX = T, bool GLU = false>
+// NORM: x is the pre-norm input `a` of `nm` (see gemv_norm_prologue; dynamic shared memory
+// min(M, MT) · K elements).
+template <typename T, int MT, int RPW, int U, typename TX = T, bool GLU = false, bool NORM = false>
 __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, T* __restrict__ y, u32 m,
                                           u32 n, u32 k, u32 w_const, u32 row0,
-                                          const T* __restrict__ w_up = nullptr) {
+                                          const T* __restrict__ w_up = nullptr,
+                                          const GemvNorm* nm = nullptr) {
     __shared__ float red[GEMV_WARPS][RPW * MT];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Rows past N and x rows past M re-read a valid row and are dropped at the end, so the
@@ -113,6 +206,13 @@ __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __r
     if (w_const) load_first();
     grid_dep_wait();
     if (!w_const) load_first();
+    if constexpr (NORM) {
+        extern __shared__ __align__(16) unsigned char gemv_dsmem[];
+        T* xs = reinterpret_cast<T*>(gemv_dsmem);
+        gemv_norm_prologue<T, MT>(reinterpret_cast<const T*>(x), *nm, m, k, xs, blockIdx.x == 0);
+#pragma unroll
+        for (int i = 0; i < MT; i++) xr[i] = reinterpret_cast<const TX*>(xs) + (u64)min((u32)i, m - 1) * k;
+    }
     for (u32 kb = k0; kb < kfull; kb += STEP * U) {
         if (kb != k0) gemv_wload<T, RPW, U>(wv, wr, kb);
 #pragma unroll
@@ -187,15 +287,16 @@ struct GemvSegs {
     u32 first[GEMV_SEGS + 1];
 };
 
-template <typename T, int MT, int RPW, int U>
+template <typename T, int MT, int RPW, int U, bool NORM = false>
 __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u32 m, u32 k,
-                                               u32 w_const) {
+                                               u32 w_const, const GemvNorm* nm = nullptr) {
     u32 i = 0;
 #pragma unroll
     for (int j = 1; j < GEMV_SEGS; j++)
         if (blockIdx.x >= sg.first[j] && sg.first[j] < sg.first[j + 1]) i = j;
-    gemv_impl<T, MT, RPW, U>(x, (const T*)sg.w[i], (const T*)sg.bias[i], (T*)sg.y[i], m, sg.n[i],
-                             k, w_const, (blockIdx.x - sg.first[i]) * RPW);
+    gemv_impl<T, MT, RPW, U, T, false, NORM>(x, (const T*)sg.w[i], (const T*)sg.bias[i],
+                                             (T*)sg.y[i], m, sg.n[i], k, w_const,
+                                             (blockIdx.x - sg.first[i]) * RPW, nullptr, nm);
 }
 
 #define GEMV(S, T, MT, RPW, U)                                                                \
@@ -206,6 +307,11 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
         gemv_many_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k, u32 w_const) { \
         gemv_many_impl<T, MT, RPW, U>(x, segs, m, k, w_const);                                \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
+        gemv_many_norm_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k,          \
+                                            u32 w_const, GemvNorm nm) {                       \
+        gemv_many_impl<T, MT, RPW, U, true>(x, segs, m, k, w_const, &nm);                     \
     }
 // gemv_glu_*_m{MT}_r{R}: R output rows per block (2R weight rows: gate and up).
 #define GEMV_GLU(S, T, MT, R, U)                                                              \
@@ -213,6 +319,12 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
         const T* x, const T* wg, const T* wu, T* y, u32 m, u32 n, u32 k, u32 w_const) {       \
         gemv_impl<T, MT, 2 * R, U, T, true>(x, wg, nullptr, y, m, n, k, w_const,              \
                                              blockIdx.x * R, wu);                             \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
+        gemv_glu_norm_##S##_m##MT##_r##R(const T* x, const T* wg, const T* wu, T* y, u32 m,   \
+                                         u32 n, u32 k, u32 w_const, GemvNorm nm) {            \
+        gemv_impl<T, MT, 2 * R, U, T, true, true>(x, wg, nullptr, y, m, n, k, w_const,        \
+                                                   blockIdx.x * R, wu, &nm);                  \
     }
 #define GEMV_ALL(S, T)                                                                        \
     GEMV_GLU(S, T, 1, 1, 2) GEMV_GLU(S, T, 1, 2, 2) GEMV_GLU(S, T, 2, 1, 2)                   \

@@ -430,6 +430,12 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 //                compute-bound tiles). 64 KiB → 2 per SM (registers: 128 f32 accumulators).
 //   moe_mma128w  BM 128, BN 256, BK 32, 4 stages, 2 × 4 warps of 64 × 64 (256 threads). 96 KiB,
 //                1 block per SM; half the A traffic per flop of moe_mma128.
+//   moe_mma128k64  moe_mma128 with BK 64 and 3 stages (half the barriers per flop). 96 KiB.
+//   moe_mma128x8   128 × 128, BK 32, 4 stages, 2 × 4 warps of 64 × 32 (256 threads: twice the
+//                  warps of moe_mma128 to hide latency). 64 KiB → 2 per SM.
+//   moe_mma64w     BM 64, BN 256, BK 32, 4 stages, 2 × 4 warps of 32 × 64: half the padding
+//                  rows of a 128-row tile when an expert's rows just pass a multiple of 128.
+//                  80 KiB → 2 per SM.
 // Dynamic smem STAGES · (BM + BN) · BK · sizeof(T) bytes (launch::MoeTile::shape).
 // grid = (ceil(nout / (GU ? BN / 2 : BN)), max tiles), block = 32 · WM · WN threads.
 template <int BK> __device__ __forceinline__ u32 moe_sw(u32 row, u32 chunk) {
@@ -742,7 +748,10 @@ DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
     MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 128, 64, 4, 1, 8)                                   \
     MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 128, 64, 4, 2, 4)                                   \
     MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 128, 32, 4, 2, 2)                                 \
-    MOE_MMAT(S, T, moe_mma128w, 256, 1, 128, 256, 32, 4, 2, 4)
+    MOE_MMAT(S, T, moe_mma128w, 256, 1, 128, 256, 32, 4, 2, 4)                                \
+    MOE_MMAT(S, T, moe_mma128k64, 128, 2, 128, 128, 64, 3, 2, 2)                              \
+    MOE_MMAT(S, T, moe_mma128x8, 256, 2, 128, 128, 32, 4, 2, 4)                               \
+    MOE_MMAT(S, T, moe_mma64w, 256, 2, 64, 256, 32, 4, 2, 4)
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 MOE_MMA(bf16, bf16)
 #endif

@@ -260,47 +260,13 @@ impl CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<()> {
         const OP: &str = "write_kv";
-        dtype_suffix(OP, k.dtype)?;
-        if k.shape.len() != 3 || v.shape.len() != 3 || k.shape[..2] != v.shape[..2] {
-            bail!(
-                "{OP}: k must be [N, Hkv, hd_k] and v [N, Hkv, hd_v], got {:?} and {:?}",
-                k.shape,
-                v.shape
-            );
-        }
-        let (n, hkv, hdk, hdv) = (k.shape[0], k.shape[1], k.shape[2], v.shape[2]);
-        let bs = meta.host.block_size;
-        if k_cache.shape.len() != 4 || k_cache.shape[1..] != [bs, hkv, hdk] {
-            bail!(
-                "{OP}: k_cache must be [blocks, {bs}, {hkv}, {hdk}] (block size, Hkv, hd_k), got {:?}",
-                k_cache.shape
-            );
-        }
-        if v_cache.shape.len() != 4
-            || v_cache.shape[1..] != [bs, hkv, hdv]
-            || v_cache.shape[0] != k_cache.shape[0]
-        {
-            bail!(
-                "{OP}: v_cache must be [{}, {bs}, {hkv}, {hdv}], got {:?}",
-                k_cache.shape[0],
-                v_cache.shape
-            );
-        }
-        for (what, t) in [("v", v), ("k_cache", k_cache), ("v_cache", v_cache)] {
-            check_dtype(OP, what, t, k.dtype)?;
-        }
-        if meta.host.slot_mapping.len() != n || meta.slot_mapping.numel() < n {
-            bail!(
-                "{OP}: slot_mapping must have N = {n} entries, has {}",
-                meta.host.slot_mapping.len()
-            );
-        }
+        let (n, num_slots) = Self::check_write_kv(OP, k, v, k_cache, v_cache, meta)?;
+        let (hkv, hdk, hdv) = (k.shape[1], k.shape[2], v.shape[2]);
         if n == 0 {
             return Ok(());
         }
         self.bind()?;
         let f = self.func("kv_cache", "", "write_kv")?;
-        let num_slots = to_u32(OP, "blocks·block_size", k_cache.shape[0] * bs)?;
         self.launch(
             OP,
             &f,
@@ -319,6 +285,56 @@ impl CudaBackend {
                 (hkv * hdv * k.dtype.size()) as u64
             ],
         )
+    }
+
+    /// Checks `write_kv`'s operands (`op` names the caller in errors): `k` `[N, Hkv, hd_k]`, `v`
+    /// `[N, Hkv, hd_v]`, caches `[blocks, bs, Hkv, hd_k|v]` of `k`'s dtype, N slots in `meta`.
+    /// Returns N and the number of cache slots (`blocks · bs`).
+    pub(crate) fn check_write_kv(
+        op: &str,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<(usize, u32)> {
+        dtype_suffix(op, k.dtype)?;
+        if k.shape.len() != 3 || v.shape.len() != 3 || k.shape[..2] != v.shape[..2] {
+            bail!(
+                "{op}: k must be [N, Hkv, hd_k] and v [N, Hkv, hd_v], got {:?} and {:?}",
+                k.shape,
+                v.shape
+            );
+        }
+        let (n, hkv, hdk, hdv) = (k.shape[0], k.shape[1], k.shape[2], v.shape[2]);
+        let bs = meta.host.block_size;
+        if k_cache.shape.len() != 4 || k_cache.shape[1..] != [bs, hkv, hdk] {
+            bail!(
+                "{op}: k_cache must be [blocks, {bs}, {hkv}, {hdk}] (block size, Hkv, hd_k), got {:?}",
+                k_cache.shape
+            );
+        }
+        if v_cache.shape.len() != 4
+            || v_cache.shape[1..] != [bs, hkv, hdv]
+            || v_cache.shape[0] != k_cache.shape[0]
+        {
+            bail!(
+                "{op}: v_cache must be [{}, {bs}, {hkv}, {hdv}], got {:?}",
+                k_cache.shape[0],
+                v_cache.shape
+            );
+        }
+        for (what, t) in [("v", v), ("k_cache", k_cache), ("v_cache", v_cache)] {
+            check_dtype(op, what, t, k.dtype)?;
+        }
+        if meta.host.slot_mapping.len() != n || meta.slot_mapping.numel() < n {
+            bail!(
+                "{op}: slot_mapping must have N = {n} entries, has {}",
+                meta.host.slot_mapping.len()
+            );
+        }
+        let num_slots = to_u32(op, "blocks·block_size", k_cache.shape[0] * bs)?;
+        Ok((n, num_slots))
     }
 }
 

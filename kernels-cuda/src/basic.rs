@@ -3,7 +3,7 @@
 
 use crate::{check_dtype, dtype_suffix, launch, rows_last, to_u32, CudaBackend, CudaTensor};
 use anyhow::{bail, Result};
-use dayone_backend::{DType, RopeStyle, TensorInfo};
+use dayone_backend::{DType, DeviceStepMeta, RopeStyle, TensorInfo};
 
 impl CudaBackend {
     pub(crate) fn binary(
@@ -207,7 +207,7 @@ impl CudaBackend {
             return Ok((sum, out));
         }
         let f = self.func("norm", sfx, &format!("add_rms_norm_{sfx}"))?;
-        let threads = if d >= 2048 { 512 } else { 256 };
+        let threads = launch::norm_threads(d);
         self.launch(
             OP,
             &f,
@@ -251,7 +251,7 @@ impl CudaBackend {
             return Ok(out);
         }
         let f = self.func("norm", sfx, &format!("rms_norm_{sfx}"))?;
-        let threads = if d >= 2048 { 512 } else { 256 };
+        let threads = launch::norm_threads(d);
         self.launch(
             OP,
             &f,
@@ -279,7 +279,8 @@ impl CudaBackend {
         style: RopeStyle,
         mscale: f32,
     ) -> Result<CudaTensor> {
-        let (y, _) = self.rope_pair_impl(x, None, positions, inv_freq, rot_dim, style, mscale)?;
+        let (y, _) =
+            self.rope_pair_impl(x, None, positions, inv_freq, rot_dim, style, mscale, None)?;
         Ok(y)
     }
 
@@ -287,6 +288,10 @@ impl CudaBackend {
     /// one launch ([`dayone_backend::Backend::rope_pair`]; bit-equal to one launch each).
     ///
     /// Errors: shapes, dtypes, `rot_dim` odd or above hd, `inv_freq` not f32 `[rot_dim / 2]`.
+    #[allow(clippy::too_many_arguments)]
+    /// `rope` of `x` and, in the same launch, of `k` (`rope_pair`); with `cache` the rotated
+    /// keys and the values go to the paged cache instead (`rope_write_kv`: then no key tensor is
+    /// returned).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_pair_impl(
         &self,
@@ -297,6 +302,7 @@ impl CudaBackend {
         rot_dim: usize,
         style: RopeStyle,
         mscale: f32,
+        cache: Option<KvWrite>,
     ) -> Result<(CudaTensor, Option<CudaTensor>)> {
         const OP: &str = "rope";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -330,9 +336,26 @@ impl CudaBackend {
                 inv_freq.dtype
             );
         }
+        let rc = match (&cache, k) {
+            (Some(c), Some(k)) => {
+                let (_, num_slots) =
+                    Self::check_write_kv("rope_write_kv", k, c.v, c.k_cache, c.v_cache, c.meta)?;
+                RopeCache {
+                    v: c.v.device_ptr(),
+                    kc: c.k_cache.device_ptr(),
+                    vc: c.v_cache.device_ptr(),
+                    slots: c.meta.slot_mapping.device_ptr(),
+                    num_slots,
+                    hdv: to_u32(OP, "hd_v", c.v.shape[2])?,
+                }
+            }
+            (Some(_), None) => bail!("rope_write_kv: keys are required"),
+            (None, _) => RopeCache::default(),
+        };
         self.bind()?;
         let out = self.alloc(x.shape.clone(), x.dtype)?;
         let out_k = k
+            .filter(|_| cache.is_none())
             .map(|k| self.alloc(k.shape.clone(), k.dtype))
             .transpose()?;
         if n == 0 || hd == 0 || (h == 0 && hk == 0) {
@@ -362,7 +385,8 @@ impl CudaBackend {
                 mscale,
                 k.map_or(0, |k| k.device_ptr()),
                 out_k.as_ref().map_or(0, |k| k.device_ptr()),
-                to_u32(OP, "Hk", hk)?
+                to_u32(OP, "Hk", hk)?,
+                rc
             ],
         )?;
         Ok((out, out_k))
@@ -442,4 +466,25 @@ impl CudaBackend {
         )?;
         Ok(out)
     }
+}
+
+/// The paged-cache write of `rope_write_kv`: values `[N, Hkv, hd_v]`, the caches and the step
+/// whose slot mapping places the rows.
+pub(crate) struct KvWrite<'a> {
+    pub(crate) v: &'a CudaTensor,
+    pub(crate) k_cache: &'a CudaTensor,
+    pub(crate) v_cache: &'a CudaTensor,
+    pub(crate) meta: &'a DeviceStepMeta<CudaTensor>,
+}
+
+/// The kernel's `RopeCache` parameter (rope.cu): zero = no cache write.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct RopeCache {
+    v: u64,
+    kc: u64,
+    vc: u64,
+    slots: u64,
+    num_slots: u32,
+    hdv: u32,
 }

@@ -56,6 +56,30 @@ pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
     }
 }
 
+/// Threads per block of the RMSNorm kernels (`rms_norm_*`, `add_rms_norm_*`) for width `d`:
+/// 512 from 2048, else 256. The fused-norm GEMV reproduces these kernels' sums, so it reads the
+/// same choice.
+pub fn norm_threads(d: usize) -> u32 {
+    if d >= 2048 {
+        512
+    } else {
+        256
+    }
+}
+
+/// Largest dynamic shared memory (bytes) of the fused-norm GEMV's normed rows
+/// (`min(M, MT) · K` elements): the default per-block limit, so no opt-in is needed (bf16 at
+/// K = 4096 fits up to 6 rows; larger steps take the norm kernel then the GEMV).
+pub const GEMV_NORM_SMEM_MAX: usize = 48 << 10;
+
+/// `DAYONE_DECODE_FUSION=0` turns off the fusions across op boundaries that only save
+/// launches — the norm inside the GEMV (`rms_norm_linear_*`) and the cache write inside RoPE
+/// (`rope_write_kv`) — so a benchmark can measure what they save in one run; read once.
+pub fn decode_fusion_disabled() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DAYONE_DECODE_FUSION").as_deref() == Ok("0"))
+}
+
 /// Rows of w per GEMV block (`RPW`: 4, 2 or 1): as many as keep at least 8 blocks per SM.
 pub fn gemv_rpw(n: usize, sms: u32) -> u32 {
     let per_sm = 8 * sms.max(1) as usize;
@@ -233,7 +257,8 @@ impl MoeKernel {
 }
 
 /// Tile of the tensor-core MoE kernel: by the step's shape, or forced
-/// (`DAYONE_MOE_TILE=auto|16|32|64|128|128w`, [`crate::CudaBackend::set_moe_tile`]).
+/// (`DAYONE_MOE_TILE=auto|16|32|64|128|128w|128k64|128x8|64w`,
+/// [`crate::CudaBackend::set_moe_tile`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum MoeTile {
@@ -249,6 +274,12 @@ pub enum MoeTile {
     Rows128 = 4,
     /// 128 × 256 (`moe_mma128w_*`, 8 warps of 64 × 64, one block per SM).
     Rows128Wide = 5,
+    /// 128 × 128 with 64-wide k slices, 3 stages (`moe_mma128k64_*`).
+    Rows128K64 = 6,
+    /// 128 × 128, 8 warps of 64 × 32 (`moe_mma128x8_*`).
+    Rows128Warps8 = 7,
+    /// 64 × 256, 8 warps of 32 × 64 (`moe_mma64w_*`).
+    Rows64Wide = 8,
 }
 
 /// Launch shape of one [`MoeTile`] ([`MoeTile::shape`]).
@@ -267,14 +298,16 @@ pub struct MoeTileShape {
 }
 
 impl MoeTile {
-    /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`); another value → auto, with
+    /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`, `128k64`, `128x8`, `64w`);
+    /// another value → auto, with
     /// one warning line on stderr (a mistyped tile in a sweep would otherwise time auto).
     pub fn from_env() -> Self {
         let v = std::env::var("DAYONE_MOE_TILE").ok();
         let tile = Self::parse(v.as_deref());
         if let Some(v) = v.filter(|v| !Self::known(v)) {
             eprintln!(
-                "warning: DAYONE_MOE_TILE={v:?} is not auto, 16, 32, 64, 128 or 128w; using auto"
+                "warning: DAYONE_MOE_TILE={v:?} is not auto, 16, 32, 64, 128, 128w, 128k64, \
+                 128x8 or 64w; using auto"
             );
         }
         tile
@@ -288,6 +321,9 @@ impl MoeTile {
             Some("64") => MoeTile::Rows64,
             Some("128") => MoeTile::Rows128,
             Some("128w") => MoeTile::Rows128Wide,
+            Some("128k64") => MoeTile::Rows128K64,
+            Some("128x8") => MoeTile::Rows128Warps8,
+            Some("64w") => MoeTile::Rows64Wide,
             _ => MoeTile::Auto,
         }
     }
@@ -305,27 +341,33 @@ impl MoeTile {
             3 => MoeTile::Rows64,
             4 => MoeTile::Rows128,
             5 => MoeTile::Rows128Wide,
+            6 => MoeTile::Rows128K64,
+            7 => MoeTile::Rows128Warps8,
+            8 => MoeTile::Rows64Wide,
             _ => MoeTile::Auto,
         }
     }
 
     /// Launch shape for `elt`-byte elements: dynamic smem `STAGES · (BM + BN) · BK · elt` as in
-    /// `moe_mmat_impl` (`kernels/moe.cu`): 16 × 128 and 32 × 128 with BK 64, 128 × 128 and
-    /// 128 × 256 with BK 32, all 4 stages. [`MoeTile::Auto`] answers the 64-row kernel.
+    /// `moe_mmat_impl` (`kernels/moe.cu`, whose `MOE_MMAT` lines these repeat).
+    /// [`MoeTile::Auto`] answers the 64-row kernel.
     pub fn shape(self, elt: usize) -> MoeTileShape {
-        let (kernel, rows, weight_rows, threads, bk) = match self {
-            MoeTile::Rows16 => ("moe_mma16", 16, 128, 256, 64),
-            MoeTile::Rows32 => ("moe_mma32", 32, 128, 256, 64),
-            MoeTile::Rows128 => ("moe_mma128", 128, 128, 128, 32),
-            MoeTile::Rows128Wide => ("moe_mma128w", 128, 256, 256, 32),
-            MoeTile::Auto | MoeTile::Rows64 => ("moe_mma", 64, 128, 256, 0),
+        let (kernel, rows, weight_rows, threads, bk, stages) = match self {
+            MoeTile::Rows16 => ("moe_mma16", 16, 128, 256, 64, 4),
+            MoeTile::Rows32 => ("moe_mma32", 32, 128, 256, 64, 4),
+            MoeTile::Rows128 => ("moe_mma128", 128, 128, 128, 32, 4),
+            MoeTile::Rows128Wide => ("moe_mma128w", 128, 256, 256, 32, 4),
+            MoeTile::Rows128K64 => ("moe_mma128k64", 128, 128, 128, 64, 3),
+            MoeTile::Rows128Warps8 => ("moe_mma128x8", 128, 128, 256, 32, 4),
+            MoeTile::Rows64Wide => ("moe_mma64w", 64, 256, 256, 32, 4),
+            MoeTile::Auto | MoeTile::Rows64 => ("moe_mma", 64, 128, 256, 0, 0),
         };
         MoeTileShape {
             kernel,
             rows,
             weight_rows,
             threads,
-            smem: 4 * (rows + weight_rows) as usize * bk * elt,
+            smem: stages * (rows + weight_rows) as usize * bk * elt,
         }
     }
 }

@@ -45,7 +45,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use dayone_backend::{
     AttentionOptions, Backend, DType, DeviceStepMeta, DeviceVarlenMeta, ExpertOptions, HostRow,
-    HostTensor, MoeRouting, QuantFormat, QuantTensor, RopeStyle, StepMeta, TensorInfo,
+    HostTensor, MoeRouting, QuantFormat, QuantTensor, RopeArgs, RopeStyle, StepMeta, TensorInfo,
     VarlenResult,
 };
 use device::{drv, Pool, Staging};
@@ -809,9 +809,59 @@ impl Backend for CudaBackend {
         style: RopeStyle,
         mscale: f32,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        let (q, k) =
-            self.rope_pair_impl(q, Some(k), positions, inv_freq, rot_dim, style, mscale)?;
+        let (q, k) = self.rope_pair_impl(
+            q,
+            Some(k),
+            positions,
+            inv_freq,
+            rot_dim,
+            style,
+            mscale,
+            None,
+        )?;
         Ok((q, k.expect("k given")))
+    }
+
+    fn rope_write_kv(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        rope: RopeArgs<'_, CudaTensor>,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<CudaTensor> {
+        if launch::decode_fusion_disabled() {
+            let (q, k) = self.rope_pair(
+                q,
+                k,
+                &meta.positions,
+                rope.inv_freq,
+                rope.rot_dim,
+                rope.style,
+                rope.mscale,
+            )?;
+            self.write_kv_impl(&k, v, k_cache, v_cache, meta)?;
+            return Ok(q);
+        }
+        let cache = basic::KvWrite {
+            v,
+            k_cache,
+            v_cache,
+            meta,
+        };
+        let (q, _) = self.rope_pair_impl(
+            q,
+            Some(k),
+            &meta.positions,
+            rope.inv_freq,
+            rope.rot_dim,
+            rope.style,
+            rope.mscale,
+            Some(cache),
+        )?;
+        Ok(q)
     }
 
     fn stream_mix(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor> {
@@ -833,6 +883,29 @@ impl Backend for CudaBackend {
         w_up: &CudaTensor,
     ) -> Result<CudaTensor> {
         self.linear_silu_mul_impl(x, w_gate, w_up)
+    }
+
+    fn rms_norm_linear_many(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        norm_w: &CudaTensor,
+        eps: f32,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+    ) -> Result<(Option<CudaTensor>, Vec<CudaTensor>)> {
+        self.rms_norm_linear_many_impl(a, r, norm_w, eps, parts)
+    }
+
+    fn rms_norm_linear_silu_mul(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        norm_w: &CudaTensor,
+        eps: f32,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+    ) -> Result<(Option<CudaTensor>, CudaTensor)> {
+        self.rms_norm_linear_silu_mul_impl(a, r, norm_w, eps, w_gate, w_up)
     }
 
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {

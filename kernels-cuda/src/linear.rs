@@ -220,7 +220,26 @@ impl CudaBackend {
     ) -> Result<Vec<CudaTensor>> {
         const OP: &str = "linear_many";
         let (m, k) = rows_last(OP, "x [M, K]", x)?;
-        let one_launch = parts.len() > 1
+        if !(parts.len() > 1 && self.gemv_many_fits(x, m, k, parts)) {
+            return parts
+                .iter()
+                .map(|(w, b)| self.linear_impl(x, w, *b, true))
+                .collect();
+        }
+        self.gemv_many(OP, x, m, k, parts, None)
+    }
+
+    /// Whether `parts` (weights `[N_i, K]` of `x`'s dtype, optional biases `[N_i]`) can be one
+    /// `gemv_many` launch for `x` `[M, K]`: decode-sized M, at most `GEMV_SEGS` projections, not
+    /// batch-invariant.
+    fn gemv_many_fits(
+        &self,
+        x: &CudaTensor,
+        m: usize,
+        k: usize,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+    ) -> bool {
+        !parts.is_empty()
             && parts.len() <= GEMV_SEGS
             && m > 0
             && !self.invariant()
@@ -231,14 +250,22 @@ impl CudaBackend {
                     && w.shape[0] > 0
                     && w.dtype == x.dtype
                     && b.is_none_or(|b| b.shape == [w.shape[0]] && b.dtype == x.dtype)
-            });
-        if !one_launch {
-            return parts
-                .iter()
-                .map(|(w, b)| self.linear_impl(x, w, *b, true))
-                .collect();
-        }
-        let sfx = dtype_suffix(OP, x.dtype)?;
+            })
+    }
+
+    /// One `gemv_many` launch (`gemv_many_norm` with `norm`: `x` is then the pre-norm input);
+    /// the caller checked [`CudaBackend::gemv_many_fits`].
+    fn gemv_many(
+        &self,
+        op: &str,
+        x: &CudaTensor,
+        m: usize,
+        k: usize,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+        norm: Option<(GemvNorm, u32)>,
+    ) -> Result<Vec<CudaTensor>> {
+        const OP: &str = "linear_many";
+        let sfx = dtype_suffix(op, x.dtype)?;
         let mt = launch::gemv_mt(m, k).expect("checked above");
         let total: usize = parts.iter().map(|(w, _)| w.shape[0]).sum();
         let rpw = launch::gemv_rpw(total, self.info.sms);
@@ -269,16 +296,151 @@ impl CudaBackend {
             *f = to_u32(OP, "blocks", blocks)?;
         }
         let w_const = parts.iter().all(|(w, _)| w.buf.weight) as u32;
-        let f = self.func("gemv", sfx, &format!("gemv_many_{sfx}_m{mt}_r{rpw}"))?;
-        self.launch(
-            OP,
-            &f,
-            (to_u32(OP, "grid", blocks)?, 1, 1),
-            (launch::GEMV_THREADS, 1, 1),
-            0,
-            kparams![x.device_ptr(), segs, m as u32, to_u32(OP, "K", k)?, w_const],
-        )?;
+        let grid = (to_u32(OP, "grid", blocks)?, 1, 1);
+        let (m32, k32) = (m as u32, to_u32(OP, "K", k)?);
+        match norm {
+            None => {
+                let f = self.func("gemv", sfx, &format!("gemv_many_{sfx}_m{mt}_r{rpw}"))?;
+                let block = (launch::GEMV_THREADS, 1, 1);
+                let params = kparams![x.device_ptr(), segs, m32, k32, w_const];
+                self.launch(op, &f, grid, block, 0, params)?;
+            }
+            Some((nm, smem)) => {
+                let f = self.func("gemv", sfx, &format!("gemv_many_norm_{sfx}_m{mt}_r{rpw}"))?;
+                let block = (launch::GEMV_THREADS, 1, 1);
+                let params = kparams![x.device_ptr(), segs, m32, k32, w_const, nm];
+                self.launch(op, &f, grid, block, smem, params)?;
+            }
+        }
         Ok(outs)
+    }
+}
+
+/// The pre-norm input of a fused decode GEMV (`GemvNorm` in gemv.cu): the residual to add
+/// (0: none), the norm weight, the sum's output (0: none), eps and the threads of the norm
+/// kernel whose sums it reproduces ([`launch::norm_threads`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct GemvNorm {
+    r: u64,
+    g: u64,
+    sum: u64,
+    eps: f32,
+    vt: u32,
+}
+
+impl CudaBackend {
+    /// The fused-norm parameters and dynamic shared memory (the normed rows, `min(M, MT) · K`
+    /// elements) for a pre-norm GEMV of `a` `[M, K]` (+ `r`) with norm weight `g` `[K]`, or
+    /// `None` when the inputs do not fit the fused kernel (then the two-step path runs and
+    /// reports any shape or dtype error): shapes and dtypes agree and the rows fit in
+    /// [`launch::GEMV_NORM_SMEM_MAX`].
+    fn gemv_norm_params(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        g: &CudaTensor,
+        eps: f32,
+        sum: Option<&CudaTensor>,
+    ) -> Option<(GemvNorm, u32)> {
+        let (m, k) = rows_last("rms_norm_linear", "a", a).ok()?;
+        let mt = launch::gemv_mt(m, k)? as usize;
+        let fits = !self.invariant()
+            && !launch::decode_fusion_disabled()
+            && r.is_none_or(|r| r.shape == a.shape && r.dtype == a.dtype)
+            && g.shape == [k]
+            && g.dtype == a.dtype
+            && k.is_multiple_of(8);
+        let smem = m.min(mt) * k * a.dtype.size();
+        (fits && smem <= launch::GEMV_NORM_SMEM_MAX).then(|| {
+            (
+                GemvNorm {
+                    r: r.map_or(0, |r| r.device_ptr()),
+                    g: g.device_ptr(),
+                    sum: sum.map_or(0, |s| s.device_ptr()),
+                    eps,
+                    vt: launch::norm_threads(k),
+                },
+                smem as u32,
+            )
+        })
+    }
+
+    /// [`dayone_backend::Backend::rms_norm_linear_many`]: one `gemv_many_norm` launch for
+    /// decode-sized M (the norm computed by every block, bit-equal to `add_rms_norm` /
+    /// `rms_norm` then `linear_many`), else those two steps.
+    ///
+    /// Errors: as `add_rms_norm` (or `rms_norm`) and `linear` for each projection.
+    pub(crate) fn rms_norm_linear_many_impl(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        g: &CudaTensor,
+        eps: f32,
+        parts: &[(&CudaTensor, Option<&CudaTensor>)],
+    ) -> Result<(Option<CudaTensor>, Vec<CudaTensor>)> {
+        const OP: &str = "rms_norm_linear_many";
+        if let Ok((m, k)) = rows_last(OP, "a [M, K]", a) {
+            if self.gemv_many_fits(a, m, k, parts)
+                && self.gemv_norm_params(a, r, g, eps, None).is_some()
+            {
+                self.bind()?;
+                let sum = match r {
+                    Some(_) => Some(self.alloc(a.shape.clone(), a.dtype)?),
+                    None => None,
+                };
+                let norm = self.gemv_norm_params(a, r, g, eps, sum.as_ref());
+                let ys = self.gemv_many(OP, a, m, k, parts, norm)?;
+                return Ok((sum, ys));
+            }
+        }
+        let (sum, x) = match r {
+            Some(r) => {
+                let (s, x) = self.add_rms_norm_impl(a, r, g, eps)?;
+                (Some(s), x)
+            }
+            None => (None, self.rms_norm_impl(a, g, eps)?),
+        };
+        Ok((sum, self.linear_many_impl(&x, parts)?))
+    }
+
+    /// [`dayone_backend::Backend::rms_norm_linear_silu_mul`]: one `gemv_glu_norm` launch for
+    /// decode-sized M (bit-equal to the norm, the two projections and `silu_mul`), else the
+    /// norm then [`CudaBackend::linear_silu_mul_impl`].
+    ///
+    /// Errors: as `add_rms_norm` (or `rms_norm`) and `linear_silu_mul`.
+    pub(crate) fn rms_norm_linear_silu_mul_impl(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        g: &CudaTensor,
+        eps: f32,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+    ) -> Result<(Option<CudaTensor>, CudaTensor)> {
+        const OP: &str = "rms_norm_linear_silu_mul";
+        if let Ok((m, k)) = rows_last(OP, "a [M, K]", a) {
+            if self.gemv_glu_fits(a, m, k, w_gate, w_up)
+                && self.gemv_norm_params(a, r, g, eps, None).is_some()
+            {
+                self.bind()?;
+                let sum = match r {
+                    Some(_) => Some(self.alloc(a.shape.clone(), a.dtype)?),
+                    None => None,
+                };
+                let norm = self.gemv_norm_params(a, r, g, eps, sum.as_ref());
+                let y = self.gemv_glu(OP, a, m, k, w_gate, w_up, norm)?;
+                return Ok((sum, y));
+            }
+        }
+        let (sum, x) = match r {
+            Some(r) => {
+                let (s, x) = self.add_rms_norm_impl(a, r, g, eps)?;
+                (Some(s), x)
+            }
+            None => (None, self.rms_norm_impl(a, g, eps)?),
+        };
+        Ok((sum, self.linear_silu_mul_impl(&x, w_gate, w_up)?))
     }
 }
 
@@ -295,7 +457,23 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "linear_silu_mul";
         let (m, k) = rows_last(OP, "x [M, K]", x)?;
-        let fused = m > 0
+        if !self.gemv_glu_fits(x, m, k, w_gate, w_up) {
+            let ys = self.linear_many_impl(x, &[(w_gate, None), (w_up, None)])?;
+            return self.binary("silu_mul", &ys[0], &ys[1]);
+        }
+        self.gemv_glu(OP, x, m, k, w_gate, w_up, None)
+    }
+
+    /// Whether gate and up (`[F, K]` of `x`'s dtype) take one `gemv_glu` launch for `x` `[M, K]`.
+    fn gemv_glu_fits(
+        &self,
+        x: &CudaTensor,
+        m: usize,
+        k: usize,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+    ) -> bool {
+        m > 0
             && !self.invariant()
             && launch::gemv_mt(m, k).is_some()
             && w_gate.shape.len() == 2
@@ -303,13 +481,24 @@ impl CudaBackend {
             && w_gate.shape[0] > 0
             && w_up.shape == w_gate.shape
             && w_gate.dtype == x.dtype
-            && w_up.dtype == x.dtype;
-        if !fused {
-            let ys = self.linear_many_impl(x, &[(w_gate, None), (w_up, None)])?;
-            return self.binary("silu_mul", &ys[0], &ys[1]);
-        }
-        let sfx = dtype_suffix(OP, x.dtype)?;
-        let mt = launch::gemv_mt(m, k).expect("checked above");
+            && w_up.dtype == x.dtype
+    }
+
+    /// One `gemv_glu` launch (`gemv_glu_norm` with `norm`: `x` is then the pre-norm input); the
+    /// caller checked [`CudaBackend::gemv_glu_fits`].
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_glu(
+        &self,
+        op: &str,
+        x: &CudaTensor,
+        m: usize,
+        k: usize,
+        w_gate: &CudaTensor,
+        w_up: &CudaTensor,
+        norm: Option<(GemvNorm, u32)>,
+    ) -> Result<CudaTensor> {
+        let sfx = dtype_suffix(op, x.dtype)?;
+        let mt = launch::gemv_mt(m, k).expect("checked by gemv_glu_fits");
         let n = w_gate.shape[0];
         // Output rows per block: half the rows the plain GEMV would stream for 2N rows.
         let rows = (launch::gemv_rpw(2 * n, self.info.sms) / 2).max(1);
@@ -317,24 +506,28 @@ impl CudaBackend {
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("rank >= 2") = n;
         let out = self.alloc(shape, x.dtype)?;
-        let f = self.func("gemv", sfx, &format!("gemv_glu_{sfx}_m{mt}_r{rows}"))?;
-        self.launch(
-            OP,
-            &f,
-            (to_u32(OP, "grid", n.div_ceil(rows as usize))?, 1, 1),
-            (launch::GEMV_THREADS, 1, 1),
-            0,
-            kparams![
-                x.device_ptr(),
-                w_gate.device_ptr(),
-                w_up.device_ptr(),
-                out.device_ptr(),
-                m as u32,
-                to_u32(OP, "N", n)?,
-                to_u32(OP, "K", k)?,
-                (w_gate.buf.weight && w_up.buf.weight) as u32
-            ],
-        )?;
+        let grid = (to_u32(op, "grid", n.div_ceil(rows as usize))?, 1, 1);
+        let block = (launch::GEMV_THREADS, 1, 1);
+        let (m32, n32, k32) = (m as u32, to_u32(op, "N", n)?, to_u32(op, "K", k)?);
+        let w_const = (w_gate.buf.weight && w_up.buf.weight) as u32;
+        let (xp, gp, up, yp) = (
+            x.device_ptr(),
+            w_gate.device_ptr(),
+            w_up.device_ptr(),
+            out.device_ptr(),
+        );
+        match norm {
+            None => {
+                let f = self.func("gemv", sfx, &format!("gemv_glu_{sfx}_m{mt}_r{rows}"))?;
+                let params = kparams![xp, gp, up, yp, m32, n32, k32, w_const];
+                self.launch(op, &f, grid, block, 0, params)?;
+            }
+            Some((nm, smem)) => {
+                let f = self.func("gemv", sfx, &format!("gemv_glu_norm_{sfx}_m{mt}_r{rows}"))?;
+                let params = kparams![xp, gp, up, yp, m32, n32, k32, w_const, nm];
+                self.launch(op, &f, grid, block, smem, params)?;
+            }
+        }
         Ok(out)
     }
 }

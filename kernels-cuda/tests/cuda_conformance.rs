@@ -288,6 +288,9 @@ fn grouped_expert_tiles() {
         MoeTile::Rows64,
         MoeTile::Rows128,
         MoeTile::Rows128Wide,
+        MoeTile::Rows128K64,
+        MoeTile::Rows128Warps8,
+        MoeTile::Rows64Wide,
     ];
     for dt in [DType::BF16, DType::F16] {
         for &(n, d, e, f, k) in cases {

@@ -6,7 +6,7 @@
 //! Optionally over a sliding window (Mistral, Qwen2/3 sliding layers, gpt-oss) and with a
 //! learned sink logit per head in every softmax row (gpt-oss, HF `GptOssAttention`).
 
-use super::{Linear, RmsNorm, Rope, RowLinear};
+use super::{Linear, PreNorm, RmsNorm, Rope, RowLinear};
 use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::Result;
@@ -148,23 +148,26 @@ impl<B: Backend> Attention<B> {
         Ok((rope.forward(b, &k, &meta.positions)?, v))
     }
 
-    /// `x` `[N, D]` → `[N, D]`; writes this step's keys/values into `(k_cache, v_cache)`.
+    /// `x` `[N, D]` (a pre-norm input: q, k and v take the norm in their own call where the
+    /// backend fuses it) → `[N, D]`; writes this step's keys/values into `(k_cache, v_cache)`.
     pub fn forward(
         &self,
         b: &B,
-        x: &B::Tensor,
+        x: &PreNorm<B>,
         rope: &Rope<B>,
         meta: &DeviceStepMeta<B::Tensor>,
         kv: (&B::Tensor, &B::Tensor),
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let [q, k, v] = Linear::forward_n(b, x, [&self.q_proj, &self.k_proj, &self.v_proj])?;
+        let [q, k, v]: [B::Tensor; 3] = x
+            .linear_many(b, &[&self.q_proj, &self.k_proj, &self.v_proj])?
+            .try_into()
+            .map_err(|v: Vec<_>| anyhow::anyhow!("q/k/v: {} projections for 3", v.len()))?;
         let q = self.heads(b, q, s.heads, &self.q_norm)?;
         let k = self.heads(b, k, s.kv_heads, &self.k_norm)?;
-        let (q, k) = rope.forward_pair(b, &q, &k, &meta.positions)?;
         let v = b.reshape(&v, &[n, s.kv_heads, s.head_dim])?;
-        b.write_kv(&k, &v, kv.0, kv.1, meta)?;
+        let q = rope.forward_write_kv(b, &q, &k, &v, meta, kv)?;
         let scale = 1.0 / (s.head_dim as f32).sqrt();
         let opts = AttentionOptions {
             // A window no sequence of the step outgrows changes nothing: plain causal attention

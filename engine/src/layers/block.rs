@@ -13,7 +13,9 @@
 //! ([`crate::models::LayerPlan`]); the block only runs them. Layer `i` reads and writes cache
 //! entry `i`, whose kind ([`crate::cache::LayerCacheSpec`]) the plan derived from the mixer.
 
-use super::{Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, RmsNorm, Rope, Selection};
+use super::{
+    Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, PreNorm, RmsNorm, Rope, Selection,
+};
 use crate::cache::KvCache;
 use crate::parallel::CpStep;
 use anyhow::{bail, Result};
@@ -68,7 +70,8 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: Backend> BlockMixer<B> {
-    /// `x` `[N, D]` → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
+    /// `x` `[N, D]` (the pre-norm input: GQA attention takes the norm inside its q/k/v call,
+    /// the other mixers materialise it) → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
     /// sparse-MLA selection from the previous layer and is replaced by this layer's (`None` when
     /// it selected nothing). Under context parallelism (`cp`; `x` and `meta` are this rank's
     /// slice) every rank's new key rows are gathered into the cache first, and a recurrent
@@ -77,23 +80,25 @@ impl<B: Backend> BlockMixer<B> {
     pub fn forward(
         &self,
         b: &B,
-        x: &B::Tensor,
+        input: &PreNorm<B>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
         layer: usize,
         sel: &mut Option<Selection<B>>,
         cp: Option<&CpStep<B>>,
     ) -> Result<B::Tensor> {
-        match self {
-            BlockMixer::Attention(attn, rope) => {
-                *sel = None;
-                let kv = cache.kv(layer)?;
-                if let Some(cp) = cp {
-                    let (k, v) = attn.key_rows(b, x, rope, meta)?;
-                    cp.write_kv(b, &k, &v, kv.0, kv.1)?;
-                }
-                attn.forward(b, x, rope, meta, kv)
+        if let BlockMixer::Attention(attn, rope) = self {
+            *sel = None;
+            let kv = cache.kv(layer)?;
+            if let Some(cp) = cp {
+                let (k, v) = attn.key_rows(b, input.x(b)?, rope, meta)?;
+                cp.write_kv(b, &k, &v, kv.0, kv.1)?;
             }
+            return attn.forward(b, input, rope, meta, kv);
+        }
+        let x = input.x(b)?;
+        match self {
+            BlockMixer::Attention(..) => unreachable!("handled above"),
             BlockMixer::Mla(mla, rope, sparse) => {
                 if let Some(cp) = cp {
                     if let MlaSparse::Pooled(_) = sparse {
@@ -138,12 +143,13 @@ impl<B: Backend> BlockMixer<B> {
 }
 
 impl<B: Backend> BlockFfn<B> {
-    /// `x` `[N, D]` → `[N, D]`.
-    pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+    /// `x` `[N, D]` (the pre-norm input: a dense MLP takes the norm inside its gate/up call,
+    /// the MoE layers materialise it) → `[N, D]`.
+    pub fn forward(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
         match self {
-            BlockFfn::Dense(mlp) => mlp.forward(b, x),
-            BlockFfn::Moe(moe) => moe.forward(b, x),
-            BlockFfn::GptOss(moe) => moe.forward(b, x),
+            BlockFfn::Dense(mlp) => mlp.forward_pre(b, input),
+            BlockFfn::Moe(moe) => moe.forward(b, input.x(b)?),
+            BlockFfn::GptOss(moe) => moe.forward(b, input.x(b)?),
         }
     }
 }
@@ -185,26 +191,25 @@ impl<B: Backend> Block<B> {
     ) -> Result<ResidualStream<B>> {
         match &self.residual {
             BlockResidual::Plain => {
-                let (h, x) = match h {
-                    ResidualStream::Sum(h) => {
-                        let x = self.input_norm.forward(b, &h)?;
-                        (h, x)
-                    }
-                    ResidualStream::Pending(h, m) => self.input_norm.add_forward(b, &h, &m)?,
+                let (h, m) = match h {
+                    ResidualStream::Sum(h) => (h, None),
+                    ResidualStream::Pending(h, m) => (h, Some(m)),
                 };
-                let a = self.mixer.forward(b, &x, meta, cache, layer, sel, cp)?;
-                let (h, x) = self.post_norm.add_forward(b, &h, &a)?;
-                let m = self.ffn.forward(b, &x)?;
-                Ok(ResidualStream::Pending(h, m))
+                let input = PreNorm::new(&self.input_norm, &h, m.as_ref());
+                let a = self.mixer.forward(b, &input, meta, cache, layer, sel, cp)?;
+                let h = input.into_sum(b)?;
+                let post = PreNorm::new(&self.post_norm, &h, Some(&a));
+                let m = self.ffn.forward(b, &post)?;
+                Ok(ResidualStream::Pending(post.into_sum(b)?, m))
             }
             BlockResidual::Hyper { attn, ffn } => {
                 let h = &h.sum(b)?;
                 let h = attn.forward(b, h, |x| {
-                    let x = self.input_norm.forward(b, x)?;
-                    self.mixer.forward(b, &x, meta, cache, layer, sel, cp)
+                    let input = PreNorm::new(&self.input_norm, x, None);
+                    self.mixer.forward(b, &input, meta, cache, layer, sel, cp)
                 })?;
                 ffn.forward(b, &h, |x| {
-                    self.ffn.forward(b, &self.post_norm.forward(b, x)?)
+                    self.ffn.forward(b, &PreNorm::new(&self.post_norm, x, None))
                 })
                 .map(ResidualStream::Sum)
             }

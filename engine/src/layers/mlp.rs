@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward (Shazeer 2020): `down(silu(gate·x) ⊙ up·x)`; with a limit `l`
 //! (GLM-5.3-Flash's `swiglu_limit`), `down(silu(min(g, l)) ⊙ clamp(u, −l, l))`.
 
-use super::{Linear, RowLinear, Weight};
+use super::{Linear, PreNorm, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -49,10 +49,36 @@ impl<B: Backend> Mlp<B> {
         self.down.parallel.all_reduce(b, &y)
     }
 
+    /// [`Mlp::forward`] of a pre-norm input: gate and up take the norm in their own call where
+    /// the backend fuses it ([`PreNorm::linear_silu_mul`]); the same values.
+    pub fn forward_pre(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
+        let act = match self.fused_gate_up() {
+            Some((wg, wu)) => input.linear_silu_mul(b, wg, wu)?,
+            None => {
+                let gu = input.linear_many(b, &[&self.gate, &self.up])?;
+                self.activation(b, &gu[0], &gu[1])?
+            }
+        };
+        let y = self.down.forward_partial(b, &act)?;
+        self.down.parallel.all_reduce(b, &y)
+    }
+
     /// `x` `[N, D]` → this rank's partial `[N, D]` (its slice of the width), not yet summed.
     pub fn forward_partial(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let act = match (&self.gate, &self.up, self.limit) {
-            // Dense, bias-free SwiGLU: one call (one decode GEMV launch on CUDA).
+        let act = match self.fused_gate_up() {
+            Some((wg, wu)) => b.linear_silu_mul(x, wg, wu)?,
+            None => {
+                let [g, u] = Linear::forward_n(b, x, [&self.gate, &self.up])?;
+                self.activation(b, &g, &u)?
+            }
+        };
+        self.down.forward_partial(b, &act)
+    }
+
+    /// Gate and up weights when the first half is one [`Backend::linear_silu_mul`] call: dense,
+    /// bias-free, unclamped SwiGLU (one decode GEMV launch on CUDA).
+    fn fused_gate_up(&self) -> Option<(&B::Tensor, &B::Tensor)> {
+        match (&self.gate, &self.up, self.limit) {
             (
                 Linear {
                     weight: Weight::Dense(wg),
@@ -63,15 +89,16 @@ impl<B: Backend> Mlp<B> {
                     bias: None,
                 },
                 None,
-            ) => b.linear_silu_mul(x, wg, wu)?,
-            _ => {
-                let [g, u] = Linear::forward_n(b, x, [&self.gate, &self.up])?;
-                match self.limit {
-                    Some(l) => b.silu_mul_limit(&g, &u, l)?,
-                    None => b.silu_mul(&g, &u)?,
-                }
-            }
-        };
-        self.down.forward_partial(b, &act)
+            ) => Some((wg, wu)),
+            _ => None,
+        }
+    }
+
+    /// SwiGLU of the projections `g`, `u` `[N, F]`, clamped when the MLP has a limit.
+    fn activation(&self, b: &B, g: &B::Tensor, u: &B::Tensor) -> Result<B::Tensor> {
+        match self.limit {
+            Some(l) => b.silu_mul_limit(g, u, l),
+            None => b.silu_mul(g, u),
+        }
     }
 }

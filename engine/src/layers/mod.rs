@@ -31,7 +31,7 @@ pub use mla_expanded::{MlaExpanded, MlaPrefill};
 pub use mlp::Mlp;
 pub use moe::{ExpertNames, Moe, MoeShape};
 pub use moe_quant::{ExpertWorkspace, QuantExperts, QuantPath};
-pub use norm::RmsNorm;
+pub use norm::{PreNorm, RmsNorm};
 pub use parallel::RowLinear;
 pub use pooled_indexer::PooledDsaIndexer;
 pub use rope::Rope;

@@ -1,8 +1,10 @@
 //! RMSNorm (Zhang & Sennrich 2019): `y = w ⊙ x / sqrt(mean(x²) + eps)`, in f32.
 
+use super::linear::{Linear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::Backend;
+use std::cell::OnceCell;
 
 /// An RMSNorm over the last dimension with weight `[D]`.
 pub struct RmsNorm<B: Backend> {
@@ -35,5 +37,119 @@ impl<B: Backend> RmsNorm<B> {
         a: &B::Tensor,
     ) -> Result<(B::Tensor, B::Tensor)> {
         b.add_rms_norm(h, a, &self.weight, self.eps)
+    }
+}
+
+/// A pre-norm sublayer's input `x = norm(h + m)` (or `norm(h)`), not computed until the
+/// sublayer asks for it: its first projections can take the un-normalised rows
+/// ([`PreNorm::linear_many`], [`PreNorm::linear_silu_mul`] → [`Backend::rms_norm_linear_many`],
+/// [`Backend::rms_norm_linear_silu_mul`]: on CUDA decode the norm runs inside the projections'
+/// launch), and a sublayer that needs `x` itself calls [`PreNorm::x`]. Every path computes
+/// the same values bit for bit. The block reads the residual `h + m` back with
+/// [`PreNorm::into_sum`].
+pub struct PreNorm<'a, B: Backend> {
+    norm: &'a RmsNorm<B>,
+    /// `[N, D]`.
+    h: &'a B::Tensor,
+    /// The pending addend `[N, D]`, if any.
+    m: Option<&'a B::Tensor>,
+    /// `h + m` once some call computed it.
+    sum: OnceCell<B::Tensor>,
+    /// `x` once materialised.
+    x: OnceCell<B::Tensor>,
+}
+
+impl<'a, B: Backend> PreNorm<'a, B> {
+    /// The input `norm(h + m)` of a sublayer (`m` `None`: `norm(h)`); `h`, `m` `[N, D]`.
+    pub fn new(norm: &'a RmsNorm<B>, h: &'a B::Tensor, m: Option<&'a B::Tensor>) -> Self {
+        Self {
+            norm,
+            h,
+            m,
+            sum: OnceCell::new(),
+            x: OnceCell::new(),
+        }
+    }
+
+    /// The rows still to normalise and the addend still to add: `(h + m, None)` once the sum
+    /// exists, else `(h, m)`.
+    fn operands(&self) -> (&B::Tensor, Option<&B::Tensor>) {
+        match self.sum.get() {
+            Some(s) => (s, None),
+            None => (self.h, self.m),
+        }
+    }
+
+    /// Keeps the sum a call returned (the first one; later calls add nothing).
+    fn keep_sum(&self, sum: Option<B::Tensor>) {
+        if let Some(s) = sum {
+            let _ = self.sum.set(s);
+        }
+    }
+
+    /// `x` `[N, D]` (computed once: `add_rms_norm`, or `rms_norm` of the sum or of `h`).
+    pub fn x(&self, b: &B) -> Result<&B::Tensor> {
+        if let Some(x) = self.x.get() {
+            return Ok(x);
+        }
+        let x = match self.operands() {
+            (a, Some(m)) => {
+                let (s, x) = self.norm.add_forward(b, a, m)?;
+                self.keep_sum(Some(s));
+                x
+            }
+            (a, None) => self.norm.forward(b, a)?,
+        };
+        Ok(self.x.get_or_init(|| x))
+    }
+
+    /// [`Linear::forward_many`] of `x`: one [`Backend::rms_norm_linear_many`] call (the norm
+    /// fused into the projections where the backend can) when every weight is dense and `x`
+    /// was not materialised yet.
+    pub fn linear_many(&self, b: &B, layers: &[&Linear<B>]) -> Result<Vec<B::Tensor>> {
+        let dense: Option<Vec<_>> = layers
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Dense(w) => Some((w, l.bias.as_ref())),
+                Weight::Quant(_) => None,
+            })
+            .collect();
+        match dense.filter(|_| self.x.get().is_none()) {
+            Some(parts) => {
+                let (a, m) = self.operands();
+                let (sum, ys) =
+                    b.rms_norm_linear_many(a, m, &self.norm.weight, self.norm.eps, &parts)?;
+                self.keep_sum(sum);
+                Ok(ys)
+            }
+            None => Linear::forward_many(b, self.x(b)?, layers),
+        }
+    }
+
+    /// [`Backend::linear_silu_mul`] of `x` with dense `w_gate`, `w_up` `[F, D]` → `[N, F]`:
+    /// one [`Backend::rms_norm_linear_silu_mul`] call unless `x` was materialised.
+    pub fn linear_silu_mul(
+        &self,
+        b: &B,
+        w_gate: &B::Tensor,
+        w_up: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        if let Some(x) = self.x.get() {
+            return b.linear_silu_mul(x, w_gate, w_up);
+        }
+        let (a, m) = self.operands();
+        let (sum, y) =
+            b.rms_norm_linear_silu_mul(a, m, &self.norm.weight, self.norm.eps, w_gate, w_up)?;
+        self.keep_sum(sum);
+        Ok(y)
+    }
+
+    /// The residual `h + m` (`h` without `m`), adding it now if no call did.
+    pub fn into_sum(self, b: &B) -> Result<B::Tensor> {
+        match (self.sum.into_inner(), self.m) {
+            (Some(s), _) => Ok(s),
+            (None, Some(m)) => b.add(self.h, m),
+            (None, None) => Ok(self.h.clone()),
+        }
     }
 }

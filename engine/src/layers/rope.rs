@@ -1,7 +1,7 @@
 //! Rotary position embedding (Su et al. 2021, RoFormer).
 
 use anyhow::Result;
-use dayone_backend::{Backend, HostTensor, RopeStyle};
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor, RopeArgs, RopeStyle};
 
 /// Precomputed inverse frequencies and the pairing style.
 pub struct Rope<B: Backend> {
@@ -45,6 +45,28 @@ impl<B: Backend> Rope<B> {
             self.style,
             self.mscale,
         )
+    }
+
+    /// Queries `q` `[N, H, hd]` rotated at `meta.positions` (returned), and keys `k`
+    /// `[N, Hkv, hd]` rotated and stored with values `v` `[N, Hkv, hd_v]` in the paged caches
+    /// `kv`, in one backend call ([`Backend::rope_write_kv`]; as [`Rope::forward_pair`] then
+    /// [`Backend::write_kv`]).
+    pub fn forward_write_kv(
+        &self,
+        b: &B,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        kv: (&B::Tensor, &B::Tensor),
+    ) -> Result<B::Tensor> {
+        let args = RopeArgs {
+            inv_freq: &self.inv_freq,
+            rot_dim: self.rot_dim,
+            style: self.style,
+            mscale: self.mscale,
+        };
+        b.rope_write_kv(q, k, v, args, kv.0, kv.1, meta)
     }
 
     /// `x` `[N, H, hd]`, `positions` `[N]` u32 → rotated `[N, H, hd]`.

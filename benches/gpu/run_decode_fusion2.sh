@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# one device call: [14] the second round of decode fusions — the RMSNorm inside the first
+# projections' GEMV (rms_norm_linear_many / rms_norm_linear_silu_mul) and the KV-cache write
+# inside RoPE (rope_write_kv) — on the Llama-8B and Kimi-Linear-48B shapes, with
+# DAYONE_DECODE_FUSION=0 in the same call as the baseline; the new MoE tile variants at 64–8192
+# tokens beside torch._grouped_mm; WGSL through Vulkan (profile and matvec variants when the
+# binary has them); the CUDA tests of all of it. Build with build_for_device.sh; carry
+# [".bin", ".gl"] (and ".kcache" when there is one).
+. benches/gpu/device_env.sh   # binaries, NVRTC cache, env, cuda_tests
+( python3 benches/gpu/write_sparse_safetensors.py benches/gpu/llama8b_layout.json /tmp/llama8b > $OUT/w.txt 2>&1
+  [ "${KIMI:-1}" = 1 ] && python3 benches/gpu/write_sparse_safetensors.py benches/gpu/kimi48b_layout.json /tmp/kimi48b >> $OUT/w.txt 2>&1
+  echo "ckpts $(date -u +%T)" >> $OUT/w.txt ) &
+w=$!
+B=.bin/dayone
+cuda_tests 150
+wait $w; tail -1 $OUT/w.txt
+bench() { timeout 200 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
+echo "== llama8b fused"; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128
+echo "== llama8b DAYONE_DECODE_FUSION=0"; DAYONE_DECODE_FUSION=0 bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128
+echo "== llama8b fused, again"; bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128
+if [ "${KIMI:-1}" = 1 ]; then
+  echo "== kimi48b"; bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
+fi
+echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 90 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 64 --enforce-eager 2>&1 >/dev/null | grep -A14 DAYONE_CUDA_PROFILE
+moe() { timeout 120 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 "$@" 2>&1 | grep -v "^\s*$"; }
+for t in 128 128k64 128x8 64w; do echo "== DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t moe --tokens 512,8192 | tail -3; done 2>&1 | tee $OUT/moe.txt
+echo "== torch grouped_mm"; timeout 150 python3 benches/gpu/torch_deepseek.py --tokens 512,8192 2>&1 | tail -4
+mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
+export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
+echo "== llama8b wgsl b1"; timeout 200 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 128 --gen-len 32 --json 2>$OUT/wgsl_err.txt | bench_summary; tail -2 $OUT/wgsl_err.txt
+echo "== wgsl profile"; DAYONE_WGSL_PROFILE=1 timeout 120 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 16 --gen-len 16 2>&1 >/dev/null | tail -16
+for v in ${WGSL_VARIANTS:-}; do
+  echo "== DAYONE_WGSL_MATVEC=$v"; DAYONE_WGSL_MATVEC=$v timeout 60 .bin/op-bench --iters 20 2>&1 | grep "matvec  w bf16" | tail -3
+done
+[ -d "$kc" ] && tar czf "$OUT/kcache.tgz" -C "$kc" .
