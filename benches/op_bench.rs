@@ -4,6 +4,10 @@
 //! with its conditions.
 //!
 //! Usage: `op-bench [--iters N] [--quick]` (WGSL backend; set `XDG_RUNTIME_DIR=/tmp` on lavapipe).
+//! The bf16 decode matvec runs the variant named by `DAYONE_WGSL_MATVEC` (printed; sweep with
+//! `for v in $(op-bench --list-matvec); do DAYONE_WGSL_MATVEC=$v op-bench; done`). With
+//! `DAYONE_WGSL_PROFILE=1` each shape is followed by its GPU-timed kernel table (kernel time
+//! without the host's dispatch cost).
 
 mod sigpipe;
 
@@ -100,8 +104,21 @@ fn time_attention<B: Backend>(
     Ok(t0.elapsed().as_secs_f64() / iters as f64)
 }
 
-fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
+/// Prints the GPU timing table of the calls since the last one (`DAYONE_WGSL_PROFILE=1`).
+fn print_profile(b: &dayone_wgsl::WgslBackend) {
+    if let Some(t) = b.take_profile() {
+        print!("{t}");
+    }
+}
+
+fn run(b: &dayone_wgsl::WgslBackend, iters: usize, quick: bool) -> Result<()> {
     println!("device: {}", b.name());
+    println!(
+        "bf16 decode matvec variant: {} ({}; subgroups: {})",
+        b.matvec(),
+        dayone_wgsl::MATVEC_ENV,
+        b.has_subgroups()
+    );
     println!(
         "activations: {} (f32 accumulation); weights uploaded as f32 or bf16",
         b.activation_dtype(DType::BF16)
@@ -110,7 +127,15 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
     let matvecs: &[(usize, usize)] = if quick {
         &[(576, 1536), (2048, 2048)]
     } else {
-        &[(576, 1536), (2048, 2048), (4096, 4096), (4096, 14336)]
+        // Llama-3.1-8B's q/o (4096²), k/v (1024 × 4096), gate/up and down projections.
+        &[
+            (576, 1536),
+            (2048, 2048),
+            (4096, 4096),
+            (4096, 1024),
+            (4096, 14336),
+            (14336, 4096),
+        ]
     };
     for wdt in [DType::F32, DType::BF16] {
         for &(k, n) in matvecs {
@@ -125,6 +150,7 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
                 (n * k) as f64 / s / 1e9,
                 wbytes as f64 / (1 << 20) as f64
             );
+            print_profile(b);
         }
     }
     let matmuls: &[(usize, usize, usize)] = if quick {
@@ -142,6 +168,7 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
                 s * 1e3,
                 flops / s / 1e9
             );
+            print_profile(b);
         }
     }
     for &(ctx, new) in &[(1023usize, 1usize), (0, 128)] {
@@ -153,6 +180,7 @@ fn run<B: Backend>(b: &B, iters: usize, quick: bool) -> Result<()> {
             s * 1e3,
             kv_bytes as f64 / s / 1e9
         );
+        print_profile(b);
     }
     Ok(())
 }
@@ -167,11 +195,18 @@ struct Args {
     /// Fewer, smaller shapes.
     #[arg(long)]
     quick: bool,
+    /// Print the names of the bf16 decode matvec variants (for `DAYONE_WGSL_MATVEC`) and exit.
+    #[arg(long)]
+    list_matvec: bool,
 }
 
 fn main() -> Result<()> {
     sigpipe::restore();
     let a = Args::parse();
+    if a.list_matvec {
+        println!("{}", dayone_wgsl::matvec_variants().join("\n"));
+        return Ok(());
+    }
     let b = dayone_wgsl::WgslBackend::new()?;
     run(&b, a.iters as usize, a.quick)
 }

@@ -54,8 +54,13 @@
 //!   `selected[n]`, skipping `u32::MAX`).
 
 mod buffers;
+mod matvec;
 mod ops;
 mod pipelines;
+mod profile;
+
+pub use matvec::{matvec_variants, MATVEC_DEFAULT, MATVEC_ENV};
+pub use profile::PROFILE_ENV;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use buffers::{Chunk, Pool, Storage};
@@ -113,6 +118,10 @@ pub struct Options {
     /// (chunks of 64), shorter ones the token recurrence. `None`: [`KDA_CHUNK_MIN_ENV`] if set,
     /// else [`KDA_CHUNK_MIN`]. `Some(1)` forces the chunked path, `Some(usize::MAX)` the recurrence.
     pub kda_chunk_min: Option<usize>,
+    /// Decode matvec variant for packed-bf16 weights on GPU kernels (see
+    /// [`matvec_variants`]). `None`: [`MATVEC_ENV`] if set, else [`MATVEC_DEFAULT`]. A
+    /// subgroup variant (`…sg`) on an adapter without subgroups runs its tree twin.
+    pub matvec: Option<String>,
 }
 
 /// Kernel variants for `linear` (decode) and `paged_attention`, tuned for different kinds of
@@ -176,6 +185,8 @@ struct Recorder {
     ops: usize,
     /// Bind groups by (kernel, buffers); pooled buffers come back, so decode steps hit.
     bind_groups: HashMap<(usize, Vec<wgpu::Buffer>), wgpu::BindGroup>,
+    /// Per-dispatch GPU timing ([`PROFILE_ENV`]); `None` on the hot path.
+    prof: Option<profile::Profiler>,
 }
 
 /// Bind groups kept before the cache is cleared.
@@ -200,6 +211,10 @@ pub struct WgslBackend {
     /// Batch-invariant mode ([`Backend::set_batch_invariant`]): the prefill GEMM for every M
     /// (the decode GEMVs reduce K in another order, or fuse differently when compiled).
     batch_invariant: std::sync::atomic::AtomicBool,
+    /// The device has [`wgpu::Features::SUBGROUP`] (subgroup matvec variants may run).
+    subgroups: bool,
+    /// Index of the decode matvec variant (`matvec::variants()`).
+    matvec: std::sync::atomic::AtomicUsize,
 }
 
 fn type_name(t: wgpu::DeviceType) -> &'static str {
@@ -258,9 +273,26 @@ impl WgslBackend {
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let have = adapter.features();
+        // Subgroups only serve the `…sg` matvec variants; requested whenever offered so that the
+        // variant can be switched at run time.
+        let mut features = have & wgpu::Features::SUBGROUP;
+        let prof_mode = match std::env::var(PROFILE_ENV).as_deref() {
+            Ok("1") => profile::Profiler::features(have),
+            // A pass per dispatch even where timestamps inside passes exist (to test that path
+            // or to compare the two).
+            Ok("pass") => {
+                profile::Profiler::features(have & !wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+            }
+            _ => None,
+        }
+        .map(|(mode, f)| {
+            features |= f;
+            mode
+        });
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("dayone-wgsl"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -305,6 +337,19 @@ impl WgslBackend {
             info.name,
             type_name(info.device_type)
         );
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let want_mv = opts
+            .matvec
+            .clone()
+            .or_else(|| std::env::var(MATVEC_ENV).ok())
+            .unwrap_or_else(|| MATVEC_DEFAULT.to_string());
+        let mv = matvec::resolve(&want_mv, subgroups).ok_or_else(|| {
+            anyhow!(
+                "unknown decode matvec variant '{want_mv}' ({MATVEC_ENV}); one of: {}",
+                matvec_variants().join(" ")
+            )
+        })?;
+        let prof = prof_mode.map(|m| profile::Profiler::new(&device, &queue, m, MAX_PENDING_OPS));
         Ok(Self {
             pool: Arc::new(Pool::new(device.clone(), max_chunk)),
             device,
@@ -333,6 +378,7 @@ impl WgslBackend {
                 encoder: None,
                 params: Vec::new(),
                 ops: 0,
+                prof,
             }),
             arena,
             dummy,
@@ -340,7 +386,47 @@ impl WgslBackend {
             batch_invariant: std::sync::atomic::AtomicBool::new(
                 dayone_backend::batch_invariant_from_env(),
             ),
+            subgroups,
+            matvec: std::sync::atomic::AtomicUsize::new(mv),
         })
+    }
+
+    /// The decode matvec variant in use (see [`matvec_variants`]; a subgroup variant asked for
+    /// on an adapter without subgroups reports its tree twin).
+    pub fn matvec(&self) -> &'static str {
+        &matvec::variants()[self.matvec_index()].name
+    }
+
+    /// Switches the decode matvec variant (e.g. to test or time each); returns the one that
+    /// will run (the tree twin of a subgroup variant without subgroups).
+    pub fn set_matvec(&self, name: &str) -> Result<&'static str> {
+        let i = matvec::resolve(name, self.subgroups).ok_or_else(|| {
+            anyhow!(
+                "unknown decode matvec variant '{name}'; one of: {}",
+                matvec_variants().join(" ")
+            )
+        })?;
+        self.matvec.store(i, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.matvec())
+    }
+
+    pub(crate) fn matvec_index(&self) -> usize {
+        self.matvec.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the device runs subgroup operations ([`wgpu::Features::SUBGROUP`]).
+    pub fn has_subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    /// With [`PROFILE_ENV`]`=1`: the per-kernel GPU timing table since the last call (or since
+    /// creation), after waiting for all recorded work; the totals restart. `None` when not
+    /// profiling or nothing ran. The rest is printed to stderr when the backend is dropped.
+    pub fn take_profile(&self) -> Option<String> {
+        let mut rec = self.lock();
+        rec.prof.as_ref()?;
+        self.flush_locked(&mut rec);
+        rec.prof.as_mut().and_then(|p| p.take_report())
     }
 
     /// Whether the batch-invariant kernels are in use.
@@ -397,11 +483,17 @@ impl WgslBackend {
 
     fn flush_locked(&self, rec: &mut Recorder) {
         rec.pass = None;
-        if let Some(enc) = rec.encoder.take() {
+        if let Some(mut enc) = rec.encoder.take() {
             if !rec.params.is_empty() {
                 self.queue.write_buffer(&self.arena, 0, &rec.params);
             }
+            let timed = rec.prof.as_ref().is_some_and(|p| p.resolve(&mut enc));
             self.queue.submit([enc.finish()]);
+            if timed {
+                if let Some(p) = rec.prof.as_mut() {
+                    p.collect(&self.device);
+                }
+            }
         }
         rec.params.clear();
         rec.ops = 0;
@@ -515,6 +607,10 @@ impl WgslBackend {
             }
         };
         rec.ops += 1;
+        if rec.prof.is_some() {
+            self.dispatch_timed(&mut rec, spec.entry, &kernel, &bg, offset as u32, groups);
+            return Ok(());
+        }
         if rec.pass.is_none() {
             let enc = self.encoder(&mut rec);
             let pass = enc
@@ -530,6 +626,56 @@ impl WgslBackend {
         pass.set_bind_group(0, &bg, &[offset as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         Ok(())
+    }
+
+    /// [`WgslBackend::dispatch`]'s recording under the profiler: timestamps around the dispatch
+    /// (queries `2i`, `2i + 1` for the submission's `i`-th dispatch).
+    fn dispatch_timed(
+        &self,
+        rec: &mut Recorder,
+        entry: &'static str,
+        kernel: &Kernel,
+        bg: &wgpu::BindGroup,
+        offset: u32,
+        groups: [u32; 3],
+    ) {
+        let Some(p) = rec.prof.as_ref() else { return };
+        let (mode, qs) = (p.mode, p.queries.clone());
+        let i = p.pending.len() as u32;
+        if mode == profile::Mode::PerPass {
+            rec.pass = None;
+        }
+        if rec.pass.is_none() {
+            let tw = wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(2 * i),
+                end_of_pass_write_index: Some(2 * i + 1),
+            };
+            let enc = self.encoder(rec);
+            let pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: (mode == profile::Mode::PerPass).then_some(tw),
+                })
+                .forget_lifetime();
+            rec.pass = Some(pass);
+        }
+        let pass = rec.pass.as_mut().expect("compute pass was just opened");
+        if mode == profile::Mode::InsidePasses {
+            pass.write_timestamp(&qs, 2 * i);
+        }
+        pass.set_pipeline(&kernel.pipeline);
+        pass.set_bind_group(0, bg, &[offset]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if mode == profile::Mode::InsidePasses {
+            pass.write_timestamp(&qs, 2 * i + 1);
+        } else {
+            // The end-of-pass timestamp is written when the pass ends.
+            rec.pass = None;
+        }
+        if let Some(p) = rec.prof.as_mut() {
+            p.pending.push(entry);
+        }
     }
 
     /// A 2-D grid of `n` workgroups (x ≤ 65535), for kernels that linearise `wid.x + wid.y·nwg.x`.
@@ -611,6 +757,15 @@ impl WgslBackend {
     fn upload_u32(&self, v: &[u32]) -> Result<WTensor> {
         let v: Vec<u32> = if v.is_empty() { vec![0] } else { v.to_vec() };
         self.upload(&HostTensor::from_u32(vec![v.len()], &v)?)
+    }
+}
+
+impl Drop for WgslBackend {
+    /// With [`PROFILE_ENV`]`=1`, prints the per-kernel GPU timing table to stderr.
+    fn drop(&mut self) {
+        if let Some(r) = self.take_profile() {
+            eprint!("{r}");
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Ops reading weights that may be split over several buffers: `embedding` and `linear`.
 
-use crate::{pipelines, WTensor, WgslBackend, MAX_GROUPS};
+use crate::{matvec, pipelines, WTensor, WgslBackend, MAX_GROUPS};
 use anyhow::{ensure, Result};
 use dayone_backend::DType;
 
@@ -134,6 +134,7 @@ impl WgslBackend {
             let bufs = [xb, &c.buf, bb, ob];
             let bf16 = w.dtype == DType::BF16;
             let tiles = (n_chunk as u64).div_ceil(4);
+            let mv_spec;
             // (kernel, grid): decode (M < 4; bf16 on GPUs: M ≤ WG_MAX_M) and prefill kernels,
             // f32 or packed-bf16 weights.
             let (spec, g) = if !bf16 && !k.is_multiple_of(4) {
@@ -142,10 +143,14 @@ impl WgslBackend {
                     Self::grid(OP, ((m * n_chunk) as u64).div_ceil(64))?,
                 )
             } else if bf16 && m <= WG_MAX_M && !self.cpu_kernels && !self.invariant() {
-                // 4 outputs × up to 4 tokens per workgroup: each weight load serves 4 tokens.
+                // R outputs × up to 4 tokens per workgroup: each weight load serves 4 tokens
+                // (R and the kernel: the chosen variant, crate::matvec).
+                let i = self.matvec_index();
+                let rows = matvec::variants()[i].v.rows as u64;
+                mv_spec = matvec::spec(i);
                 (
-                    &pipelines::MATVEC_WG_B16,
-                    Self::grid(OP, tiles * (m as u64).div_ceil(4))?,
+                    &mv_spec,
+                    Self::grid(OP, (n_chunk as u64).div_ceil(rows) * (m as u64).div_ceil(4))?,
                 )
             } else if m < 4 && !self.cpu_kernels && !self.invariant() {
                 (&pipelines::MATVEC_WG, Self::grid(OP, tiles * m as u64)?)
