@@ -27,6 +27,10 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// What [`Backend::rms_norm_linear_many`] returns: the residual sum `a + r` (`None` when no
+/// residual was added) and the projections `[M, N_i]`.
+pub type NormedProjections<T> = (Option<T>, Vec<T>);
+
 /// The rotary-embedding settings of one call, as [`Backend::rope`] takes them.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a, T> {
@@ -305,7 +309,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         norm_w: &Self::Tensor,
         eps: f32,
         parts: &[(&Self::Tensor, Option<&Self::Tensor>)],
-    ) -> Result<(Option<Self::Tensor>, Vec<Self::Tensor>)> {
+    ) -> Result<NormedProjections<Self::Tensor>> {
         let (sum, x) = match r {
             Some(r) => {
                 let (s, x) = self.add_rms_norm(a, r, norm_w, eps)?;

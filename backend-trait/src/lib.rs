@@ -11,7 +11,7 @@ mod dtype;
 
 pub use backend::{
     batch_invariant_from_env, host_available_memory, AttentionOptions, Backend, ExpertAct,
-    ExpertOptions, MoeRouting, RopeArgs, RopeStyle, TensorInfo,
+    ExpertOptions, MoeRouting, NormedProjections, RopeArgs, RopeStyle, TensorInfo,
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};

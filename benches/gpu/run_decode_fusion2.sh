@@ -5,23 +5,32 @@
 # DAYONE_DECODE_FUSION=0 in the same call as the baseline; the new MoE tile variants at 64–8192
 # tokens beside torch._grouped_mm; WGSL through Vulkan (profile and matvec variants when the
 # binary has them); the CUDA tests of all of it. Build with build_for_device.sh; carry
-# [".bin", ".gl"] (and ".kcache" when there is one).
+# [".bin", ".gl"] (and ".kcache" when there is one). Two calls (10 minutes each at most):
+# PART=A tests, Llama-8B and Kimi-48B decode; PART=B the MoE tiles, torch, WGSL beside CUDA.
 . benches/gpu/device_env.sh   # binaries, NVRTC cache, env, cuda_tests
+PART=${PART:-A}
+# Kimi-48B (98.6 GB of weights) only where it fits: an H200, not an H100.
+mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+KIMI=0; [ "$PART" = A ] && [ "${mem:-0}" -gt 120000 ] && KIMI=1
 ( python3 benches/gpu/write_sparse_safetensors.py benches/gpu/llama8b_layout.json /tmp/llama8b > $OUT/w.txt 2>&1
-  [ "${KIMI:-1}" = 1 ] && python3 benches/gpu/write_sparse_safetensors.py benches/gpu/kimi48b_layout.json /tmp/kimi48b >> $OUT/w.txt 2>&1
+  [ "$KIMI" = 1 ] && python3 benches/gpu/write_sparse_safetensors.py benches/gpu/kimi48b_layout.json /tmp/kimi48b >> $OUT/w.txt 2>&1
   echo "ckpts $(date -u +%T)" >> $OUT/w.txt ) &
 w=$!
 B=.bin/dayone
-cuda_tests 150
+[ "$PART" = A ] && cuda_tests 150
 wait $w; tail -1 $OUT/w.txt
 bench() { timeout 200 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
+if [ "$PART" = A ]; then
 echo "== llama8b fused"; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128
 echo "== llama8b DAYONE_DECODE_FUSION=0"; DAYONE_DECODE_FUSION=0 bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128
+for r in 2 4; do echo "== llama8b fused DAYONE_GEMV_RPW=$r"; DAYONE_GEMV_RPW=$r bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128; done
 echo "== llama8b fused, again"; bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128
-if [ "${KIMI:-1}" = 1 ]; then
-  echo "== kimi48b"; bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
-fi
+[ "$KIMI" = 1 ] && echo "== kimi48b" && bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
 echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 90 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 64 --enforce-eager 2>&1 >/dev/null | grep -A14 DAYONE_CUDA_PROFILE
+[ -d "$kc" ] && tar czf "$OUT/kcache.tgz" -C "$kc" .
+exit 0
+fi
+echo "== llama8b cuda b1 (beside WGSL)"; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 32
 moe() { timeout 120 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 "$@" 2>&1 | grep -v "^\s*$"; }
 for t in 128 128k64 128x8 64w; do echo "== DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t moe --tokens 512,8192 | tail -3; done 2>&1 | tee $OUT/moe.txt
 echo "== torch grouped_mm"; timeout 150 python3 benches/gpu/torch_deepseek.py --tokens 512,8192 2>&1 | tail -4

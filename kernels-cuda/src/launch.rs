@@ -81,7 +81,18 @@ pub fn decode_fusion_disabled() -> bool {
 }
 
 /// Rows of w per GEMV block (`RPW`: 4, 2 or 1): as many as keep at least 8 blocks per SM.
+/// `DAYONE_GEMV_RPW=1|2|4` forces the rows per block of every plain GEMV (a sweep's knob).
 pub fn gemv_rpw(n: usize, sms: u32) -> u32 {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        std::env::var("DAYONE_GEMV_RPW")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|r| [1, 2, 4].contains(r))
+    });
+    if let Some(r) = forced {
+        return *r;
+    }
     let per_sm = 8 * sms.max(1) as usize;
     if n >= 4 * per_sm {
         4

@@ -892,7 +892,7 @@ impl Backend for CudaBackend {
         norm_w: &CudaTensor,
         eps: f32,
         parts: &[(&CudaTensor, Option<&CudaTensor>)],
-    ) -> Result<(Option<CudaTensor>, Vec<CudaTensor>)> {
+    ) -> Result<dayone_backend::NormedProjections<CudaTensor>> {
         self.rms_norm_linear_many_impl(a, r, norm_w, eps, parts)
     }
 

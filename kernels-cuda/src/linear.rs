@@ -378,7 +378,7 @@ impl CudaBackend {
         g: &CudaTensor,
         eps: f32,
         parts: &[(&CudaTensor, Option<&CudaTensor>)],
-    ) -> Result<(Option<CudaTensor>, Vec<CudaTensor>)> {
+    ) -> Result<dayone_backend::NormedProjections<CudaTensor>> {
         const OP: &str = "rms_norm_linear_many";
         if let Ok((m, k)) = rows_last(OP, "a [M, K]", a) {
             if self.gemv_many_fits(a, m, k, parts)
