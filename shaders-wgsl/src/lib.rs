@@ -24,7 +24,12 @@
 //!   rows into several buffers; `linear` (weights), `embedding` (table), `upload` and `download`
 //!   handle split tensors transparently, other ops return an error naming the tensor.
 //! - Kernels come in a CPU flavour (llvmpipe: invocations are SIMD lanes, barriers are costly)
-//!   and a GPU flavour, chosen by adapter type ([`KernelChoice`]).
+//!   and a GPU flavour, chosen by adapter type ([`KernelChoice`]). The GPU flavour's bf16 decode
+//!   matvec is one of generated variants ([`matvec_variants`], chosen by [`MATVEC_ENV`],
+//!   [`Options::matvec`] or [`WgslBackend::set_matvec`]), to be swept per device.
+//! - [`PROFILE_ENV`]`=1` times every dispatch on the GPU (timestamp queries) and prints a table
+//!   by kernel entry point when the backend is dropped ([`WgslBackend::take_profile`] reads it
+//!   earlier); unset, the recording path only tests an `Option`.
 //! - DeepSeek-V3 ops (MLA + MoE): `head_linear` (`head_linear.wgsl`), `write_cache`
 //!   (`write_cache.wgsl`), `paged_latent_attention` (`mla_attention_lanes.wgsl` /
 //!   `mla_attention.wgsl`), `moe_route` (router logits through `linear`, then `moe_route.wgsl`,
@@ -72,8 +77,14 @@ use pipelines::{Kernel, Pipelines, Spec, PARAM_BYTES};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Ops recorded before the encoder is submitted without being asked.
+/// Ops recorded before the encoder is submitted without being asked (at most; see
+/// [`SUBMIT_OPS_ENV`]).
 pub const MAX_PENDING_OPS: usize = 256;
+/// Environment variable lowering the ops per unasked submission (1 ..= [`MAX_PENDING_OPS`],
+/// default the maximum): wgpu validates and encodes a compute pass only when it ends, so the
+/// GPU waits for the host to record a whole submission; smaller submissions start it earlier
+/// (more of a decode step's host recording overlaps GPU work) at a cost per submission.
+pub const SUBMIT_OPS_ENV: &str = "DAYONE_WGSL_SUBMIT_OPS";
 /// Byte stride of one op's parameters in the uniform arena (≥ any adapter's uniform alignment).
 const PARAM_STRIDE: u64 = 256;
 /// Largest workgroup count per grid dimension.
@@ -215,6 +226,8 @@ pub struct WgslBackend {
     subgroups: bool,
     /// Index of the decode matvec variant (`matvec::variants()`).
     matvec: std::sync::atomic::AtomicUsize,
+    /// Ops per unasked submission ([`SUBMIT_OPS_ENV`]).
+    submit_ops: usize,
 }
 
 fn type_name(t: wgpu::DeviceType) -> &'static str {
@@ -349,6 +362,14 @@ impl WgslBackend {
                 matvec_variants().join(" ")
             )
         })?;
+        if let (None, Ok(w)) = (&opts.matvec, std::env::var(MATVEC_ENV)) {
+            // Sweeps through the engine's CLI: the log shows what ran (a subgroup variant falls
+            // back to its tree twin without subgroups).
+            eprintln!(
+                "dayone-wgsl: decode matvec {} ({MATVEC_ENV}={w})",
+                matvec::variants()[mv].name
+            );
+        }
         let prof = prof_mode.map(|m| profile::Profiler::new(&device, &queue, m, MAX_PENDING_OPS));
         Ok(Self {
             pool: Arc::new(Pool::new(device.clone(), max_chunk)),
@@ -388,6 +409,11 @@ impl WgslBackend {
             ),
             subgroups,
             matvec: std::sync::atomic::AtomicUsize::new(mv),
+            submit_ops: std::env::var(SUBMIT_OPS_ENV)
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .unwrap_or(MAX_PENDING_OPS)
+                .clamp(1, MAX_PENDING_OPS),
         })
     }
 
@@ -563,7 +589,7 @@ impl WgslBackend {
         debug_assert_eq!(bufs.len(), spec.access.len());
         let kernel: Arc<Kernel> = self.pipelines.get(&self.device, spec);
         let mut rec = self.lock();
-        if rec.ops >= MAX_PENDING_OPS {
+        if rec.ops >= self.submit_ops {
             self.flush_locked(&mut rec);
         }
         let offset = rec.ops as u64 * PARAM_STRIDE;
