@@ -5,7 +5,8 @@
 //!
 //! Usage: `op-bench [--iters N] [--quick]` (WGSL backend; set `XDG_RUNTIME_DIR=/tmp` on lavapipe).
 //! The bf16 decode matvec runs the variant named by `DAYONE_WGSL_MATVEC` (printed; sweep with
-//! `for v in $(op-bench --list-matvec); do DAYONE_WGSL_MATVEC=$v op-bench; done`). With
+//! `for v in $(op-bench --list-matvec); do DAYONE_WGSL_MATVEC=$v op-bench --matvec-sweep; done`,
+//! `--matvec-sweep`: only the bf16 matvecs). With
 //! `DAYONE_WGSL_PROFILE=1` each shape is followed by its GPU-timed kernel table (kernel time
 //! without the host's dispatch cost).
 
@@ -111,7 +112,7 @@ fn print_profile(b: &dayone_wgsl::WgslBackend) {
     }
 }
 
-fn run(b: &dayone_wgsl::WgslBackend, iters: usize, quick: bool) -> Result<()> {
+fn run(b: &dayone_wgsl::WgslBackend, iters: usize, quick: bool, sweep: bool) -> Result<()> {
     println!("device: {}", b.name());
     println!(
         "bf16 decode matvec variant: {} ({}; subgroups: {})",
@@ -137,7 +138,12 @@ fn run(b: &dayone_wgsl::WgslBackend, iters: usize, quick: bool) -> Result<()> {
             (14336, 4096),
         ]
     };
-    for wdt in [DType::F32, DType::BF16] {
+    let wdts: &[DType] = if sweep {
+        &[DType::BF16]
+    } else {
+        &[DType::F32, DType::BF16]
+    };
+    for &wdt in wdts {
         for &(k, n) in matvecs {
             let s = time_linear(b, 1, k, n, wdt, iters)?;
             let wbytes = n * k * wdt.size();
@@ -152,6 +158,9 @@ fn run(b: &dayone_wgsl::WgslBackend, iters: usize, quick: bool) -> Result<()> {
             );
             print_profile(b);
         }
+    }
+    if sweep {
+        return Ok(());
     }
     let matmuls: &[(usize, usize, usize)] = if quick {
         &[(16, 576, 1536), (64, 1024, 1024)]
@@ -198,6 +207,9 @@ struct Args {
     /// Print the names of the bf16 decode matvec variants (for `DAYONE_WGSL_MATVEC`) and exit.
     #[arg(long)]
     list_matvec: bool,
+    /// Only the bf16 decode matvecs (a quick run per variant of a `DAYONE_WGSL_MATVEC` sweep).
+    #[arg(long)]
+    matvec_sweep: bool,
 }
 
 fn main() -> Result<()> {
@@ -208,5 +220,5 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let b = dayone_wgsl::WgslBackend::new()?;
-    run(&b, a.iters as usize, a.quick)
+    run(&b, a.iters as usize, a.quick, a.matvec_sweep)
 }
