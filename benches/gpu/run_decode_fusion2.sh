@@ -30,15 +30,12 @@ echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 90 $B bench 
 [ -d "$kc" ] && tar czf "$OUT/kcache.tgz" -C "$kc" .
 exit 0
 fi
-echo "== llama8b cuda b1 (beside WGSL)"; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 32
+# PART=B: the tests of the tile and fusion changes, each fusion's share, the MoE tiles beside torch.
+echo "== tests"; for t in "kernels-cuda-cuda_conformance grouped_expert_tiles" "kernels-cuda-cuda_conformance conformance_suite" "kernels-cuda-cuda_conformance decode_attention" "tests-decode_graphs cuda" "tests-golden cuda"; do
+  set -- $t; timeout 150 .bin/test-$1 $2 --test-threads 1 2>&1 | grep -E "test result|panicked|rror" | head -4; done
+for f in 0 rope_kv rope_kv,attn_merge norm,rope_kv,attn_merge; do echo "== llama8b DAYONE_DECODE_FUSION=$f"; DAYONE_DECODE_FUSION=$f bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128; done
+echo "== llama8b profile b1 (eager), rope_kv,attn_merge"; DAYONE_DECODE_FUSION=rope_kv,attn_merge DAYONE_CUDA_PROFILE=1 timeout 90 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 64 --enforce-eager 2>&1 >/dev/null | grep -A12 DAYONE_CUDA_PROFILE
 moe() { timeout 120 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 "$@" 2>&1 | grep -v "^\s*$"; }
 for t in 128 128k64 128x8 64w; do echo "== DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t moe --tokens 512,8192 | tail -3; done 2>&1 | tee $OUT/moe.txt
 echo "== torch grouped_mm"; timeout 150 python3 benches/gpu/torch_deepseek.py --tokens 512,8192 2>&1 | tail -4
-mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
-export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
-echo "== llama8b wgsl b1"; timeout 200 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 128 --gen-len 32 --json 2>$OUT/wgsl_err.txt | bench_summary; tail -2 $OUT/wgsl_err.txt
-echo "== wgsl profile"; DAYONE_WGSL_PROFILE=1 timeout 120 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 16 --gen-len 16 2>&1 >/dev/null | tail -16
-for v in ${WGSL_VARIANTS:-}; do
-  echo "== DAYONE_WGSL_MATVEC=$v"; DAYONE_WGSL_MATVEC=$v timeout 60 .bin/op-bench --iters 20 2>&1 | grep "matvec  w bf16" | tail -3
-done
 [ -d "$kc" ] && tar czf "$OUT/kcache.tgz" -C "$kc" .

@@ -12,7 +12,10 @@
 //    values are read once for the whole GQA group. TPK threads share one key (8 elements each,
 //    16-byte loads); a 128-thread block handles 128/TPK keys at once, UNR of them unrolled.
 //    With nsplit == 1 the block writes the output; otherwise it writes a normalised partial
-//    output and (max, sum) that attn_combine_* merges.
+//    output and (max, sum) that attn_combine_* merges — or, given `counters` (one zeroed u32
+//    per (token, head group)), the last of the group's split blocks to finish merges them
+//    itself, with attn_combine's arithmetic, and zeroes its counter again (one launch fewer
+//    per layer and step; the same bits).
 //  * attn_combine_*: merges the splits of each (token, head).
 //  * attn_tiled_*: many query tokens per sequence (prefill, chunked prefill, mixed steps):
 //    a block takes up to 32 (token, head) rows of one sequence sharing one KV head, walks the
@@ -22,13 +25,35 @@
 #define LOG2E_F 1.4426950408889634f
 #define NEG_INF_F (-__int_as_float(0x7f800000))
 
+// Output dim d of row (token, head) `row` from its nsplit partials: weights l·2^(m − max)
+// over the splits in order. L2 loads (__ldcg): in attn_decode the partials were written by
+// other blocks of the same launch.
+__device__ __forceinline__ float attn_combine_elem(const float* __restrict__ part_o,
+                                                   const float* __restrict__ part_ml, u64 row,
+                                                   u32 d, u32 hdv, u32 nsplit) {
+    const float* ml = part_ml + row * nsplit * 2;
+    float mm = NEG_INF_F;
+    for (u32 sp = 0; sp < nsplit; sp++) mm = fmaxf(mm, __ldcg(ml + 2 * sp));
+    float ll = 0.f, aa = 0.f;
+    if (mm != NEG_INF_F) {
+        for (u32 sp = 0; sp < nsplit; sp++) {
+            const float ms = __ldcg(ml + 2 * sp);
+            if (ms == NEG_INF_F) continue;
+            const float w = __ldcg(ml + 2 * sp + 1) * exp2f(ms - mm);
+            ll += w;
+            aa += w * __ldcg(part_o + (row * nsplit + sp) * hdv + d);
+        }
+    }
+    return ll > 0.f ? aa / ll : 0.f;
+}
+
 template <typename T, int TPK, int GB>
 __device__ __forceinline__ void attn_decode_impl(
     const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
     const u32* __restrict__ token_seq, const u32* __restrict__ positions,
     const u32* __restrict__ block_tables, T* __restrict__ out, float* __restrict__ part_o,
     float* __restrict__ part_ml, u32 h, u32 hkv, u32 hdk, u32 hdv, u32 bs, u32 max_blocks,
-    u32 num_blocks, u32 chunk, u32 nsplit, float scale_log2) {
+    u32 num_blocks, u32 chunk, u32 nsplit, float scale_log2, u32* __restrict__ counters) {
     grid_dep_wait();
     constexpr int NT = 128;
     constexpr int NSUB = NT / TPK;
@@ -185,6 +210,22 @@ __device__ __forceinline__ void attn_decode_impl(
             }
         }
     }
+    if (nsplit == 1 || !counters) return;
+    // Publish this split's partials, then count it; the last split of the group merges.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    u32* counter = counters + (u64)n * gridDim.y + blockIdx.y;
+    if (tid == 0) last = atomicAdd(counter, 1u) == nsplit - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 e = tid; e < ng * hdv; e += NT) {
+        const u32 g = e / hdv, d = e % hdv;
+        const u64 row = (u64)n * h + h0 + g;
+        out[row * hdv + d] = from_f<T>(attn_combine_elem(part_o, part_ml, row, d, hdv, nsplit));
+    }
+    if (tid == 0) *counter = 0;
 }
 
 // grid.x = N·H rows (token, head), block = 128 threads over the hdv dims.
@@ -194,22 +235,8 @@ __device__ __forceinline__ void attn_combine_impl(const float* __restrict__ part
                                                   T* __restrict__ out, u32 hdv, u32 nsplit) {
     grid_dep_wait();
     const u64 row = blockIdx.x;
-    const float* ml = part_ml + row * nsplit * 2;
-    float mm = NEG_INF_F;
-    for (u32 sp = 0; sp < nsplit; sp++) mm = fmaxf(mm, ml[2 * sp]);
-    for (u32 d = threadIdx.x; d < hdv; d += blockDim.x) {
-        float ll = 0.f, aa = 0.f;
-        if (mm != NEG_INF_F) {
-            for (u32 sp = 0; sp < nsplit; sp++) {
-                const float ms = ml[2 * sp];
-                if (ms == NEG_INF_F) continue;
-                const float w = ml[2 * sp + 1] * exp2f(ms - mm);
-                ll += w;
-                aa += w * part_o[(row * nsplit + sp) * hdv + d];
-            }
-        }
-        out[row * hdv + d] = from_f<T>(ll > 0.f ? aa / ll : 0.f);
-    }
+    for (u32 d = threadIdx.x; d < hdv; d += blockDim.x)
+        out[row * hdv + d] = from_f<T>(attn_combine_elem(part_o, part_ml, row, d, hdv, nsplit));
 }
 
 // grid = (ceil(max query tokens of a sequence / tq), Hkv · ceil(G / hc), S), block = 128 threads,
@@ -480,10 +507,10 @@ __device__ __forceinline__ void attn_tiled_impl(
             const T* q, const T* kc, const T* vc, const u32* token_seq, const u32* positions, \
             const u32* block_tables, T* out, float* part_o, float* part_ml, u32 h, u32 hkv,   \
             u32 hdk, u32 hdv, u32 bs, u32 max_blocks, u32 num_blocks, u32 chunk, u32 nsplit,  \
-            float scale_log2) {                                                               \
+            float scale_log2, u32* counters) {                                                \
         attn_decode_impl<T, TPK, GB>(q, kc, vc, token_seq, positions, block_tables, out,      \
                                      part_o, part_ml, h, hkv, hdk, hdv, bs, max_blocks,       \
-                                     num_blocks, chunk, nsplit, scale_log2);                  \
+                                     num_blocks, chunk, nsplit, scale_log2, counters);        \
     }
 #define ATTN_DECODE_G(S, T, TPK) ATTN_DECODE(S, T, TPK, 1) ATTN_DECODE(S, T, TPK, 4) ATTN_DECODE(S, T, TPK, 8)
 #define ATTN_TILED(S, T, VPL)                                                                 \

@@ -2,7 +2,8 @@
 // the remaining dims are copied. x, y [N, H, hd] in T; positions [N] u32; inv_freq [rot_dim/2] f32.
 // angle = positions[n] * inv_freq[i] (f32); cos/sin are scaled by mscale.
 // style 0 = half-split (dim i pairs with i + rot/2), 1 = interleaved (2i pairs with 2i+1).
-// grid.x = N tokens (grid-stride), block = 256 threads over the H*hd elements of a token.
+// grid.x = N tokens (grid-stride), grid.y = blocks sharing a token's elements (a decode step
+// has too few tokens to fill the GPU with one block each), block = 256 threads.
 
 // A second tensor xk [N, Hk, hd] (rope_pair: queries and keys in one launch) takes elements
 // [H·hd, (H + Hk)·hd) of each token's loop; Hk = 0 for one tensor. Every element is computed
@@ -36,7 +37,8 @@ __device__ void rope_impl(const T* __restrict__ x, const u32* __restrict__ posit
         const float pos = (float)positions[t];
         const u32 slot = kc ? cache.slots[t] : 0;
         T* krow = kc && slot < cache.num_slots ? kc + (u64)slot * per_k : nullptr;
-        for (u32 f = threadIdx.x; f < per_q + per_k + per_v; f += blockDim.x) {
+        for (u32 f = blockIdx.y * blockDim.x + threadIdx.x; f < per_q + per_k + per_v;
+             f += blockDim.x * gridDim.y) {
             if (f >= per_q + per_k) {
                 const u32 e = f - per_q - per_k;
                 if (krow)

@@ -142,6 +142,18 @@ impl CudaBackend {
             };
             let po = part_o.as_ref().map_or(0, |t| t.device_ptr());
             let pml = part_ml.as_ref().map_or(0, |t| t.device_ptr());
+            // The last split block of each (token, head group) merges the splits in-kernel
+            // when the counters cover the step; else attn_combine does (the same bits).
+            let counters = match self.decode_counters()? {
+                Some(c)
+                    if plan.nsplit > 1
+                        && n * hkv * gchunks <= launch::DECODE_COUNTERS
+                        && launch::decode_fusion(launch::DecodeFusion::AttnMerge) =>
+                {
+                    c.device_ptr()
+                }
+                _ => 0,
+            };
             self.launch(
                 OP,
                 &f,
@@ -167,10 +179,11 @@ impl CudaBackend {
                     nbu,
                     plan.chunk,
                     plan.nsplit,
-                    scale_log2
+                    scale_log2,
+                    counters
                 ],
             )?;
-            if plan.nsplit > 1 {
+            if plan.nsplit > 1 && counters == 0 {
                 let f = self.func("attention_paged", sfx, &format!("attn_combine_{sfx}"))?;
                 self.launch(
                     OP,

@@ -366,10 +366,15 @@ impl CudaBackend {
             RopeStyle::HalfSplit => 0,
             RopeStyle::Interleaved => 1,
         };
+        let per_token = (h + hk) * hd + cache.as_ref().map_or(0, |c| c.v.numel() / n);
         self.launch(
             OP,
             &f,
-            (launch::row_grid(n, 65535), 1, 1),
+            (
+                launch::row_grid(n, 65535),
+                launch::rope_cols(n, per_token),
+                1,
+            ),
             (256, 1, 1),
             0,
             kparams![

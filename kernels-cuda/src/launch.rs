@@ -72,12 +72,38 @@ pub fn norm_threads(d: usize) -> u32 {
 /// K = 4096 fits up to 6 rows; larger steps take the norm kernel then the GEMV).
 pub const GEMV_NORM_SMEM_MAX: usize = 48 << 10;
 
-/// `DAYONE_DECODE_FUSION=0` turns off the fusions across op boundaries that only save
-/// launches — the norm inside the GEMV (`rms_norm_linear_*`) and the cache write inside RoPE
-/// (`rope_write_kv`) — so a benchmark can measure what they save in one run; read once.
-pub fn decode_fusion_disabled() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("DAYONE_DECODE_FUSION").as_deref() == Ok("0"))
+/// A fusion across op boundaries that only saves launches (each gives the same bits as the
+/// ops it joins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeFusion {
+    /// The RMSNorm inside the first projections' GEMV (`rms_norm_linear_*`).
+    Norm,
+    /// The KV-cache write inside RoPE (`rope_write_kv`).
+    RopeKv,
+    /// The decode attention's split merge inside its own launch.
+    AttnMerge,
+}
+
+impl DecodeFusion {
+    /// Its name in `DAYONE_DECODE_FUSION`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeFusion::Norm => "norm",
+            DecodeFusion::RopeKv => "rope_kv",
+            DecodeFusion::AttnMerge => "attn_merge",
+        }
+    }
+}
+
+/// Whether fusion `f` is on: `DAYONE_DECODE_FUSION` lists the ones to use (`norm,rope_kv,
+/// attn_merge`; `0` or `none`: none; unset: all), so a benchmark can measure what each saves
+/// in one run; read once.
+pub fn decode_fusion(f: DecodeFusion) -> bool {
+    static ON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    match ON.get_or_init(|| std::env::var("DAYONE_DECODE_FUSION").ok()) {
+        None => true,
+        Some(v) => v.split(',').any(|x| x.trim() == f.name()),
+    }
 }
 
 /// Rows of w per GEMV block (`RPW`: 4, 2 or 1): as many as keep at least 8 blocks per SM.
@@ -126,6 +152,22 @@ pub fn decode_gb(g: usize) -> u32 {
         _ => 8,
     }
 }
+
+/// Blocks per token of the RoPE kernel (grid.y) for `n` tokens of `per_token` elements each:
+/// enough 256-thread blocks for one element per thread when the step has few tokens (a decode
+/// step's single block per token ran its 6 144 elements in 24 dependent rounds), one block per
+/// token otherwise. Every element is computed alone, so the grid does not change the result.
+pub fn rope_cols(n: usize, per_token: usize) -> u32 {
+    if n >= 128 {
+        1
+    } else {
+        per_token.div_ceil(256).clamp(1, 64) as u32
+    }
+}
+
+/// Counters of the decode attention's in-kernel split merge (one per (token, KV-head group)
+/// of a step; 256 KiB): steps needing more launch the separate merge kernel.
+pub const DECODE_COUNTERS: usize = 1 << 16;
 
 /// How the decode kernel splits each token's key range over blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -153,6 +153,8 @@ pub struct CudaBackend {
     pinned: Arc<host_rows::PinnedPool>,
     /// Captured CUDA graphs by id (`graph.rs`).
     graphs: Mutex<graph::Graphs>,
+    /// See [`CudaBackend::decode_counters`].
+    decode_counters: std::sync::OnceLock<CudaTensor>,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -287,7 +289,23 @@ impl CudaBackend {
             pool,
             blas: Mutex::new(blas),
             info,
+            decode_counters: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The zeroed u32 counters of the decode attention's in-kernel split merge
+    /// ([`launch::DECODE_COUNTERS`] of them; each launch leaves them zeroed), allocated at the
+    /// first call outside a graph capture; `None` inside a capture before that (the caller then
+    /// launches the separate merge kernel, which gives the same bits).
+    fn decode_counters(&self) -> Result<Option<&CudaTensor>> {
+        if let Some(c) = self.decode_counters.get() {
+            return Ok(Some(c));
+        }
+        if self.pool.is_capturing() {
+            return Ok(None);
+        }
+        let c = self.zeros(&[launch::DECODE_COUNTERS], DType::U32)?;
+        Ok(Some(self.decode_counters.get_or_init(|| c)))
     }
 
     /// The device this backend runs on.
@@ -482,6 +500,7 @@ impl CudaBackend {
             || name.starts_with("moe_mma16_")
             || name.starts_with("moe_mma32_")
             || name.starts_with("moe_mma128")
+            || name.starts_with("moe_mma64w_")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
@@ -832,7 +851,7 @@ impl Backend for CudaBackend {
         v_cache: &CudaTensor,
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<CudaTensor> {
-        if launch::decode_fusion_disabled() {
+        if !launch::decode_fusion(launch::DecodeFusion::RopeKv) {
             let (q, k) = self.rope_pair(
                 q,
                 k,
