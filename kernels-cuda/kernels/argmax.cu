@@ -11,7 +11,21 @@ __device__ void argmax_impl(const T* __restrict__ x, u32* __restrict__ out, u32 
         const T* xr = x + (u64)r * v;
         float best = -__int_as_float(0x7f800000);  // -inf
         u32 bi = 0xffffffffu;
-        for (u32 j = tid; j < v; j += blockDim.x) {
+        // 16-byte loads of 8 elements where the row allows (a vocabulary row is one decode
+        // step's last launch: scalar loads made it 125 dependent rounds at V = 128 256). Each
+        // thread still scans its elements in increasing order, so it keeps its first maximum.
+        const bool vec = (v & 7) == 0 && ((reinterpret_cast<u64>(xr) & 15) == 0);
+        const u32 vend = vec ? v : 0;
+        for (u32 j = tid * 8; j < vend; j += blockDim.x * 8) {
+            Vec8<T> w;
+            w.load(xr + j);
+            float f[8];
+            w.to_float(f);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (f[e] > best || (bi == 0xffffffffu && f[e] == best)) { best = f[e]; bi = j + e; }
+        }
+        for (u32 j = vec ? v : tid; j < v; j += blockDim.x) {
             const float f = to_f(xr[j]);
             if (f > best || (bi == 0xffffffffu && f == best)) { best = f; bi = j; }
         }
