@@ -966,6 +966,18 @@ impl Backend for WgslBackend {
         self.linear_impl(x, w, bias)
     }
 
+    fn linear_many(
+        &self,
+        x: &WTensor,
+        parts: &[(&WTensor, Option<&WTensor>)],
+    ) -> Result<Vec<WTensor>> {
+        self.linear_many_impl(x, parts)
+    }
+
+    fn linear_silu_mul(&self, x: &WTensor, w_gate: &WTensor, w_up: &WTensor) -> Result<WTensor> {
+        self.linear_silu_mul_impl(x, w_gate, w_up)
+    }
+
     fn rms_norm(&self, x: &WTensor, w: &WTensor, eps: f32) -> Result<WTensor> {
         self.rms_norm_impl(x, w, eps)
     }

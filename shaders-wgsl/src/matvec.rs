@@ -123,7 +123,7 @@ pub(crate) fn spec(i: usize) -> Spec {
     if !n.v.generated {
         return crate::pipelines::MATVEC_WG_B16;
     }
-    let source = SRC[i].get_or_init(|| source(&n.entry, &n.v));
+    let source = SRC[i].get_or_init(|| source(&n.entry, &n.v, Kind::Single));
     Spec {
         source,
         file: &n.entry,
@@ -132,7 +132,48 @@ pub(crate) fn spec(i: usize) -> Spec {
     }
 }
 
-/// Parameters, bindings and bf16 helpers, as in `matmul_bf16.wgsl`.
+/// The fused kernel of `kind` (not [`Kind::Single`]) for generated variant `i`, its entry
+/// point `matvec_b16_<name>_many<np>` or `matvec_b16_<name>_silu` (source generated once per
+/// process); `None` for `wg64`, which has no generated form (the caller falls back to the
+/// unfused calls).
+pub(crate) fn fused_spec(i: usize, kind: Kind) -> Option<Spec> {
+    use crate::pipelines::Access::{Read as R, Write as W};
+    type Cache =
+        std::sync::Mutex<std::collections::HashMap<(usize, Kind), &'static (String, String)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let n = &variants()[i];
+    if !n.v.generated || kind == Kind::Single {
+        return None;
+    }
+    let access: &'static [Access] = match kind {
+        Kind::Many(2) => &[R, R, R, R, R, W, W],
+        Kind::Many(3) => &[R, R, R, R, R, R, R, W, W, W],
+        Kind::Many(4) => &[R, R, R, R, R, R, R, R, R, W, W, W, W],
+        Kind::SiluMul => &[R, R, R, W],
+        _ => return None,
+    };
+    let mut g = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    // Leaked once per (variant, kind): at most 25 × 4 small strings per process.
+    let e: &'static (String, String) = g.entry((i, kind)).or_insert_with(|| {
+        let entry = match kind {
+            Kind::Many(np) => format!("{}_many{np}", n.entry),
+            _ => format!("{}_silu", n.entry),
+        };
+        let src = source(&entry, &n.v, kind);
+        Box::leak(Box::new((entry, src)))
+    });
+    Some(Spec {
+        source: &e.1,
+        file: &e.0,
+        entry: &e.0,
+        access,
+    })
+}
+
+/// Parameters and bindings of the single-weight kernel, as in `matmul_bf16.wgsl`.
 const PRELUDE: &str = r#"
 struct Params {
     m: u32,
@@ -163,7 +204,10 @@ fn store(m: u32, n: u32, v: f32) {
         y[m * P.n + P.n_off + n] = v + bias_at(n);
     }
 }
+"#;
 
+/// bf16 helpers shared by every generated kernel (after its parameters and bindings).
+const HELPERS: &str = r#"
 // bf16 -> f32 is exact: the bf16 bits become the high half of the f32. Even-indexed weights are
 // the low halves, odd-indexed the high halves.
 fn lo(w: vec4<u32>) -> vec4<f32> {
@@ -191,23 +235,159 @@ fn dot4x8(x: X8, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> 
 }
 "#;
 
-/// WGSL of a generated variant. Per-row and per-token values are unrolled into named
-/// variables (an indexed array may live in local memory on a GPU compiler).
-fn source(name: &str, v: &Variant) -> String {
+/// What one generated kernel computes per workgroup (all kinds share the loop and reduction
+/// code, so a fused kernel's sums are formed exactly as the single kernel forms them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// `linear`: `y = x · wᵀ (+ bias)` over one weight chunk.
+    Single,
+    /// `linear_many` of 2 ..= [`MANY_MAX`] unchunked weights: a workgroup takes its `R` rows
+    /// from one part, chosen by a tile table in the parameters; each part has its own weight,
+    /// bias and output binding (WGSL cannot index bindings, so the part's code is a branch).
+    Many(u32),
+    /// `linear_silu_mul`: `R` rows of both the gate and the up weight per workgroup (their
+    /// loads in flight together), stored as `silu(g) · u`, never writing `g` or `u`.
+    SiluMul,
+}
+
+/// Most parts of one fused `linear_many` dispatch (bindings: x, then per part a weight, a bias
+/// and an output: 13 storage buffers; more parts take more dispatches).
+pub(crate) const MANY_MAX: usize = 4;
+
+/// Storage bindings of a kernel of `kind` (adapters with fewer per-stage storage buffers fall
+/// back to the unfused calls).
+pub(crate) fn storage_bindings(kind: Kind) -> u32 {
+    match kind {
+        Kind::Single | Kind::SiluMul => 4,
+        Kind::Many(np) => 1 + 3 * np,
+    }
+}
+
+/// Parameters and bindings of the `linear_many` kernel of `np` parts. The tile table: part `p`
+/// has `n[p]` rows and owns a token tile's tiles `start[p] ..` (`tiles` in all per token tile).
+fn prelude_many(np: u32) -> String {
     use std::fmt::Write;
-    let (r, t, u) = (v.rows, v.threads, v.unroll);
-    let q = r / 4; // vec4 accumulators per token
+    let mut s = String::from(
+        r#"
+struct Params {
+    m: u32,
+    k: u32,
+    tiles: u32,
+    _p0: u32,
+    n: vec4<u32>,
+    start: vec4<u32>,
+    has_bias: vec4<u32>,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+"#,
+    );
+    for p in 0..np {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read> w8_{p}: array<vec4<u32>>;",
+            2 + p
+        );
+    }
+    for p in 0..np {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read> bias_{p}: array<f32>;",
+            2 + np + p
+        );
+    }
+    for p in 0..np {
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read_write> y_{p}: array<f32>;",
+            2 + 2 * np + p
+        );
+    }
+    // The single kernel's store with n_off = 0 (an unchunked weight): the same `v + bias`
+    // (+ 0.0 without a bias, which turns -0.0 into +0.0 there too).
+    for p in 0..np {
+        let _ = write!(
+            s,
+            r#"
+fn bias_at_{p}(n: u32) -> f32 {{
+    if (P.has_bias[{p}] == 1u) {{
+        return bias_{p}[n];
+    }}
+    return 0.0;
+}}
+
+fn store_{p}(m: u32, n: u32, v: f32) {{
+    if (n < P.n[{p}] && m < P.m) {{
+        y_{p}[m * P.n[{p}] + n] = v + bias_at_{p}(n);
+    }}
+}}
+"#
+        );
+    }
+    s
+}
+
+/// Parameters (the single kernel's, `n_off` = 0, `n_chunk` = `n`, `_p0` = 0) and bindings of
+/// the `linear_silu_mul` kernel. `zero()` is `+0.0` read at run time: the unfused path adds
+/// `bias_at(n)` = +0.0 to each projection (turning -0.0 into +0.0), which a compile-time
+/// constant might let a compiler drop.
+const PRELUDE_SILU: &str = r#"
+struct Params {
+    m: u32,
+    k: u32,
+    n: u32,
+    n_off: u32,
+    n_chunk: u32,
+    has_bias: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w8_g: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> w8_u: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+fn zero() -> f32 {
+    return bitcast<f32>(P._p0);
+}
+
+// silu(g) * u as `silu_mul` (elementwise.wgsl) computes it from the two stored projections.
+fn store2(m: u32, n: u32, ga: f32, ua: f32) {
+    if (n < P.n_chunk && m < P.m) {
+        let g = ga + zero();
+        let u = ua + zero();
+        y[m * P.n + n] = g / (1.0 + exp(-g)) * u;
+    }
+}
+"#;
+
+/// WGSL of a generated variant of `kind`. Per-row and per-token values are unrolled into
+/// named variables (an indexed array may live in local memory on a GPU compiler).
+fn source(name: &str, v: &Variant, kind: Kind) -> String {
+    use std::fmt::Write;
+    let (r, t) = (v.rows, v.threads);
+    let q = r / 4; // vec4 accumulators per token and weight
+    let sets = if kind == Kind::SiluMul { 2 } else { 1 };
     let mut s = String::new();
     // No `enable subgroups;`: naga 30 refuses the directive and takes the subgroup builtins
     // when the device has wgpu::Features::SUBGROUP.
-    s += PRELUDE;
+    match kind {
+        Kind::Single => s += PRELUDE,
+        Kind::Many(np) => s += &prelude_many(np),
+        Kind::SiluMul => s += PRELUDE_SILU,
+    }
+    s += HELPERS;
     // Partials per (row quad, slot): a slot per invocation for the tree, per subgroup (at least
     // 4 invocations each in wgpu) for the subgroup reduction.
     let slots = if v.subgroup { t / 4 } else { t };
     let _ = writeln!(s, "\nconst WG: u32 = {t}u;");
     let _ = writeln!(
         s,
-        "var<workgroup> red: array<array<vec4<f32>, {slots}>, {q}>;\n"
+        "var<workgroup> red: array<array<vec4<f32>, {slots}>, {}>;\n",
+        sets * q
     );
     let _ = writeln!(s, "@compute @workgroup_size({t})");
     let _ = write!(
@@ -218,30 +398,110 @@ fn source(name: &str, v: &Variant) -> String {
         s += ", @builtin(subgroup_invocation_id) sgi: u32, @builtin(subgroup_id) sgid: u32,\n    @builtin(num_subgroups) nsg: u32";
     }
     s += ") {\n";
-    let _ = writeln!(s, "    let tiles = (P.n_chunk + {}u) / {r}u;", r - 1);
-    s += "    let id = wid.x + wid.y * nwg.x;\n";
-    s += "    let mt = id / tiles;\n";
-    let _ = writeln!(s, "    let n0 = (id - mt * tiles) * {r}u;");
-    s += "    let m0 = mt * 4u;\n";
-    s += "    if (m0 >= P.m) {\n        return;\n    }\n";
-    s += "    let mc = min(4u, P.m - m0);\n";
-    s += "    let k8 = P.k / 8u;\n    let k4 = P.k / 4u;\n    let last = P.n_chunk - 1u;\n";
+    match kind {
+        Kind::Single | Kind::SiluMul => {
+            let _ = writeln!(s, "    let tiles = (P.n_chunk + {}u) / {r}u;", r - 1);
+            s += "    let id = wid.x + wid.y * nwg.x;\n";
+            s += "    let mt = id / tiles;\n";
+            let _ = writeln!(s, "    let n0 = (id - mt * tiles) * {r}u;");
+            let w = if kind == Kind::Single {
+                ["w8", ""]
+            } else {
+                ["w8_g", "w8_u"]
+            };
+            body(
+                &mut s,
+                v,
+                "    ",
+                "P.n_chunk",
+                &w[..sets as usize],
+                &|tok, vals| {
+                    if kind == Kind::Single {
+                        format!("store(m0 + {tok}u, n0 + lid, {});", vals[0])
+                    } else {
+                        format!("store2(m0 + {tok}u, n0 + lid, {}, {});", vals[0], vals[1])
+                    }
+                },
+            );
+        }
+        Kind::Many(np) => {
+            s += "    let id = wid.x + wid.y * nwg.x;\n";
+            s += "    let mt = id / P.tiles;\n";
+            s += "    let tile = id - mt * P.tiles;\n";
+            // The part owning this tile (workgroup-uniform, so its barriers stay uniform).
+            for p in 0..np {
+                if p + 1 < np {
+                    let _ = writeln!(
+                        s,
+                        "    {}if (tile < P.start[{}]) {{",
+                        if p == 0 { "" } else { "} else " },
+                        p + 1
+                    );
+                } else {
+                    s += "    } else {\n";
+                }
+                let _ = writeln!(s, "        let n0 = (tile - P.start[{p}]) * {r}u;");
+                let n = format!("P.n[{p}]");
+                let w = format!("w8_{p}");
+                body(&mut s, v, "        ", &n, &[&w], &|tok, vals| {
+                    format!("store_{p}(m0 + {tok}u, n0 + lid, {});", vals[0])
+                });
+            }
+            s += "    }\n";
+        }
+    }
+    s += "}\n";
+    s
+}
+
+/// The kernel body after `n0` (first row) is known: the K loop over `w.len()` weights (the
+/// same rows of each), the reduction, and `store(tok, sums)` (one sum expression per weight).
+/// `n` is the rows of the weights (rows past it are clamped to the last). `ind` is the indent
+/// of the enclosing block.
+fn body(
+    s: &mut String,
+    v: &Variant,
+    ind0: &str,
+    n: &str,
+    w: &[&str],
+    store: &dyn Fn(u32, &[String]) -> String,
+) {
+    use std::fmt::Write;
+    let (r, t, u) = (v.rows, v.threads, v.unroll);
+    let q = r / 4;
+    let sets = w.len() as u32;
+    let nacc = sets * q; // vec4 accumulators per token: weight `s`'s are `s·q ..`
+    let _ = writeln!(s, "{ind0}let m0 = mt * 4u;");
+    let _ = writeln!(s, "{ind0}if (m0 >= P.m) {{\n{ind0}    return;\n{ind0}}}");
+    let _ = writeln!(s, "{ind0}let mc = min(4u, P.m - m0);");
+    let _ = writeln!(
+        s,
+        "{ind0}let k8 = P.k / 8u;\n{ind0}let k4 = P.k / 4u;\n{ind0}let last = {n} - 1u;"
+    );
     for j in 0..r {
-        let _ = writeln!(s, "    let r{j} = min(n0 + {j}u, last) * k8;");
+        let _ = writeln!(s, "{ind0}let r{j} = min(n0 + {j}u, last) * k8;");
     }
     for tok in 0..4 {
-        for a in 0..q {
-            let _ = writeln!(s, "    var a{tok}_{a} = vec4<f32>(0.0);");
+        for a in 0..nacc {
+            let _ = writeln!(s, "{ind0}var a{tok}_{a} = vec4<f32>(0.0);");
         }
     }
-    // One loop step: all loads first (U·R of 16 bytes in flight), then the math per token.
-    let step = |s: &mut String, n: u32, ind: &str| {
-        for k in 0..n {
-            for j in 0..r {
-                let _ = writeln!(s, "{ind}let v{k}_{j} = w8[r{j} + i + {}u];", k * t);
+    // One loop step: all loads first (U·R per weight of 16 bytes in flight), then the math per
+    // token. Weight `s`'s row `j` is `v{k}_{s·R + j}`.
+    let step = |s: &mut String, nk: u32, ind: &str| {
+        for k in 0..nk {
+            for (si, wn) in w.iter().enumerate() {
+                for j in 0..r {
+                    let _ = writeln!(
+                        s,
+                        "{ind}let v{k}_{} = {wn}[r{j} + i + {}u];",
+                        si as u32 * r + j,
+                        k * t
+                    );
+                }
             }
         }
-        for k in 0..n {
+        for k in 0..nk {
             for tok in 0..4u32 {
                 let ind2 = if tok == 0 {
                     ind.to_string()
@@ -254,7 +514,7 @@ fn source(name: &str, v: &Variant) -> String {
                     "{ind2}let x{k}_{tok} = x8((m0 + {tok}u) * k4, i + {}u);",
                     k * t
                 );
-                for a in 0..q {
+                for a in 0..nacc {
                     let b = 4 * a;
                     let _ = writeln!(
                         s,
@@ -270,72 +530,96 @@ fn source(name: &str, v: &Variant) -> String {
             }
         }
     };
-    s += "    var i = lid;\n";
+    let ind1 = format!("{ind0}    ");
+    let _ = writeln!(s, "{ind0}var i = lid;");
     if u > 1 {
         let _ = writeln!(
             s,
-            "    for (; i + {}u < k8; i += {}u) {{",
+            "{ind0}for (; i + {}u < k8; i += {}u) {{",
             (u - 1) * t,
             u * t
         );
-        step(&mut s, u, "        ");
-        s += "    }\n";
+        step(s, u, &ind1);
+        let _ = writeln!(s, "{ind0}}}");
     }
-    let _ = writeln!(s, "    for (; i < k8; i += {t}u) {{");
-    step(&mut s, 1, "        ");
-    s += "    }\n";
+    let _ = writeln!(s, "{ind0}for (; i < k8; i += {t}u) {{");
+    step(s, 1, &ind1);
+    let _ = writeln!(s, "{ind0}}}");
     // Reductions, one token at a time (workgroup memory for one token only).
     for tok in 0..4u32 {
         let ind = if tok == 0 {
-            "    "
+            ind0.to_string()
         } else {
-            let _ = writeln!(s, "    if (mc > {tok}u) {{");
-            s += "        workgroupBarrier();\n"; // the previous token's partials were read
-            "        "
+            let _ = writeln!(s, "{ind0}if (mc > {tok}u) {{");
+            // The previous token's partials were read.
+            let _ = writeln!(s, "{ind1}workgroupBarrier();");
+            ind1.clone()
         };
         if v.subgroup {
-            for a in 0..q {
+            for a in 0..nacc {
                 let _ = writeln!(s, "{ind}let s{tok}_{a} = subgroupAdd(a{tok}_{a});");
             }
             let _ = writeln!(s, "{ind}if (sgi == 0u) {{");
-            for a in 0..q {
+            for a in 0..nacc {
                 let _ = writeln!(s, "{ind}    red[{a}][sgid] = s{tok}_{a};");
             }
             let _ = writeln!(s, "{ind}}}");
             let _ = writeln!(s, "{ind}workgroupBarrier();");
             let _ = writeln!(s, "{ind}if (lid < {r}u) {{");
-            let _ = writeln!(s, "{ind}    var acc = 0.0;");
+            let accs: Vec<String> = (0..sets)
+                .map(|si| {
+                    if si == 0 {
+                        "acc".into()
+                    } else {
+                        format!("acc{si}")
+                    }
+                })
+                .collect();
+            for a in &accs {
+                let _ = writeln!(s, "{ind}    var {a} = 0.0;");
+            }
             let _ = writeln!(s, "{ind}    for (var g = 0u; g < nsg; g++) {{");
-            let _ = writeln!(s, "{ind}        acc += red[lid / 4u][g][lid % 4u];");
+            for (si, a) in accs.iter().enumerate() {
+                let quad = if si == 0 {
+                    "lid / 4u".to_string()
+                } else {
+                    format!("{}u + lid / 4u", si as u32 * q)
+                };
+                let _ = writeln!(s, "{ind}        {a} += red[{quad}][g][lid % 4u];");
+            }
             let _ = writeln!(s, "{ind}    }}");
-            let _ = writeln!(s, "{ind}    store(m0 + {tok}u, n0 + lid, acc);");
+            let _ = writeln!(s, "{ind}    {}", store(tok, &accs));
             let _ = writeln!(s, "{ind}}}");
         } else {
-            for a in 0..q {
+            for a in 0..nacc {
                 let _ = writeln!(s, "{ind}red[{a}][lid] = a{tok}_{a};");
             }
             let _ = writeln!(s, "{ind}workgroupBarrier();");
             let _ = writeln!(s, "{ind}for (var st = {}u; st > 0u; st >>= 1u) {{", t / 2);
             let _ = writeln!(s, "{ind}    if (lid < st) {{");
-            for a in 0..q {
+            for a in 0..nacc {
                 let _ = writeln!(s, "{ind}        red[{a}][lid] += red[{a}][lid + st];");
             }
             let _ = writeln!(s, "{ind}    }}");
             let _ = writeln!(s, "{ind}    workgroupBarrier();");
             let _ = writeln!(s, "{ind}}}");
             let _ = writeln!(s, "{ind}if (lid < {r}u) {{");
-            let _ = writeln!(
-                s,
-                "{ind}    store(m0 + {tok}u, n0 + lid, red[lid / 4u][0][lid % 4u]);"
-            );
+            let vals: Vec<String> = (0..sets)
+                .map(|si| {
+                    if si == 0 {
+                        "red[lid / 4u][0][lid % 4u]".to_string()
+                    } else {
+                        format!("red[{}u + lid / 4u][0][lid % 4u]", si * q)
+                    }
+                })
+                .collect();
+            let _ = writeln!(s, "{ind}    {}", store(tok, &vals));
             let _ = writeln!(s, "{ind}}}");
         }
         if tok > 0 {
-            s += "    }\n";
+            let _ = writeln!(s, "{ind0}}}");
         }
     }
-    s += "}\n";
-    s
 }
 
 #[cfg(test)]
