@@ -27,6 +27,9 @@
 //!   and a GPU flavour, chosen by adapter type ([`KernelChoice`]). The GPU flavour's bf16 decode
 //!   matvec is one of generated variants ([`matvec_variants`], chosen by [`MATVEC_ENV`],
 //!   [`Options::matvec`] or [`WgslBackend::set_matvec`]), to be swept per device.
+//!   `linear_many` (≤ 4 parts per dispatch) and `linear_silu_mul` run as fused forms of that
+//!   variant on the decode path (bf16 weights in one buffer each, M ≤ 16), bit-equal to the
+//!   unfused calls they replace; [`WgslBackend::dispatch_count`] counts dispatches.
 //! - [`PROFILE_ENV`]`=1` times every dispatch on the GPU (timestamp queries) and prints a table
 //!   by kernel entry point when the backend is dropped ([`WgslBackend::take_profile`] reads it
 //!   earlier); unset, the recording path only tests an `Option`.
@@ -228,6 +231,8 @@ pub struct WgslBackend {
     matvec: std::sync::atomic::AtomicUsize,
     /// Ops per unasked submission ([`SUBMIT_OPS_ENV`]).
     submit_ops: usize,
+    /// Dispatches recorded since creation ([`WgslBackend::dispatch_count`]).
+    dispatches: std::sync::atomic::AtomicU64,
 }
 
 fn type_name(t: wgpu::DeviceType) -> &'static str {
@@ -414,6 +419,7 @@ impl WgslBackend {
                 .and_then(|s| s.parse::<usize>().ok())
                 .unwrap_or(MAX_PENDING_OPS)
                 .clamp(1, MAX_PENDING_OPS),
+            dispatches: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -438,6 +444,12 @@ impl WgslBackend {
 
     pub(crate) fn matvec_index(&self) -> usize {
         self.matvec.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Compute dispatches recorded since the backend was created: tests and benchmarks count
+    /// what an op (or a decode step) costs in dispatches, the host overhead that fusions save.
+    pub fn dispatch_count(&self) -> u64 {
+        self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the device runs subgroup operations ([`wgpu::Features::SUBGROUP`]).
@@ -633,6 +645,8 @@ impl WgslBackend {
             }
         };
         rec.ops += 1;
+        self.dispatches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if rec.prof.is_some() {
             self.dispatch_timed(&mut rec, spec.entry, &kernel, &bg, offset as u32, groups);
             return Ok(());

@@ -13,6 +13,12 @@
 //! sums are formed in the same order whatever the other tokens of its tile, so a row's result
 //! does not depend on the step's M (batch invariance of the decode path).
 //!
+//! The same generator writes two fused forms of each variant for the decode projections
+//! ([`Kind`]): `linear_many` of 2 ..= [`MANY_MAX`] weights in one dispatch (a tile table picks
+//! each workgroup's part) and `linear_silu_mul` (gate and up rows per workgroup, `silu(g)·u`
+//! stored). Their loops and reductions are the single kernel's code, so every sum is formed in
+//! the same order and the results are bit-equal to the unfused calls.
+//!
 //! Names: `r{R}t{T}u{U}[sg]`, e.g. `r4t128u2sg`; `wg64` is the original hand-written kernel
 //! (`matvec_wg_b16` in `matmul_bf16.wgsl`: R = 4, T = 64, U = 1, tree). Kernel entry points (the
 //! names the profiler prints) are `matvec_b16_<name>`, and `matvec_wg_b16` for `wg64`.

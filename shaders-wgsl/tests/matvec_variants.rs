@@ -91,3 +91,35 @@ fn unknown_matvec_variant_is_refused() {
     })
     .is_err());
 }
+
+/// The decode projections are fused into one dispatch per group of up to 4 parts
+/// (`linear_many`) and one per `linear_silu_mul` on every generated variant; `wg64` (no
+/// generated form) runs them unfused.
+#[test]
+fn fused_projections_dispatch_once() {
+    let b = backend();
+    let mut rng = Rng::new(9);
+    let up = |t: HostTensor| b.upload(&t).expect("upload");
+    let x = up(rand_tensor(&mut rng, &[2, 256], DType::F32, 1.0).unwrap());
+    let ws: Vec<_> = (0..6)
+        .map(|_| up(rand_tensor(&mut rng, &[48, 256], DType::BF16, 0.5).unwrap()))
+        .collect();
+    let bias = up(rand_tensor(&mut rng, &[48], DType::F32, 1.0).unwrap());
+    for v in matvec_variants() {
+        b.set_matvec(v).expect("known variant");
+        let fused = v != "wg64";
+        let count = |f: &dyn Fn() -> anyhow::Result<()>| {
+            let before = b.dispatch_count();
+            f().expect("op");
+            b.dispatch_count() - before
+        };
+        let qkv = [(&ws[0], None), (&ws[1], Some(&bias)), (&ws[2], None)];
+        let n = count(&|| b.linear_many(&x, &qkv).map(drop));
+        assert_eq!(n, if fused { 1 } else { 3 }, "{v}: linear_many of 3 parts");
+        let six: Vec<_> = ws.iter().map(|w| (w, None)).collect();
+        let n = count(&|| b.linear_many(&x, &six).map(drop));
+        assert_eq!(n, if fused { 2 } else { 6 }, "{v}: linear_many of 6 parts");
+        let n = count(&|| b.linear_silu_mul(&x, &ws[0], &ws[1]).map(drop));
+        assert_eq!(n, if fused { 1 } else { 3 }, "{v}: linear_silu_mul");
+    }
+}

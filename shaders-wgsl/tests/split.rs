@@ -186,3 +186,61 @@ fn packed_bf16_weights() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The fused decode projections (`linear_many`, `linear_silu_mul`: GPU kernels, bf16 weights,
+/// M ≤ 16) fall back to the unfused calls when a weight (or an output) is split: the results
+/// stay bit-equal to `linear` (and `silu_mul`) of the same parts, mixed with unsplit parts.
+#[test]
+fn split_weights_in_fused_projections() -> anyhow::Result<()> {
+    // 1000 bytes per buffer: a [N, 64] bf16 weight holds 7 rows per chunk.
+    let b = WgslBackend::with_options(Options {
+        max_chunk_bytes: Some(1000),
+        kernels: dayone_wgsl::KernelChoice::Gpu,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("WGSL backend unavailable: {e:#}"));
+    let mut rng = conformance::Rng::new(8);
+    let k = 64;
+    for &(m, ns) in &[
+        (1usize, &[5usize, 40, 3][..]),
+        (3, &[6, 2][..]),
+        (2, &[30, 30][..]),
+    ] {
+        let x = b.upload(&conformance::rand_tensor(
+            &mut rng,
+            &[m, k],
+            DType::F32,
+            1.0,
+        )?)?;
+        let ws = ns
+            .iter()
+            .map(|&n| {
+                b.upload(&conformance::rand_tensor(
+                    &mut rng,
+                    &[n, k],
+                    DType::BF16,
+                    0.5,
+                )?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let parts: Vec<_> = ws.iter().map(|w| (w, None)).collect();
+        let many = b.linear_many(&x, &parts)?;
+        for (i, w) in ws.iter().enumerate() {
+            let one = b.download(&b.linear(&x, w, None)?)?;
+            anyhow::ensure!(
+                b.download(&many[i])?.data == one.data,
+                "linear_many part {i} of {ns:?} (M = {m}, {} chunks) differs from linear",
+                w.num_chunks()
+            );
+        }
+        if ns[0] == ns[1] {
+            let got = b.download(&b.linear_silu_mul(&x, &ws[0], &ws[1])?)?;
+            let two = b.silu_mul(&b.linear(&x, &ws[0], None)?, &b.linear(&x, &ws[1], None)?)?;
+            anyhow::ensure!(
+                got.data == b.download(&two)?.data,
+                "linear_silu_mul of split weights differs from linear, linear, silu_mul"
+            );
+        }
+    }
+    Ok(())
+}
