@@ -31,11 +31,24 @@ echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 90 $B bench 
 exit 0
 fi
 # PART=B: the tests of the tile and fusion changes, each fusion's share, the MoE tiles beside torch.
-echo "== tests"; for t in "kernels-cuda-cuda_conformance grouped_expert_tiles" "kernels-cuda-cuda_conformance conformance_suite" "kernels-cuda-cuda_conformance decode_attention" "tests-decode_graphs cuda" "tests-golden cuda"; do
+echo "== tests"; for t in "kernels-cuda-cuda_conformance grouped_expert_tiles" "kernels-cuda-cuda_conformance decode_attention" "tests-decode_graphs cuda" "tests-golden cuda"; do
   set -- $t; timeout 150 .bin/test-$1 $2 --test-threads 1 2>&1 | grep -E "test result|panicked|rror" | head -4; done
-for f in 0 rope_kv rope_kv,attn_merge norm,rope_kv,attn_merge; do echo "== llama8b DAYONE_DECODE_FUSION=$f"; DAYONE_DECODE_FUSION=$f bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128; done
-echo "== llama8b profile b1 (eager), rope_kv,attn_merge"; DAYONE_DECODE_FUSION=rope_kv,attn_merge DAYONE_CUDA_PROFILE=1 timeout 90 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 64 --enforce-eager 2>&1 >/dev/null | grep -A12 DAYONE_CUDA_PROFILE
+for f in 0 rope_kv,attn_merge norm,rope_kv,attn_merge; do echo "== llama8b DAYONE_DECODE_FUSION=$f"; DAYONE_DECODE_FUSION=$f bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128; done
+echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 60 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 32 --enforce-eager 2>&1 >/dev/null | grep -A10 DAYONE_CUDA_PROFILE
 moe() { timeout 120 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 "$@" 2>&1 | grep -v "^\s*$"; }
-for t in 128 128k64 128x8 64w; do echo "== DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t moe --tokens 512,8192 | tail -3; done 2>&1 | tee $OUT/moe.txt
-echo "== torch grouped_mm"; timeout 150 python3 benches/gpu/torch_deepseek.py --tokens 512,8192 2>&1 | tail -4
+for t in 128 128k64 128x8 64w; do echo "== DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t moe --tokens 8192 | tail -2; done 2>&1 | tee $OUT/moe.txt
+echo "== torch grouped_mm"; timeout 100 python3 benches/gpu/torch_deepseek.py --tokens 8192 2>&1 | tail -3
 [ -d "$kc" ] && tar czf "$OUT/kcache.tgz" -C "$kc" .
+# WGSL through Vulkan beside CUDA on the same card (the trimmed run_wgsl_sweep.sh).
+mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
+export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp
+wbench() { timeout 100 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 128 --gen-len 64 --json "$@" 2>>$OUT/wgsl_err.txt | bench_summary; }
+echo "== llama8b cuda b1 (prompt 128, beside WGSL)"; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 64
+echo "== llama8b wgsl b1 (default variant)"; wbench
+echo "== wgsl profile"; DAYONE_WGSL_PROFILE=1 timeout 100 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 16 --gen-len 64 2>&1 >/dev/null | grep -A16 "^DAYONE_WGSL_PROFILE"
+for v in ${WGSL_VARIANTS:-wg64 r4t128u2sg r8t256u2sg}; do
+  echo "== DAYONE_WGSL_MATVEC=$v"; DAYONE_WGSL_PROFILE=1 DAYONE_WGSL_MATVEC=$v timeout 40 .bin/op-bench --matvec-sweep --iters 50 2>&1
+done > $OUT/sweep.txt
+awk '/^== DAYONE_WGSL_MATVEC=/{v=$2} /^matvec  w bf16/{s=$5" "$6} /^matvec_/{print v, s, $4" us"}' $OUT/sweep.txt | (column -t 2>/dev/null || cat)
+echo "== llama8b wgsl DAYONE_WGSL_SUBMIT_OPS=32"; DAYONE_WGSL_SUBMIT_OPS=32 wbench
+tail -2 $OUT/wgsl_err.txt
