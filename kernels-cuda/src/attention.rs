@@ -148,7 +148,7 @@ impl CudaBackend {
                 Some(c)
                     if plan.nsplit > 1
                         && n * hkv * gchunks <= launch::DECODE_COUNTERS
-                        && launch::decode_fusion(launch::DecodeFusion::AttnMerge) =>
+                        && self.fusion(launch::DecodeFusion::AttnMerge) =>
                 {
                     c.device_ptr()
                 }

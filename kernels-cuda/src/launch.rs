@@ -93,16 +93,54 @@ impl DecodeFusion {
             DecodeFusion::AttnMerge => "attn_merge",
         }
     }
+
+    /// Its bit in a [`decode_fusions_mask`].
+    pub fn bit(self) -> u8 {
+        match self {
+            DecodeFusion::Norm => 1,
+            DecodeFusion::RopeKv => 2,
+            DecodeFusion::AttnMerge => 4,
+        }
+    }
 }
 
-/// Whether fusion `f` is on: `DAYONE_DECODE_FUSION` lists the ones to use (`norm,rope_kv,
-/// attn_merge`; `0` or `none`: none; unset: all), so a benchmark can measure what each saves
-/// in one run; read once.
-pub fn decode_fusion(f: DecodeFusion) -> bool {
-    static ON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    match ON.get_or_init(|| std::env::var("DAYONE_DECODE_FUSION").ok()) {
-        None => true,
-        Some(v) => v.split(',').any(|x| x.trim() == f.name()),
+/// The fusions on when `DAYONE_DECODE_FUSION` is unset. Not the norm inside the GEMV: measured
+/// on an H100 (2026-12-07, Llama-8B shape, batch 1, docs/perf.md) it made the step 1.3 % slower
+/// — every block re-reads and re-normalises the rows (three 8 KB vectors per block of a
+/// 4 096-wide GEMV), which costs more than the launch it saves.
+pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] =
+    &[DecodeFusion::RopeKv, DecodeFusion::AttnMerge];
+
+/// The bitmask of `fusions` ([`DecodeFusion::bit`]).
+pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u8 {
+    fusions.iter().fold(0, |m, f| m | f.bit())
+}
+
+/// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge`; `0` or `none`: none;
+/// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
+/// one run; an unknown name warns and is ignored.
+pub fn decode_fusions_from_env() -> u8 {
+    let all = [
+        DecodeFusion::Norm,
+        DecodeFusion::RopeKv,
+        DecodeFusion::AttnMerge,
+    ];
+    match std::env::var("DAYONE_DECODE_FUSION") {
+        Err(_) => decode_fusions_mask(DEFAULT_DECODE_FUSIONS),
+        Ok(v) => {
+            let mut mask = 0;
+            for x in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+                match all.iter().find(|f| f.name() == x) {
+                    Some(f) => mask |= f.bit(),
+                    None if x == "0" || x == "none" => {}
+                    None => eprintln!(
+                        "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
+                         attn_merge (or 0 / none); ignored"
+                    ),
+                }
+            }
+            mask
+        }
     }
 }
 

@@ -36,8 +36,8 @@ pub mod nvrtc_cache;
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
     decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
-    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes, DecodePlan,
-    MoeKernel, MoePlan, MoeTile, MoeTileShape,
+    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
+    DecodeFusion, DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape,
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -155,6 +155,9 @@ pub struct CudaBackend {
     graphs: Mutex<graph::Graphs>,
     /// See [`CudaBackend::decode_counters`].
     decode_counters: std::sync::OnceLock<CudaTensor>,
+    /// The decode fusions on ([`launch::decode_fusions_mask`]; `DAYONE_DECODE_FUSION` or
+    /// [`CudaBackend::set_decode_fusions`]).
+    decode_fusions: std::sync::atomic::AtomicU8,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -290,7 +293,26 @@ impl CudaBackend {
             blas: Mutex::new(blas),
             info,
             decode_counters: std::sync::OnceLock::new(),
+            decode_fusions: std::sync::atomic::AtomicU8::new(launch::decode_fusions_from_env()),
         })
+    }
+
+    /// Turns on exactly `fusions` (tests, benchmarks; the default comes from
+    /// `DAYONE_DECODE_FUSION`, see [`launch::decode_fusions_from_env`]). Each gives the same
+    /// bits as the ops it joins.
+    pub fn set_decode_fusions(&self, fusions: &[DecodeFusion]) {
+        self.decode_fusions.store(
+            launch::decode_fusions_mask(fusions),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether decode fusion `f` is on.
+    fn fusion(&self, f: launch::DecodeFusion) -> bool {
+        self.decode_fusions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            & f.bit()
+            != 0
     }
 
     /// The zeroed u32 counters of the decode attention's in-kernel split merge
@@ -851,7 +873,7 @@ impl Backend for CudaBackend {
         v_cache: &CudaTensor,
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<CudaTensor> {
-        if !launch::decode_fusion(launch::DecodeFusion::RopeKv) {
+        if !self.fusion(launch::DecodeFusion::RopeKv) {
             let (q, k) = self.rope_pair(
                 q,
                 k,

@@ -346,7 +346,7 @@ impl CudaBackend {
         let (m, k) = rows_last("rms_norm_linear", "a", a).ok()?;
         let mt = launch::gemv_mt(m, k)? as usize;
         let fits = !self.invariant()
-            && launch::decode_fusion(launch::DecodeFusion::Norm)
+            && self.fusion(launch::DecodeFusion::Norm)
             && r.is_none_or(|r| r.shape == a.shape && r.dtype == a.dtype)
             && g.shape == [k]
             && g.dtype == a.dtype

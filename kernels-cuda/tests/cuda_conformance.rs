@@ -4,7 +4,7 @@
 
 use dayone_backend::conformance::{self, compare, rand_tensor, tolerance, AttnCase, Rng};
 use dayone_backend::{reference, Backend, DType, HostTensor};
-use dayone_cuda::CudaBackend;
+use dayone_cuda::{CudaBackend, DecodeFusion};
 
 fn backend(test: &str) -> Option<CudaBackend> {
     if !dayone_cuda::is_available() {
@@ -26,6 +26,23 @@ fn conformance_suite() {
         return;
     };
     conformance::check_all(&b).unwrap();
+    // Every decode fusion, the ones off by default included (the suite ran the defaults).
+    b.set_decode_fusions(&[
+        DecodeFusion::Norm,
+        DecodeFusion::RopeKv,
+        DecodeFusion::AttnMerge,
+    ]);
+    for dt in conformance::activation_dtypes(&b) {
+        conformance::check_rms_norm_linear(&b, dt).unwrap();
+        conformance::check_rope_write_kv(&b, dt).unwrap();
+        conformance::check_paged_attention(&b, dt).unwrap();
+    }
+    b.set_decode_fusions(&[]);
+    for dt in conformance::activation_dtypes(&b) {
+        conformance::check_rms_norm_linear(&b, dt).unwrap();
+        conformance::check_rope_write_kv(&b, dt).unwrap();
+        conformance::check_paged_attention(&b, dt).unwrap();
+    }
     // f16 activations too (the suite covers f32 and bf16).
     for check in [
         conformance::check_linear::<CudaBackend>,
