@@ -31,6 +31,32 @@ pub enum RopeStyle {
 /// residual was added) and the projections `[M, N_i]`.
 pub type NormedProjections<T> = (Option<T>, Vec<T>);
 
+/// [`Backend::rope_write_kv`] as two calls: [`Backend::rope_pair`] then [`Backend::write_kv`]
+/// of the rotated keys (the trait's default; a backend that fuses them can fall back to it).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_then_write_kv<B: Backend>(
+    b: &B,
+    q: &B::Tensor,
+    k: &B::Tensor,
+    v: &B::Tensor,
+    rope: RopeArgs<'_, B::Tensor>,
+    k_cache: &B::Tensor,
+    v_cache: &B::Tensor,
+    meta: &DeviceStepMeta<B::Tensor>,
+) -> Result<B::Tensor> {
+    let (q, k) = b.rope_pair(
+        q,
+        k,
+        &meta.positions,
+        rope.inv_freq,
+        rope.rot_dim,
+        rope.style,
+        rope.mscale,
+    )?;
+    b.write_kv(&k, v, k_cache, v_cache, meta)?;
+    Ok(q)
+}
+
 /// The rotary-embedding settings of one call, as [`Backend::rope`] takes them.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a, T> {
@@ -310,14 +336,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
         eps: f32,
         parts: &[(&Self::Tensor, Option<&Self::Tensor>)],
     ) -> Result<NormedProjections<Self::Tensor>> {
-        let (sum, x) = match r {
+        let (sum, x) = self.rms_norm_of(a, r, norm_w, eps)?;
+        Ok((sum, self.linear_many(&x, parts)?))
+    }
+
+    /// A pre-norm input on its own: (`a + r` or `None`, `rms_norm(a + r)` or `rms_norm(a)`),
+    /// through [`Backend::add_rms_norm`] or [`Backend::rms_norm`] — what the defaults of
+    /// [`Backend::rms_norm_linear_many`] and [`Backend::rms_norm_linear_silu_mul`] project.
+    fn rms_norm_of(
+        &self,
+        a: &Self::Tensor,
+        r: Option<&Self::Tensor>,
+        norm_w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(Option<Self::Tensor>, Self::Tensor)> {
+        Ok(match r {
             Some(r) => {
                 let (s, x) = self.add_rms_norm(a, r, norm_w, eps)?;
                 (Some(s), x)
             }
             None => (None, self.rms_norm(a, norm_w, eps)?),
-        };
-        Ok((sum, self.linear_many(&x, parts)?))
+        })
     }
 
     /// [`Backend::linear_silu_mul`] of a pre-norm input, as [`Backend::rms_norm_linear_many`]
@@ -332,13 +371,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w_gate: &Self::Tensor,
         w_up: &Self::Tensor,
     ) -> Result<(Option<Self::Tensor>, Self::Tensor)> {
-        let (sum, x) = match r {
-            Some(r) => {
-                let (s, x) = self.add_rms_norm(a, r, norm_w, eps)?;
-                (Some(s), x)
-            }
-            None => (None, self.rms_norm(a, norm_w, eps)?),
-        };
+        let (sum, x) = self.rms_norm_of(a, r, norm_w, eps)?;
         Ok((sum, self.linear_silu_mul(&x, w_gate, w_up)?))
     }
 
@@ -358,17 +391,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         v_cache: &Self::Tensor,
         meta: &DeviceStepMeta<Self::Tensor>,
     ) -> Result<Self::Tensor> {
-        let (q, k) = self.rope_pair(
-            q,
-            k,
-            &meta.positions,
-            rope.inv_freq,
-            rope.rot_dim,
-            rope.style,
-            rope.mscale,
-        )?;
-        self.write_kv(&k, v, k_cache, v_cache, meta)?;
-        Ok(q)
+        rope_then_write_kv(self, q, k, v, rope, k_cache, v_cache, meta)
     }
 
     /// SwiGLU activation: `silu(gate) ⊙ up`, `gate`, `up` `[M, F]` → `[M, F]`.

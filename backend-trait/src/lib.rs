@@ -10,8 +10,8 @@ mod batch;
 mod dtype;
 
 pub use backend::{
-    batch_invariant_from_env, host_available_memory, AttentionOptions, Backend, ExpertAct,
-    ExpertOptions, MoeRouting, NormedProjections, RopeArgs, RopeStyle, TensorInfo,
+    batch_invariant_from_env, host_available_memory, rope_then_write_kv, AttentionOptions, Backend,
+    ExpertAct, ExpertOptions, MoeRouting, NormedProjections, RopeArgs, RopeStyle, TensorInfo,
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};

@@ -874,17 +874,7 @@ impl Backend for CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<CudaTensor> {
         if !self.fusion(launch::DecodeFusion::RopeKv) {
-            let (q, k) = self.rope_pair(
-                q,
-                k,
-                &meta.positions,
-                rope.inv_freq,
-                rope.rot_dim,
-                rope.style,
-                rope.mscale,
-            )?;
-            self.write_kv_impl(&k, v, k_cache, v_cache, meta)?;
-            return Ok(q);
+            return dayone_backend::rope_then_write_kv(self, q, k, v, rope, k_cache, v_cache, meta);
         }
         let cache = basic::KvWrite {
             v,

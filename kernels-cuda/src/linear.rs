@@ -8,7 +8,7 @@ use crate::{
 use anyhow::{anyhow, bail, Result};
 use cudarc::cublas;
 use cudarc::driver::result as dr;
-use dayone_backend::DType;
+use dayone_backend::{Backend, DType};
 use std::ffi::c_void;
 
 impl CudaBackend {
@@ -394,13 +394,7 @@ impl CudaBackend {
                 return Ok((sum, ys));
             }
         }
-        let (sum, x) = match r {
-            Some(r) => {
-                let (s, x) = self.add_rms_norm_impl(a, r, g, eps)?;
-                (Some(s), x)
-            }
-            None => (None, self.rms_norm_impl(a, g, eps)?),
-        };
+        let (sum, x) = self.rms_norm_of(a, r, g, eps)?;
         Ok((sum, self.linear_many_impl(&x, parts)?))
     }
 
@@ -433,13 +427,7 @@ impl CudaBackend {
                 return Ok((sum, y));
             }
         }
-        let (sum, x) = match r {
-            Some(r) => {
-                let (s, x) = self.add_rms_norm_impl(a, r, g, eps)?;
-                (Some(s), x)
-            }
-            None => (None, self.rms_norm_impl(a, g, eps)?),
-        };
+        let (sum, x) = self.rms_norm_of(a, r, g, eps)?;
         Ok((sum, self.linear_silu_mul_impl(&x, w_gate, w_up)?))
     }
 }

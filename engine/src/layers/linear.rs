@@ -77,17 +77,25 @@ impl<B: Backend> Linear<B> {
     /// computes them; through one [`Backend::linear_many`] call when every weight is dense
     /// (q/k/v, gate/up: one decode GEMV launch on CUDA instead of one per projection).
     pub fn forward_many(b: &B, x: &B::Tensor, layers: &[&Linear<B>]) -> Result<Vec<B::Tensor>> {
-        let dense: Option<Vec<_>> = layers
+        match Self::dense_parts(layers) {
+            Some(parts) => b.linear_many(x, &parts),
+            None => layers.iter().map(|l| l.forward(b, x)).collect(),
+        }
+    }
+
+    /// Every layer's (weight, bias) when all the weights are dense (what
+    /// [`Backend::linear_many`] takes), else `None`.
+    #[allow(clippy::type_complexity)]
+    pub fn dense_parts<'a>(
+        layers: &[&'a Linear<B>],
+    ) -> Option<Vec<(&'a B::Tensor, Option<&'a B::Tensor>)>> {
+        layers
             .iter()
             .map(|l| match &l.weight {
                 Weight::Dense(w) => Some((w, l.bias.as_ref())),
                 Weight::Quant(_) => None,
             })
-            .collect();
-        match dense {
-            Some(parts) => b.linear_many(x, &parts),
-            None => layers.iter().map(|l| l.forward(b, x)).collect(),
-        }
+            .collect()
     }
 
     /// [`Linear::forward_many`] for a fixed number of projections, as an array.

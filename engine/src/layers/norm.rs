@@ -1,6 +1,6 @@
 //! RMSNorm (Zhang & Sennrich 2019): `y = w ⊙ x / sqrt(mean(x²) + eps)`, in f32.
 
-use super::linear::{Linear, Weight};
+use super::linear::Linear;
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -107,14 +107,7 @@ impl<'a, B: Backend> PreNorm<'a, B> {
     /// fused into the projections where the backend can) when every weight is dense and `x`
     /// was not materialised yet.
     pub fn linear_many(&self, b: &B, layers: &[&Linear<B>]) -> Result<Vec<B::Tensor>> {
-        let dense: Option<Vec<_>> = layers
-            .iter()
-            .map(|l| match &l.weight {
-                Weight::Dense(w) => Some((w, l.bias.as_ref())),
-                Weight::Quant(_) => None,
-            })
-            .collect();
-        match dense.filter(|_| self.x.get().is_none()) {
+        match Linear::dense_parts(layers).filter(|_| self.x.get().is_none()) {
             Some(parts) => {
                 let (a, m) = self.operands();
                 let (sum, ys) =
