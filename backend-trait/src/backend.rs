@@ -57,6 +57,47 @@ pub fn rope_then_write_kv<B: Backend>(
     Ok(q)
 }
 
+/// [`Backend::moe_experts_shared`] as separate ops: `moe_experts`, the shared expert's
+/// `linear_silu_mul` and `linear`, then `add` (the trait's default; a backend that fuses the
+/// block falls back to it where its fused path does not apply).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts_then_shared<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    ids: &B::Tensor,
+    weights: &B::Tensor,
+    gate_up: &B::Tensor,
+    down: &B::Tensor,
+    shared: [&B::Tensor; 3],
+) -> Result<B::Tensor> {
+    let routed = b.moe_experts(x, ids, weights, gate_up, down)?;
+    let [gate_s, up_s, down_s] = shared;
+    let act = b.linear_silu_mul(x, gate_s, up_s)?;
+    b.add(&routed, &b.linear(&act, down_s, None)?)
+}
+
+/// [`Backend::short_conv_many`] as one [`Backend::short_conv`] per part (the trait's default;
+/// a fusing backend falls back to it). Errors: part lists of different lengths.
+pub fn short_conv_each<B: Backend>(
+    b: &B,
+    xs: &[&B::Tensor],
+    ws: &[&B::Tensor],
+    states: &[&B::Tensor],
+    meta: &DeviceStepMeta<B::Tensor>,
+) -> Result<Vec<B::Tensor>> {
+    if ws.len() != xs.len() || states.len() != xs.len() {
+        anyhow::bail!(
+            "short_conv_many: {} inputs, {} weights and {} states (one of each per part)",
+            xs.len(),
+            ws.len(),
+            states.len()
+        );
+    }
+    (0..xs.len())
+        .map(|i| b.short_conv(xs[i], ws[i], states[i], meta))
+        .collect()
+}
+
 /// The rotary-embedding settings of one call, as [`Backend::rope`] takes them.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a, T> {
@@ -619,6 +660,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
         )
     }
 
+    /// Several [`Backend::short_conv`]s of one step (KDA's q, k and v), part `i` being
+    /// `short_conv(xs[i], ws[i], states[i], meta)`; the same values and updated states, in
+    /// fewer launches where the backend fuses them (CUDA at decode: one). Errors: part lists of
+    /// different lengths, or any part's own error.
+    fn short_conv_many(
+        &self,
+        xs: &[&Self::Tensor],
+        ws: &[&Self::Tensor],
+        states: &[&Self::Tensor],
+        meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<Vec<Self::Tensor>> {
+        short_conv_each(self, xs, ws, states, meta)
+    }
+
     /// Kimi Delta Attention over each sequence's tokens in order (Kimi Linear report §2; fla
     /// `naive_recurrent_kda`), all in f32, with the recurrent state `S` `[K, V]` per head kept in
     /// `state[slot]` (zero when the sequence starts at position 0 in this step):
@@ -744,6 +799,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "moe_experts is not implemented on the {} backend",
             self.name()
         )
+    }
+
+    /// [`Backend::moe_experts`] plus a dense SwiGLU shared expert (DeepSeek-V3 report §2.1.2,
+    /// HF `DeepseekV3MoE.shared_experts`; Kimi's `shared_experts`):
+    /// `moe_experts(x, ids, weights, gate_up, down) + down_s · (silu(gate_s · x) ⊙ (up_s · x))`,
+    /// the routed sum and the shared expert's output each rounded to `x`'s dtype before the add,
+    /// as the separate ops round them. `shared` = `[gate_s, up_s, down_s]` with `gate_s`, `up_s`
+    /// `[Fs, D]` and `down_s` `[D, Fs]` in `x`'s dtype; other arguments as
+    /// [`Backend::moe_experts`] → `[N, D]`. The default runs `moe_experts`, `linear_silu_mul`,
+    /// `linear` and `add`; a backend may run the whole block in fewer launches at decode sizes
+    /// (CUDA: two), equal to the default within the dtype's rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts_shared(
+        &self,
+        x: &Self::Tensor,
+        ids: &Self::Tensor,
+        weights: &Self::Tensor,
+        gate_up: &Self::Tensor,
+        down: &Self::Tensor,
+        shared: [&Self::Tensor; 3],
+    ) -> Result<Self::Tensor> {
+        moe_experts_then_shared(self, x, ids, weights, gate_up, down, shared)
     }
 
     /// Decodes whole items of a block-quantized weight into a float workspace

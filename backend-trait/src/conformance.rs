@@ -1032,6 +1032,7 @@ pub fn check_mla_moe<B: Backend>(b: &B) -> Result<()> {
         check_paged_latent_attention(b, dt)?;
         check_moe_route(b, dt)?;
         check_moe_experts(b, dt)?;
+        check_moe_experts_shared(b, dt)?;
     }
     Ok(())
 }
@@ -1427,7 +1428,69 @@ pub fn check_moe_experts<B: Backend>(b: &B, dt: DType) -> Result<()> {
     Ok(())
 }
 
-/// Runs the Kimi-Linear KDA-layer checks ([`check_short_conv`], [`check_kda`],
+/// `moe_experts_shared`: against the reference (routed experts, then the shared SwiGLU MLP,
+/// then the add, each rounded to `dt`) and, within the dtype's rounding, against the backend's
+/// own separate ops ([`crate::moe_experts_then_shared`]); token counts on both sides of CUDA's
+/// fused decode bound (32 pairs), a shared expert narrower and wider than the routed ones, widths
+/// outside 8ℤ (the fallback).
+pub fn check_moe_experts_shared<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(27);
+    // (N, D, E, F, Fs, k)
+    let cases: &[(usize, usize, usize, usize, usize, usize)] = &[
+        (1, 64, 16, 32, 32, 4),
+        (1, 256, 64, 48, 96, 8),
+        (1, 128, 32, 64, 16, 8),
+        (3, 64, 8, 16, 16, 2),
+        (4, 128, 32, 64, 64, 8),
+        (5, 64, 16, 32, 32, 8),
+        (2, 37, 8, 13, 13, 2),
+    ];
+    for &(n, d, e, f, fs, k) in cases {
+        let x = rand_tensor(&mut rng, &[n, d], dt, 1.0)?;
+        let wa = 3.0 / (d as f32).sqrt();
+        let gate_up = rand_tensor(&mut rng, &[e, 2 * f, d], dt, wa)?;
+        let down = rand_tensor(&mut rng, &[e, d, f], dt, 2.0 / (f as f32).sqrt())?;
+        let gate_s = rand_tensor(&mut rng, &[fs, d], dt, wa)?;
+        let up_s = rand_tensor(&mut rng, &[fs, d], dt, wa)?;
+        let down_s = rand_tensor(&mut rng, &[d, fs], dt, 2.0 / (fs as f32).sqrt())?;
+        let mut ids = Vec::with_capacity(n * k);
+        for _ in 0..n {
+            let mut all: Vec<u32> = (0..e as u32).collect();
+            rng.shuffle(&mut all);
+            ids.extend_from_slice(&all[..k]);
+        }
+        let weights: Vec<f32> = (0..n * k).map(|_| 0.1 + 0.3 * rng.uniform()).collect();
+        let ids = HostTensor::from_u32(vec![n, k], &ids)?;
+        let weights = HostTensor::from_f32(vec![n, k], &weights)?;
+        let routed = reference::moe_experts(&x, &ids, &weights, &gate_up, &down)?;
+        let act = reference::silu_mul(
+            &reference::linear(&x, &gate_s, None)?,
+            &reference::linear(&x, &up_s, None)?,
+        )?;
+        let want = reference::add(&routed, &reference::linear(&act, &down_s, None)?)?;
+        let dev = [&x, &ids, &weights, &gate_up, &down, &gate_s, &up_s, &down_s]
+            .map(|t| b.upload(t))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        let shared = [&dev[5], &dev[6], &dev[7]];
+        let got = b.moe_experts_shared(&dev[0], &dev[1], &dev[2], &dev[3], &dev[4], shared)?;
+        let case = format!("{dt} x [{n}, {d}] E {e} F {f} Fs {fs} k {k}");
+        let got = run(b, &got)?;
+        compare("moe_experts_shared", &case, &got, &want, tolerance(dt))?;
+        let separate =
+            crate::moe_experts_then_shared(b, &dev[0], &dev[1], &dev[2], &dev[3], &dev[4], shared)?;
+        compare(
+            "moe_experts_shared vs the separate ops",
+            &case,
+            &got,
+            &run(b, &separate)?,
+            tolerance(dt),
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs the Kimi-Linear KDA-layer checks ([`check_short_conv`], [`check_short_conv_many`], [`check_kda`],
 /// [`check_gated_rms_norm`]) for the backend's f32 activation dtype and, if different, its bf16
 /// one.
 pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
@@ -1438,6 +1501,7 @@ pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
     }
     for dt in dts {
         check_short_conv(b, dt)?;
+        check_short_conv_many(b, dt)?;
         check_kda(b, dt)?;
         check_gated_rms_norm(b, dt)?;
     }
@@ -1514,6 +1578,68 @@ pub fn check_short_conv<B: Backend>(b: &B, dt: DType) -> Result<()> {
         let case = format!("{dt} C {c} W {w} slots {slots} seqs (ctx,new) {seqs:?}");
         compare("short_conv", &case, &run(b, &got)?, &want, tolerance(dt))?;
         compare("short_conv (state)", &case, &run(b, &sd)?, &st, 0.0)?;
+    }
+    Ok(())
+}
+
+/// `short_conv_many`: three parts of different widths (q, k, v of KDA heads) at decode and at a
+/// mixed prefill step, each output and updated state bit-equal to its own `short_conv` on the
+/// same backend (from the same starting state).
+pub fn check_short_conv_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(42);
+    let cases: &[(usize, usize, Seqs)] = &[
+        (4, 6, &[(5, 1), (0, 1), (12, 1), (1, 1)]),
+        (3, 4, &[(2, 1), (0, 1), (7, 1)]),
+        (4, 5, &[(0, 5), (7, 1), (3, 2)]),
+    ];
+    for &(w, slots, seqs) in cases {
+        let meta = state_meta(&mut rng, seqs, slots);
+        let n = meta.num_tokens();
+        let dmeta = b.upload_meta(meta.clone())?;
+        let widths = [32usize, 32, 48];
+        let mut xs = Vec::new();
+        let mut ws = Vec::new();
+        let mut sts = Vec::new();
+        for c in widths {
+            xs.push(b.upload(&rand_tensor(&mut rng, &[n, c], dt, 2.0)?)?);
+            ws.push(b.upload(&rand_tensor(&mut rng, &[c, w], DType::F32, 0.8)?)?);
+            sts.push(rand_tensor(&mut rng, &[slots, c, w - 1], DType::F32, 2.0)?);
+        }
+        let fused_states = sts
+            .iter()
+            .map(|s| b.upload(s))
+            .collect::<Result<Vec<_>>>()?;
+        let got = b.short_conv_many(
+            &xs.iter().collect::<Vec<_>>(),
+            &ws.iter().collect::<Vec<_>>(),
+            &fused_states.iter().collect::<Vec<_>>(),
+            &dmeta,
+        )?;
+        ensure!(
+            got.len() == 3,
+            "short_conv_many: {} outputs for 3 parts",
+            got.len()
+        );
+        let case = format!("{dt} W {w} slots {slots} seqs (ctx,new) {seqs:?}");
+        for i in 0..3 {
+            let st = b.upload(&sts[i])?;
+            let want = b.short_conv(&xs[i], &ws[i], &st, &dmeta)?;
+            let part = format!("{case} part {i}");
+            compare(
+                "short_conv_many",
+                &part,
+                &run(b, &got[i])?,
+                &run(b, &want)?,
+                0.0,
+            )?;
+            compare(
+                "short_conv_many (state)",
+                &part,
+                &run(b, &fused_states[i])?,
+                &run(b, &st)?,
+                0.0,
+            )?;
+        }
     }
     Ok(())
 }

@@ -339,11 +339,44 @@ DAYONE_FOR_FLOAT_TYPES(GEMV_ALL)
 // MoE router logits (moe_route): y f32 [M, N] = x [M, K] of this module's 16-bit dtype · w f32
 // [N, K]ᵀ; the f32 GEMV with x widened as it is loaded, so the same sums, bit for bit, as
 // `moe_cast_f32` then `gemv_f32_m*_r*` with one launch less. No bias.
+// The router GEMV and the top-k choice in one launch (moe_route at decode sizes): the GEMV's
+// blocks write the logits, count themselves done, and the last block runs moe_topk's body
+// (kernels/moe_topk.cuh) over the M tokens, then zeroes the counter. The same logits and
+// choices, bit for bit, as gemv_x*_f32 then moe_topk. Dynamic smem: moe_topk's.
+struct MoeTopkArgs {
+    const float* bias;
+    u32* ids;
+    float* weights;
+    u32* counter;
+    u32 k, g, topk_group, norm;
+    float scale;
+};
+template <typename T, int MT, int RPW, int U>
+__device__ __forceinline__ void gemv_x_topk_impl(const T* x, const float* w, float* y, u32 m,
+                                                 u32 n, u32 k, u32 w_const,
+                                                 const MoeTopkArgs& a) {
+    gemv_impl<float, MT, RPW, U, T>(x, w, nullptr, y, m, n, k, w_const, blockIdx.x * RPW);
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    moe_topk_tokens(y, a.bias, a.ids, a.weights, m, n, a.k, a.g, a.topk_group, a.norm, a.scale,
+                    0, 1);
+    if (threadIdx.x == 0) *a.counter = 0;
+}
 #define GEMV_X(S, T, MT, RPW, U)                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_x##S##_f32_m##MT##_r##RPW( \
         const T* x, const float* w, const float* bias, float* y, u32 m, u32 n, u32 k,         \
         u32 w_const) {                                                                        \
         gemv_impl<float, MT, RPW, U, T>(x, w, bias, y, m, n, k, w_const, blockIdx.x * RPW);   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
+        gemv_x##S##_f32_topk_m##MT##_r##RPW(const T* x, const float* w, float* y, u32 m,      \
+                                            u32 n, u32 k, u32 w_const, MoeTopkArgs a) {       \
+        gemv_x_topk_impl<T, MT, RPW, U>(x, w, y, m, n, k, w_const, a);                        \
     }
 #define GEMV_X_ALL(S, T)                                                                      \
     GEMV_X(S, T, 1, 1, 2) GEMV_X(S, T, 1, 2, 2) GEMV_X(S, T, 1, 4, 2)                         \

@@ -94,6 +94,30 @@ __device__ void short_conv_state_impl(const T* __restrict__ x, float* __restrict
 // short_conv_state in one launch, one thread per (sequence, channel), with the same arithmetic
 // in the same order as the two kernels (bit-equal): y from the history and the new row, then
 // the history shifted by one.
+// One (sequence, channel) element of a decode step's convolution and history update.
+template <typename T>
+__device__ __forceinline__ void short_conv_decode_elem(const T* __restrict__ x,
+                                                       const float* __restrict__ w,
+                                                       float* __restrict__ state,
+                                                       T* __restrict__ y,
+                                                       const u32* __restrict__ qstart,
+                                                       const u32* __restrict__ positions,
+                                                       const u32* __restrict__ slots, u32 c,
+                                                       u32 width, u64 i) {
+    const u32 h = width - 1;
+    const u32 s = (u32)(i / c), ch = (u32)(i % c);
+    const u32 start = qstart[s];
+    const bool fresh = positions[start] == 0;
+    float* st = state + ((u64)slots[s] * c + ch) * h;
+    float old[8];
+    for (u32 j = 0; j < h && j < 8; j++) old[j] = fresh ? 0.f : st[j];
+    const float xv = to_f(x[(u64)start * c + ch]);
+    float acc = 0.f;
+    for (u32 j = 0; j < width; j++) acc += w[(u64)ch * width + j] * (j < h ? old[j] : xv);
+    y[(u64)start * c + ch] = from_f<T>(acc / (1.f + expf(-acc)));
+    for (u32 j = 0; j < h && j < 8; j++) st[j] = j + 1 < h ? old[j + 1] : xv;
+}
+
 template <typename T>
 __device__ void short_conv_decode_impl(const T* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ state, T* __restrict__ y,
@@ -102,24 +126,47 @@ __device__ void short_conv_decode_impl(const T* __restrict__ x, const float* __r
                                        const u32* __restrict__ slots, u32 nseq, u32 c,
                                        u32 width) {
     grid_dep_wait();
-    const u32 h = width - 1;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)nseq * c;
+         i += (u64)gridDim.x * blockDim.x)
+        short_conv_decode_elem<T>(x, w, state, y, qstart, positions, slots, c, width, i);
+}
+
+// Three convolutions of one decode step (KDA's q, k, v: Backend::short_conv_many) in one launch:
+// part p owns elements [nseq·(c0 + … + c_{p−1}), nseq·(c0 + … + c_p)), each as above.
+struct ConvPart {
+    const void* x;
+    const float* w;
+    float* state;
+    void* y;
+    u32 c;
+};
+template <typename T>
+__device__ void short_conv_decode3_impl(const ConvPart& p0, const ConvPart& p1, const ConvPart& p2,
+                                        const u32* __restrict__ qstart,
+                                        const u32* __restrict__ positions,
+                                        const u32* __restrict__ slots, u32 nseq, u32 width) {
+    grid_dep_wait();
+    const u64 e0 = (u64)nseq * p0.c, e1 = e0 + (u64)nseq * p1.c, e2 = e1 + (u64)nseq * p2.c;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < e2;
          i += (u64)gridDim.x * blockDim.x) {
-        const u32 s = (u32)(i / c), ch = (u32)(i % c);
-        const u32 start = qstart[s];
-        const bool fresh = positions[start] == 0;
-        float* st = state + ((u64)slots[s] * c + ch) * h;
-        float old[8];
-        for (u32 j = 0; j < h && j < 8; j++) old[j] = fresh ? 0.f : st[j];
-        const float xv = to_f(x[(u64)start * c + ch]);
-        float acc = 0.f;
-        for (u32 j = 0; j < width; j++) acc += w[(u64)ch * width + j] * (j < h ? old[j] : xv);
-        y[(u64)start * c + ch] = from_f<T>(acc / (1.f + expf(-acc)));
-        for (u32 j = 0; j < h && j < 8; j++) st[j] = j + 1 < h ? old[j + 1] : xv;
+        // Field-wise selects keep the parameters out of local memory.
+        const bool a = i < e0, b = i < e1;
+        const T* x = (const T*)(a ? p0.x : b ? p1.x : p2.x);
+        const float* w = a ? p0.w : b ? p1.w : p2.w;
+        float* st = a ? p0.state : b ? p1.state : p2.state;
+        T* y = (T*)(a ? p0.y : b ? p1.y : p2.y);
+        const u32 c = a ? p0.c : b ? p1.c : p2.c;
+        short_conv_decode_elem<T>(x, w, st, y, qstart, positions, slots, c, width,
+                                  i - (a ? 0 : b ? e0 : e1));
     }
 }
 
 #define SHORT_CONV(S, T)                                                                        \
+    extern "C" __global__ void short_conv_decode3_##S(ConvPart p0, ConvPart p1, ConvPart p2,    \
+                                                      const u32* qstart, const u32* positions,  \
+                                                      const u32* slots, u32 nseq, u32 width) {  \
+        short_conv_decode3_impl<T>(p0, p1, p2, qstart, positions, slots, nseq, width);          \
+    }                                                                                           \
     extern "C" __global__ void short_conv_decode_##S(const T* x, const float* w, float* state,  \
                                                      T* y, const u32* qstart,                   \
                                                      const u32* positions, const u32* slots,    \

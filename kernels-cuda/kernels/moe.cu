@@ -14,77 +14,16 @@
 //                the other rows of its tile, so the atomics-ordered sort changes nothing).
 // Grouped GEMM kernels take grid.y = the maximal tile count and exit for tiles ≥ ntiles.
 
-#define MOE_NEG_INF (-__int_as_float(0x7f800000))
 
 // ---------------------------------------------------------------------------------------------
-// Routing: one block (256 threads) per token over f32 logits [N, E]; dynamic smem 2·E + 2·G
-// words + k. Ranks (count of better entries, ties by lower index) give exact, order-independent
-// top-k and top-group choices.
+// Routing: one block (256 threads) per token over f32 logits [N, E] (moe_topk_tokens,
+// kernels/moe_topk.cuh; the router GEMV's last block runs the same body in gemv.cu).
 extern "C" __global__ void moe_topk(const float* __restrict__ logits, const float* __restrict__ bias,
                                     u32* __restrict__ ids, float* __restrict__ weights, u32 n,
                                     u32 e, u32 k, u32 g, u32 topk_group, u32 norm, float scale) {
-    extern __shared__ float sm[];
-    float* s = sm;            // [E] sigmoid scores
-    float* c = sm + e;        // [E] choice scores
-    float* gs = c + e;        // [G] group scores
-    u32* keep = reinterpret_cast<u32*>(gs + g);  // [G]
-    u32* sel = keep + g;                          // [k]
     grid_dep_wait();
-    const u32 tid = threadIdx.x;
-    const u32 per = e / g;
-    for (u32 t = blockIdx.x; t < n; t += gridDim.x) {
-        __syncthreads();
-        for (u32 i = tid; i < e; i += blockDim.x) {
-            const float l = logits[(u64)t * e + i];
-            const float sv = 1.f / (1.f + expf(-l));
-            s[i] = sv;
-            c[i] = sv + (bias ? bias[i] : 0.f);
-        }
-        __syncthreads();
-        if (g > 1) {
-            for (u32 gi = tid; gi < g; gi += blockDim.x) {
-                float m1 = MOE_NEG_INF, m2 = MOE_NEG_INF;
-                for (u32 i = gi * per; i < (gi + 1) * per; i++) {
-                    const float v = c[i];
-                    if (v > m1) {
-                        m2 = m1;
-                        m1 = v;
-                    } else if (v > m2) {
-                        m2 = v;
-                    }
-                }
-                gs[gi] = per >= 2 ? m1 + m2 : m1;
-            }
-            __syncthreads();
-            for (u32 gi = tid; gi < g; gi += blockDim.x) {
-                const float v = gs[gi];
-                u32 rank = 0;
-                for (u32 j = 0; j < g; j++) rank += (gs[j] > v || (gs[j] == v && j < gi)) ? 1u : 0u;
-                keep[gi] = rank < topk_group ? 1u : 0u;
-            }
-            __syncthreads();
-            for (u32 i = tid; i < e; i += blockDim.x)
-                if (!keep[i / per]) c[i] = MOE_NEG_INF;
-            __syncthreads();
-        }
-        for (u32 i = tid; i < e; i += blockDim.x) {
-            const float v = c[i];
-            u32 rank = 0;
-            for (u32 j = 0; j < e; j++) rank += (c[j] > v || (c[j] == v && j < i)) ? 1u : 0u;
-            if (rank < k) sel[rank] = i;
-        }
-        __syncthreads();
-        if (tid == 0) {
-            float sum = 0.f;
-            for (u32 j = 0; j < k; j++) sum += s[sel[j]];
-            for (u32 j = 0; j < k; j++) {
-                float wv = s[sel[j]];
-                if (norm) wv /= sum + 1e-20f;
-                ids[(u64)t * k + j] = sel[j];
-                weights[(u64)t * k + j] = wv * scale;
-            }
-        }
-    }
+    moe_topk_tokens(logits, bias, ids, weights, n, e, k, g, topk_group, norm, scale, blockIdx.x,
+                    gridDim.x);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,38 +175,22 @@ template <> __device__ __forceinline__ void moe_wload<float>(Vec8<float>& v, con
     v.b = make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w));
 }
 
-template <typename T, bool GU, int MT, int RPW>
-__device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* __restrict__ w,
-                                              T* __restrict__ out, const u32* __restrict__ offsets,
-                                              const u32* __restrict__ sorted,
-                                              const u32* __restrict__ tiles,
-                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
-                                              u32 nout, u32 kdim, u32 wrows, float limit,
-                                              const T* __restrict__ bias, u32 act, float alpha) {
-    constexpr int NW = GU ? 2 * RPW : RPW;
-    // 16 loads of 16 bytes in flight per lane for 1–2 rows per tile; fewer registers for more
-    // rows (their x chunks) and for f32 (two loads per chunk).
-    constexpr int U0 = (16 / NW) / (sizeof(T) == 4 ? 2 : 1) / (MT >= 8 ? 4 : MT >= 4 ? 2 : 1);
-    constexpr int U = U0 > 0 ? U0 : 1;
-    grid_dep_wait();
-    MoeTile tl;
-    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)MT), tl)) return;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 o0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
-    if (o0 >= nout) return;  // no barrier below
-    const T* wexp = w + (u64)tl.expert * wrows * kdim;
-    const T* wr[NW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const u32 o = min(o0 + r, nout - 1);
-        wr[r] = wexp + (u64)(GU ? moe_gu_row(o, false, nout, act) : o) * kdim;
-        if (GU) wr[RPW + r] = wexp + (u64)moe_gu_row(o, true, nout, act) * kdim;
-    }
-    const T* xr[MT];
-#pragma unroll
-    for (int i = 0; i < MT; i++)
-        xr[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + min((u32)i, tl.rows - 1)) * kdim;
-    float acc[NW][MT];
+// Loads in flight per lane of the grouped GEMV: 16 loads of 16 bytes for 1–2 rows per tile;
+// fewer registers for more rows (their x chunks) and for f32 (two loads per chunk).
+template <typename T> __host__ __device__ constexpr int moe_gemv_unroll(int nw, int mt) {
+    return (16 / nw) / (sizeof(T) == 4 ? 2 : 1) / (mt >= 8 ? 4 : mt >= 4 ? 2 : 1) > 0
+               ? (16 / nw) / (sizeof(T) == 4 ? 2 : 1) / (mt >= 8 ? 4 : mt >= 4 ? 2 : 1)
+               : 1;
+}
+
+// A warp's NW × MT dot products of weight rows wr[r] with activation rows xr[i] (K = kdim,
+// K % 8 == 0), every lane left holding the sums: lane l takes the 8-element chunks l, l + 32, …
+// in increasing order (U chunks per row in flight), then the lanes meet by warp_sum. The sums do
+// not depend on U or MT (each lane visits its chunks in the same order), so the grouped GEMV and
+// the fused decode block below give the same value for the same row.
+template <typename T, int NW, int MT, int U>
+__device__ __forceinline__ void moe_warp_dots(const T* const* wr, const T* const* xr, u32 kdim,
+                                              u32 lane, float (&acc)[NW][MT]) {
 #pragma unroll
     for (int r = 0; r < NW; r++)
 #pragma unroll
@@ -310,6 +233,38 @@ __device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* 
     for (int r = 0; r < NW; r++)
 #pragma unroll
         for (int i = 0; i < MT; i++) acc[r][i] = warp_sum(acc[r][i]);
+}
+
+template <typename T, bool GU, int MT, int RPW>
+__device__ __forceinline__ void moe_gemv_impl(const T* __restrict__ a, const T* __restrict__ w,
+                                              T* __restrict__ out, const u32* __restrict__ offsets,
+                                              const u32* __restrict__ sorted,
+                                              const u32* __restrict__ tiles,
+                                              const u32* __restrict__ ntiles, u32 bt, u32 gather_k,
+                                              u32 nout, u32 kdim, u32 wrows, float limit,
+                                              const T* __restrict__ bias, u32 act, float alpha) {
+    constexpr int NW = GU ? 2 * RPW : RPW;
+    constexpr int U = moe_gemv_unroll<T>(NW, MT);
+    grid_dep_wait();
+    MoeTile tl;
+    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)MT), tl)) return;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 o0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
+    if (o0 >= nout) return;  // no barrier below
+    const T* wexp = w + (u64)tl.expert * wrows * kdim;
+    const T* wr[NW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const u32 o = min(o0 + r, nout - 1);
+        wr[r] = wexp + (u64)(GU ? moe_gu_row(o, false, nout, act) : o) * kdim;
+        if (GU) wr[RPW + r] = wexp + (u64)moe_gu_row(o, true, nout, act) * kdim;
+    }
+    const T* xr[MT];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+        xr[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + min((u32)i, tl.rows - 1)) * kdim;
+    float acc[NW][MT];
+    moe_warp_dots<T, NW, MT, U>(wr, xr, kdim, lane, acc);
     // Lane r·MT + i writes output o0 + r of tile row i.
 #pragma unroll
     for (int r = 0; r < RPW; r++)

@@ -196,6 +196,19 @@ pub fn kda_chunk_smem(k: usize, v: usize) -> (usize, usize) {
     (prep, scan)
 }
 
+/// One part of `short_conv_decode3` (kernels/kda.cu `ConvPart`: four device pointers, the
+/// channel count, padded to the struct's 8-byte alignment).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConvPart {
+    x: u64,
+    w: u64,
+    state: u64,
+    y: u64,
+    c: u32,
+    _pad: u32,
+}
+
 fn shape_is(t: &CudaTensor, n: usize) -> bool {
     t.shape.iter().product::<usize>() == n
 }
@@ -326,6 +339,101 @@ impl CudaBackend {
             )?;
         }
         Ok(y)
+    }
+
+    /// See [`Backend::short_conv_many`]: three parts of a decode step (one row per sequence,
+    /// one width, one dtype) in one `short_conv_decode3` launch, each part's arithmetic that of
+    /// `short_conv_decode` (bit-equal); anything else one [`Backend::short_conv`] per part.
+    pub(crate) fn short_conv_many_impl(
+        &self,
+        xs: &[&CudaTensor],
+        ws: &[&CudaTensor],
+        states: &[&CudaTensor],
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<Vec<CudaTensor>> {
+        const OP: &str = "short_conv_many";
+        let (n, nseq) = (
+            meta.host.num_tokens(),
+            meta.host.query_start.len().saturating_sub(1),
+        );
+        let decode =
+            n > 0 && n == nseq && meta.host.query_start.windows(2).all(|q| q[1] == q[0] + 1);
+        let width = ws
+            .first()
+            .and_then(|w| w.shape.get(1).copied())
+            .unwrap_or(0);
+        let fusable = xs.len() == 3
+            && ws.len() == 3
+            && states.len() == 3
+            && decode
+            && width > 1
+            && self.fusion(launch::DecodeFusion::Conv3)
+            && xs
+                .iter()
+                .all(|x| x.dtype == xs[0].dtype && x.shape.len() == 2)
+            && ws.iter().all(|w| w.shape.get(1) == Some(&width));
+        if !fusable {
+            return dayone_backend::short_conv_each(self, xs, ws, states, meta);
+        }
+        // Every part's shapes and meta checked as `short_conv` checks them, without launching.
+        let mut parts = Vec::with_capacity(3);
+        let mut outs = Vec::with_capacity(3);
+        for i in 0..3 {
+            let (x, w, st) = (xs[i], ws[i], states[i]);
+            let c = x.shape[1];
+            if w.shape != [c, width] || !(1..=9).contains(&width) {
+                bail!("{OP}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape);
+            }
+            check_dtype(OP, "w", w, DType::F32)?;
+            check_dtype(OP, "state", st, DType::F32)?;
+            let slots = match st.shape[..] {
+                [s, sc, sh] if sc == c && sh == width - 1 => s,
+                _ => bail!(
+                    "{OP}: state must be [slots, {c}, {}], got {:?}",
+                    width - 1,
+                    st.shape
+                ),
+            };
+            check_meta(OP, &meta.host, n, slots)?;
+            self.bind()?;
+            let y = self.alloc(vec![n, c], x.dtype)?;
+            parts.push(ConvPart {
+                x: x.device_ptr(),
+                w: w.device_ptr(),
+                state: st.device_ptr(),
+                y: y.device_ptr(),
+                c: to_u32(OP, "C", c)?,
+                _pad: 0,
+            });
+            outs.push(y);
+        }
+        let sfx = dtype_suffix(OP, xs[0].dtype)?;
+        let f = self.func("kda", sfx, &format!("short_conv_decode3_{sfx}"))?;
+        let elems: usize = outs.iter().map(|y| y.shape[1] * nseq).sum();
+        let grid = launch::elementwise_grid(elems, 1, 256, 65535);
+        let (qs, pos, slot) = (
+            meta.query_start.device_ptr(),
+            meta.positions.device_ptr(),
+            meta.state_slots.device_ptr(),
+        );
+        self.launch(
+            OP,
+            &f,
+            (grid, 1, 1),
+            (256, 1, 1),
+            0,
+            kparams![
+                parts[0],
+                parts[1],
+                parts[2],
+                qs,
+                pos,
+                slot,
+                nseq as u32,
+                width as u32
+            ],
+        )?;
+        Ok(outs)
     }
 
     /// See [`Backend::gated_rms_norm`]: `x`, `gate` `[R, D]`, `w` `[D]` in x's dtype or f32.

@@ -73,7 +73,7 @@ pub fn norm_threads(d: usize) -> u32 {
 pub const GEMV_NORM_SMEM_MAX: usize = 48 << 10;
 
 /// A fusion across op boundaries that only saves launches (each gives the same bits as the
-/// ops it joins).
+/// ops it joins, except where said).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeFusion {
     /// The RMSNorm inside the first projections' GEMV (`rms_norm_linear_*`).
@@ -82,6 +82,15 @@ pub enum DecodeFusion {
     RopeKv,
     /// The decode attention's split merge inside its own launch.
     AttnMerge,
+    /// An MoE block with a dense shared expert in two launches (`moe_experts_shared`,
+    /// kernels/moe_decode.cu) instead of nine: the routed experts' bits are the grouped
+    /// GEMV's and the combine's, the shared expert's sums run in another order than the dense
+    /// GEMV's (equal within the dtype's rounding).
+    MoeBlock,
+    /// KDA's three short convolutions of a decode step in one launch (`short_conv_many`).
+    Conv3,
+    /// The MoE router's top-k choice in the router GEMV's launch (its last block).
+    RouterTopk,
 }
 
 impl DecodeFusion {
@@ -91,6 +100,9 @@ impl DecodeFusion {
             DecodeFusion::Norm => "norm",
             DecodeFusion::RopeKv => "rope_kv",
             DecodeFusion::AttnMerge => "attn_merge",
+            DecodeFusion::MoeBlock => "moe_block",
+            DecodeFusion::Conv3 => "conv3",
+            DecodeFusion::RouterTopk => "router_topk",
         }
     }
 
@@ -100,6 +112,9 @@ impl DecodeFusion {
             DecodeFusion::Norm => 1,
             DecodeFusion::RopeKv => 2,
             DecodeFusion::AttnMerge => 4,
+            DecodeFusion::MoeBlock => 8,
+            DecodeFusion::Conv3 => 16,
+            DecodeFusion::RouterTopk => 32,
         }
     }
 }
@@ -108,23 +123,35 @@ impl DecodeFusion {
 /// on an H100 (2026-12-07, Llama-8B shape, batch 1, docs/perf.md) it made the step 1.3 % slower
 /// — every block re-reads and re-normalises the rows (three 8 KB vectors per block of a
 /// 4 096-wide GEMV), which costs more than the launch it saves.
-pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] =
-    &[DecodeFusion::RopeKv, DecodeFusion::AttnMerge];
+pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
+    DecodeFusion::RopeKv,
+    DecodeFusion::AttnMerge,
+    DecodeFusion::MoeBlock,
+    DecodeFusion::Conv3,
+    DecodeFusion::RouterTopk,
+];
+
+/// Every fusion, in `DAYONE_DECODE_FUSION`'s order.
+pub const ALL_DECODE_FUSIONS: &[DecodeFusion] = &[
+    DecodeFusion::Norm,
+    DecodeFusion::RopeKv,
+    DecodeFusion::AttnMerge,
+    DecodeFusion::MoeBlock,
+    DecodeFusion::Conv3,
+    DecodeFusion::RouterTopk,
+];
 
 /// The bitmask of `fusions` ([`DecodeFusion::bit`]).
 pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u8 {
     fusions.iter().fold(0, |m, f| m | f.bit())
 }
 
-/// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge`; `0` or `none`: none;
+/// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge,moe_block,conv3,
+/// router_topk`; `0` or `none`: none;
 /// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
 /// one run; an unknown name warns and is ignored.
 pub fn decode_fusions_from_env() -> u8 {
-    let all = [
-        DecodeFusion::Norm,
-        DecodeFusion::RopeKv,
-        DecodeFusion::AttnMerge,
-    ];
+    let all = ALL_DECODE_FUSIONS;
     match std::env::var("DAYONE_DECODE_FUSION") {
         Err(_) => decode_fusions_mask(DEFAULT_DECODE_FUSIONS),
         Ok(v) => {
@@ -135,7 +162,7 @@ pub fn decode_fusions_from_env() -> u8 {
                     None if x == "0" || x == "none" => {}
                     None => eprintln!(
                         "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
-                         attn_merge (or 0 / none); ignored"
+                         attn_merge, moe_block, conv3, router_topk (or 0 / none); ignored"
                     ),
                 }
             }
@@ -507,6 +534,26 @@ pub fn moe_gemv_outputs(gate_up: bool) -> usize {
         } else {
             MOE_GEMV_DN_RPW
         }
+}
+
+/// (token, choice) pairs up to which `moe_experts_shared` runs the fused decode block
+/// (`kernels/moe_decode.cu`): each pair reads its expert's rows itself (no sort, so no sharing
+/// between pairs of one expert), which pays at decode sizes only. 32 = 4 tokens of top-8.
+pub const MOE_DECODE_MAX_PAIRS: usize = 32;
+
+/// Grids of the fused decode block for `slots` = pairs + tokens (one grid row each), shared
+/// expert width `fs`: (`moe_dec_gu`: one warp per output of max(F, Fs), `moe_dec_dn`:
+/// [`MOE_GEMV_DN_RPW`] outputs per warp over D), both [`MOE_GEMV_WARPS`] warps per block.
+pub fn moe_decode_grids(
+    slots: usize,
+    d: usize,
+    f: usize,
+    fs: usize,
+) -> ((usize, usize), (usize, usize)) {
+    (
+        (f.max(fs).div_ceil(MOE_GEMV_WARPS), slots),
+        (d.div_ceil(moe_gemv_outputs(false)), slots),
+    )
 }
 
 /// Threads of the one-block `moe_sort` over `p` pairs and `e` experts: enough for one pair or

@@ -37,7 +37,8 @@ pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
     decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
     mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
-    DecodeFusion, DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape,
+    DecodeFusion, DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape, ALL_DECODE_FUSIONS,
+    DEFAULT_DECODE_FUSIONS,
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -79,6 +80,7 @@ mod invariant;
 mod kda;
 mod linear;
 mod mla_moe;
+mod moe_decode;
 pub mod moe_fp8;
 mod moe_quant;
 pub use moe_quant::{
@@ -1102,6 +1104,18 @@ impl Backend for CudaBackend {
         self.moe_experts_fp8_impl(x, slot_ids, weights, gate_up, down, chosen, opts, workspace)
     }
 
+    fn moe_experts_shared(
+        &self,
+        x: &CudaTensor,
+        ids: &CudaTensor,
+        weights: &CudaTensor,
+        gate_up: &CudaTensor,
+        down: &CudaTensor,
+        shared: [&CudaTensor; 3],
+    ) -> Result<CudaTensor> {
+        self.moe_experts_shared_impl(x, ids, weights, gate_up, down, shared)
+    }
+
     fn moe_experts(
         &self,
         x: &CudaTensor,
@@ -1127,6 +1141,16 @@ impl Backend for CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<CudaTensor> {
         self.short_conv_impl(x, w, state, meta)
+    }
+
+    fn short_conv_many(
+        &self,
+        xs: &[&CudaTensor],
+        ws: &[&CudaTensor],
+        states: &[&CudaTensor],
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<Vec<CudaTensor>> {
+        self.short_conv_many_impl(xs, ws, states, meta)
     }
 
     fn kda(

@@ -114,6 +114,23 @@ pub(crate) fn check_routing(
     Ok(())
 }
 
+/// The top-k arguments of `gemv_x*_f32_topk_*` (kernels/gemv.cu `MoeTopkArgs`: four device
+/// pointers, the routing's integers and scale, padded to the struct's 8-byte alignment).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MoeTopkArgs {
+    bias: u64,
+    ids: u64,
+    weights: u64,
+    counter: u64,
+    k: u32,
+    g: u32,
+    topk_group: u32,
+    norm: u32,
+    scale: f32,
+    _pad: u32,
+}
+
 impl CudaBackend {
     pub(crate) fn memset0(&self, t: &CudaTensor) -> Result<()> {
         if t.num_bytes() > 0 {
@@ -532,8 +549,26 @@ impl CudaBackend {
             return Ok((ids, weights));
         }
         let fused = launch::gemv_mt(n, d).filter(|_| x.dtype != DType::F32 && !self.invariant());
+        if let Some(mt) = fused.filter(|_| self.fusion(launch::DecodeFusion::RouterTopk)) {
+            if let Some(counters) = self.decode_counters()? {
+                let args = MoeTopkArgs {
+                    bias: bias.map_or(0, |b| b.device_ptr()),
+                    ids: ids.device_ptr(),
+                    weights: weights.device_ptr(),
+                    counter: counters.device_ptr(),
+                    k: k as u32,
+                    g: g as u32,
+                    topk_group: routing.topk_group as u32,
+                    norm: u32::from(routing.norm_topk_prob),
+                    scale: routing.routed_scaling_factor,
+                    _pad: 0,
+                };
+                self.router_logits_16bit(x, gate_w, mt, Some((&args, smem as u32)))?;
+                return Ok((ids, weights));
+            }
+        }
         let logits = match fused {
-            Some(mt) => self.router_logits_16bit(x, gate_w, mt)?,
+            Some(mt) => self.router_logits_16bit(x, gate_w, mt, None)?,
             None => {
                 let xf = self.to_f32_impl(x)?;
                 self.linear_impl(&xf, gate_w, None, true)?
@@ -567,11 +602,16 @@ impl CudaBackend {
     /// `gemv_x{dtype}_f32_m{mt}_r*` launch (kernels/gemv.cu): the f32 decode GEMV widening x as
     /// it loads it, bit for bit the sums of `to_f32` then `linear` (same kernel shape: `mt`
     /// from [`launch::gemv_mt`], rows per block from [`launch::gemv_rpw`]), one launch less.
+    ///
+    /// With `topk` (the kernel's arguments and its dynamic shared memory) the same launch's last
+    /// block also runs `moe_topk` (`gemv_x*_f32_topk_*`, bit-equal; [`launch::DecodeFusion`]
+    /// `RouterTopk`).
     fn router_logits_16bit(
         &self,
         x: &CudaTensor,
         gate_w: &CudaTensor,
         mt: u32,
+        topk: Option<(&MoeTopkArgs, u32)>,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_route";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -579,15 +619,37 @@ impl CudaBackend {
         let e = gate_w.shape[0];
         let out = self.alloc(vec![n, e], DType::F32)?;
         let rpw = launch::gemv_rpw(e, self.info.sms);
+        let grid = (
+            to_u32(OP, "E / rows per block", e.div_ceil(rpw as usize))?,
+            1,
+            1,
+        );
+        if let Some((args, smem)) = topk {
+            let f = self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_topk_m{mt}_r{rpw}"))?;
+            self.launch(
+                OP,
+                &f,
+                grid,
+                (launch::GEMV_THREADS, 1, 1),
+                smem,
+                kparams![
+                    x.device_ptr(),
+                    gate_w.device_ptr(),
+                    out.device_ptr(),
+                    to_u32(OP, "N", n)?,
+                    to_u32(OP, "E", e)?,
+                    to_u32(OP, "D", d)?,
+                    gate_w.buf.weight as u32,
+                    *args
+                ],
+            )?;
+            return Ok(out);
+        }
         let f = self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_m{mt}_r{rpw}"))?;
         self.launch(
             OP,
             &f,
-            (
-                to_u32(OP, "E / rows per block", e.div_ceil(rpw as usize))?,
-                1,
-                1,
-            ),
+            grid,
             (launch::GEMV_THREADS, 1, 1),
             0,
             kparams![

@@ -15,13 +15,21 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 
 /// Every kernel family: `(name, source without the common header)`. The `moe` and `moe_fp8`
 /// sources start with `kernels/moe_common.cuh` (their shared tile map, activations, biases and
-/// GEMM epilogue).
+/// GEMM epilogue); `moe` ends with `kernels/moe_decode.cu` (the fused decode block, which
+/// shares moe.cu's warp dot products). `moe` and `gemv` both take `kernels/moe_topk.cuh` (the
+/// router's top-k, run by `moe_topk` and by the router GEMV's last block).
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("embedding", include_str!("../kernels/embedding.cu")),
     ("norm", include_str!("../kernels/norm.cu")),
     ("rope", include_str!("../kernels/rope.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
-    ("gemv", include_str!("../kernels/gemv.cu")),
+    (
+        "gemv",
+        concat!(
+            include_str!("../kernels/moe_topk.cuh"),
+            include_str!("../kernels/gemv.cu")
+        ),
+    ),
     ("kv_cache", include_str!("../kernels/kv_cache.cu")),
     ("rows", include_str!("../kernels/rows.cu")),
     ("argmax", include_str!("../kernels/argmax.cu")),
@@ -34,7 +42,9 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
         "moe",
         concat!(
             include_str!("../kernels/moe_common.cuh"),
-            include_str!("../kernels/moe.cu")
+            include_str!("../kernels/moe_topk.cuh"),
+            include_str!("../kernels/moe.cu"),
+            include_str!("../kernels/moe_decode.cu")
         ),
     ),
     ("kda", include_str!("../kernels/kda.cu")),

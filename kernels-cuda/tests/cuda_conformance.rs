@@ -4,7 +4,7 @@
 
 use dayone_backend::conformance::{self, compare, rand_tensor, tolerance, AttnCase, Rng};
 use dayone_backend::{reference, Backend, DType, HostTensor};
-use dayone_cuda::{CudaBackend, DecodeFusion};
+use dayone_cuda::CudaBackend;
 
 fn backend(test: &str) -> Option<CudaBackend> {
     if !dayone_cuda::is_available() {
@@ -27,21 +27,16 @@ fn conformance_suite() {
     };
     conformance::check_all(&b).unwrap();
     // Every decode fusion, the ones off by default included (the suite ran the defaults).
-    b.set_decode_fusions(&[
-        DecodeFusion::Norm,
-        DecodeFusion::RopeKv,
-        DecodeFusion::AttnMerge,
-    ]);
-    for dt in conformance::activation_dtypes(&b) {
-        conformance::check_rms_norm_linear(&b, dt).unwrap();
-        conformance::check_rope_write_kv(&b, dt).unwrap();
-        conformance::check_paged_attention(&b, dt).unwrap();
-    }
-    b.set_decode_fusions(&[]);
-    for dt in conformance::activation_dtypes(&b) {
-        conformance::check_rms_norm_linear(&b, dt).unwrap();
-        conformance::check_rope_write_kv(&b, dt).unwrap();
-        conformance::check_paged_attention(&b, dt).unwrap();
+    for fusions in [dayone_cuda::ALL_DECODE_FUSIONS, &[]] {
+        b.set_decode_fusions(fusions);
+        for dt in conformance::activation_dtypes(&b) {
+            conformance::check_rms_norm_linear(&b, dt).unwrap();
+            conformance::check_rope_write_kv(&b, dt).unwrap();
+            conformance::check_paged_attention(&b, dt).unwrap();
+            conformance::check_moe_experts_shared(&b, dt).unwrap();
+            conformance::check_short_conv_many(&b, dt).unwrap();
+            conformance::check_moe_route(&b, dt).unwrap();
+        }
     }
     // f16 activations too (the suite covers f32 and bf16).
     for check in [
@@ -369,4 +364,51 @@ fn grouped_expert_tiles() {
         }
     }
     b.set_moe_tile(MoeTile::Auto);
+}
+
+/// The decode fusions that claim the same bits as the ops they join: the router GEMV with its
+/// top-k in one launch (`router_topk`) and KDA's three convolutions in one launch (`conv3`,
+/// also checked against `short_conv` in `conformance_suite`) give exactly the ids and weights
+/// of the separate launches, Kimi-Linear-48B's and DeepSeek-V3's router shapes among them.
+#[test]
+fn router_topk_fusion_is_bit_equal() {
+    let Some(b) = backend("router_topk_fusion_is_bit_equal") else {
+        return;
+    };
+    let mut rng = Rng::new(5);
+    // (N, D, E, top_k, groups, topk_group)
+    for &(n, d, e, k, g, tg) in &[
+        (1, 2304, 256, 8, 1, 1),
+        (1, 7168, 256, 8, 8, 4),
+        (3, 7168, 256, 8, 8, 4),
+        (8, 64, 64, 6, 1, 1),
+    ] {
+        let routing = dayone_backend::MoeRouting {
+            top_k: k,
+            n_group: g,
+            topk_group: tg,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+        };
+        let x = b
+            .upload(&rand_tensor(&mut rng, &[n, d], DType::BF16, 1.0).unwrap())
+            .unwrap();
+        let gate = b
+            .upload(&rand_tensor(&mut rng, &[e, d], DType::F32, 0.05).unwrap())
+            .unwrap();
+        let bias = b
+            .upload(&rand_tensor(&mut rng, &[e], DType::F32, 0.1).unwrap())
+            .unwrap();
+        let mut outs = Vec::new();
+        for fusions in [&[dayone_cuda::DecodeFusion::RouterTopk][..], &[]] {
+            b.set_decode_fusions(fusions);
+            let (ids, w) = b.moe_route(&x, &gate, Some(&bias), &routing).unwrap();
+            outs.push((b.download(&ids).unwrap().data, b.download(&w).unwrap().data));
+        }
+        assert_eq!(
+            outs[0], outs[1],
+            "router top-k fused vs separate: N {n} D {d} E {e}"
+        );
+    }
+    b.set_decode_fusions(dayone_cuda::DEFAULT_DECODE_FUSIONS);
 }

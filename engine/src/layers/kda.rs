@@ -193,12 +193,18 @@ impl<B: Backend> Kda<B> {
                 &self.g_a,
             ],
         )?;
-        let conv = |t: &B::Tensor, i: usize| -> Result<B::Tensor> {
-            heads(&b.short_conv(t, &self.conv[i], &conv_state[i], meta)?)
-        };
-        let q = conv(&q, 0)?;
-        let k = conv(&k, 1)?;
-        let v = conv(&v, 2)?;
+        // The three short convolutions in one call (one decode launch on CUDA).
+        let c = &self.conv;
+        let [q, k, v]: [B::Tensor; 3] = b
+            .short_conv_many(
+                &[&q, &k, &v],
+                &[&c[0], &c[1], &c[2]],
+                &[&conv_state[0], &conv_state[1], &conv_state[2]],
+                meta,
+            )?
+            .try_into()
+            .map_err(|v: Vec<_>| anyhow::anyhow!("short_conv_many: {} outputs for 3", v.len()))?;
+        let (q, k, v) = (heads(&q)?, heads(&k)?, heads(&v)?);
         let a = heads(&self.f_b.forward(b, &f)?)?;
         let o = b.kda(
             &q,

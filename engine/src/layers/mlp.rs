@@ -94,6 +94,19 @@ impl<B: Backend> Mlp<B> {
         }
     }
 
+    /// `[gate, up, down]` when the whole MLP is dense, bias-free and unclamped (what
+    /// [`Backend::moe_experts_shared`] takes for a shared expert), else `None`.
+    pub fn dense_swiglu(&self) -> Option<[&B::Tensor; 3]> {
+        let (wg, wu) = self.fused_gate_up()?;
+        match &self.down.local {
+            Linear {
+                weight: Weight::Dense(wd),
+                bias: None,
+            } => Some([wg, wu, wd]),
+            _ => None,
+        }
+    }
+
     /// SwiGLU of the projections `g`, `u` `[N, F]`, clamped when the MLP has a limit.
     fn activation(&self, b: &B, g: &B::Tensor, u: &B::Tensor) -> Result<B::Tensor> {
         match self.limit {

@@ -223,14 +223,23 @@ impl<B: Backend> Moe<B> {
                 None => Ok(y),
             };
         }
-        let y = match (self.clamped, &self.quant) {
-            (Some(l), _) => self.clamped_experts(b, x, &ids, &weights, l)?,
-            (None, Some(q)) => q.forward(b, x, &ids, &weights)?,
-            (None, None) => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
-        };
-        let y = match &self.shared {
-            Some(mlp) => b.add(&y, &mlp.forward_partial(b, x)?)?,
-            None => y,
+        let dense_shared = self.shared.as_ref().and_then(Mlp::dense_swiglu);
+        let y = match (self.clamped, &self.quant, dense_shared) {
+            // Routed and shared experts in one op (two launches at decode on CUDA).
+            (None, None, Some(shared)) => {
+                b.moe_experts_shared(x, &ids, &weights, &self.gate_up, &self.down, shared)?
+            }
+            (clamped, quant, _) => {
+                let y = match (clamped, quant) {
+                    (Some(l), _) => self.clamped_experts(b, x, &ids, &weights, l)?,
+                    (None, Some(q)) => q.forward(b, x, &ids, &weights)?,
+                    (None, None) => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
+                };
+                match &self.shared {
+                    Some(mlp) => b.add(&y, &mlp.forward_partial(b, x)?)?,
+                    None => y,
+                }
+            }
         };
         self.parallel.all_reduce(b, &y)
     }
