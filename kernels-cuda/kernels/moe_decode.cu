@@ -16,6 +16,14 @@
 // grid: gu (ceil(fmax / MOE_GEMV_WARPS), slots), dn (ceil(d / (MOE_GEMV_WARPS · DN_RPW)), slots);
 // 256 threads (launch::moe_decode_grids).
 
+// An element another block of this launch wrote, read through L2 (__ldcg; L1 is not coherent).
+template <typename T> __device__ __forceinline__ float moe_ldcg_f(const T* p) {
+    T r;
+    r.x = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return to_f(r);
+}
+template <> __device__ __forceinline__ float moe_ldcg_f<float>(const float* p) { return __ldcg(p); }
+
 template <typename T>
 __device__ __forceinline__ void moe_dec_gu_impl(const T* __restrict__ x, const u32* __restrict__ ids,
                                                 const T* __restrict__ gate_up,
@@ -90,10 +98,10 @@ __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u
         for (u32 j = 0; j < k; j++) {
             const u64 p = (u64)t * k + j;
             if (ids[p] >= e) continue;
-            acc = fmaf(weights[p], to_f(y2[p * d + c]), acc);
+            acc = fmaf(weights[p], moe_ldcg_f(y2 + p * d + c), acc);
         }
         const float routed = to_f(from_f<T>(acc));
-        y[(u64)t * d + c] = from_f<T>(routed + to_f(y2[((u64)n * k + t) * d + c]));
+        y[(u64)t * d + c] = from_f<T>(routed + moe_ldcg_f(y2 + ((u64)n * k + t) * d + c));
     }
     if (threadIdx.x == 0) *counter = 0;
 }

@@ -40,6 +40,9 @@ impl CudaBackend {
         f: &mut dyn FnMut() -> Result<CudaTensor>,
     ) -> Result<(u64, CudaTensor)> {
         self.bind()?;
+        // The in-kernel merges' counters exist before the capture, so a captured step takes
+        // the same fused launches as an eager one (graphs == eager bit for bit).
+        self.decode_counters()?;
         let id = {
             let mut g = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
             g.next += 1;

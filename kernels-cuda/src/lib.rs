@@ -317,10 +317,11 @@ impl CudaBackend {
             != 0
     }
 
-    /// The zeroed u32 counters of the decode attention's in-kernel split merge
-    /// ([`launch::DECODE_COUNTERS`] of them; each launch leaves them zeroed), allocated at the
-    /// first call outside a graph capture; `None` inside a capture before that (the caller then
-    /// launches the separate merge kernel, which gives the same bits).
+    /// The zeroed u32 counters of the in-kernel merges (the decode attention's splits, the
+    /// decode MoE block's pairs, the router's top-k; [`launch::DECODE_COUNTERS`] of them; each
+    /// launch leaves them zeroed), allocated at the first call outside a graph capture (every
+    /// capture makes that call first); `None` inside a capture before that (the caller then
+    /// takes its separate launches).
     fn decode_counters(&self) -> Result<Option<&CudaTensor>> {
         if let Some(c) = self.decode_counters.get() {
             return Ok(Some(c));
