@@ -272,6 +272,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
         parts.iter().map(|(w, b)| self.linear(x, w, *b)).collect()
     }
 
+    /// Projections of several inputs: `ys[i] = xᵢ · wᵢᵀ` for `parts[i] = (xᵢ, wᵢ)`, each exactly
+    /// as [`Backend::linear`] computes it without a bias (same shapes, dtypes, errors). The
+    /// default calls `linear` per part; a backend may run them as one launch (CUDA: one decode
+    /// GEMV when the inputs share a shape — KDA's forget-gate and output-gate up-projections).
+    fn linear_each(&self, parts: &[(&Self::Tensor, &Self::Tensor)]) -> Result<Vec<Self::Tensor>> {
+        parts.iter().map(|(x, w)| self.linear(x, w, None)).collect()
+    }
+
     /// `y = x · wᵀ` in f32 whatever the activation dtype (no rounding of the output to it):
     /// `x` `[M, K]`, `w` `[N, K]` of `x`'s dtype → `[M, N]` f32, f32 accumulation. For small
     /// outputs read back to the host where bf16 rounding would change a decision (router logits

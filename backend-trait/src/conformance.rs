@@ -140,6 +140,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_embedding(b, dt)?;
         check_linear(b, dt)?;
         check_linear_many(b, dt)?;
+        check_linear_each(b, dt)?;
         check_linear_silu_mul(b, dt)?;
         check_rms_norm(b, dt)?;
         check_add_rms_norm(b, dt)?;
@@ -369,6 +370,61 @@ pub fn check_linear_many<B: Backend>(b: &B, dt: DType) -> Result<()> {
             );
             let want = reference::linear(&x, w, bias.as_ref())?;
             compare("linear_many", &case, &many, &want, tolerance(dt))?;
+        }
+    }
+    Ok(())
+}
+
+/// `linear_each`: every output bit-equal to `linear` of its own input and weight on the same
+/// backend and within tolerance of the reference; inputs of one shape (KDA's gate factors, CUDA's
+/// one launch) and of different shapes (the fallback), weights uploaded as weights or not.
+pub fn check_linear_each<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(22);
+    // (rows and width of each input, rows of each weight)
+    type Case = (&'static [(usize, usize)], &'static [usize]);
+    let cases: &[Case] = &[
+        (&[(1, 128), (1, 128)], &[4096, 4096]),
+        (&[(3, 64), (3, 64), (3, 64)], &[40, 7, 96]),
+        (&[(1, 96), (2, 96)], &[16, 16]),
+        (&[(1, 32), (1, 48)], &[8, 8]),
+    ];
+    for &(xs, ns) in cases {
+        let mut host = Vec::new();
+        let mut dev = Vec::new();
+        for (i, (&(m, k), &n)) in xs.iter().zip(ns).enumerate() {
+            let x = rand_tensor(&mut rng, &[m, k], dt, 1.0)?;
+            let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+            let wd = if i % 2 == 1 {
+                b.upload(&w)?
+            } else {
+                b.upload_weight(&w)?
+            };
+            dev.push((b.upload(&x)?, wd));
+            host.push((x, w));
+        }
+        let parts: Vec<_> = dev.iter().map(|(x, w)| (x, w)).collect();
+        let got = b.linear_each(&parts)?;
+        ensure!(
+            got.len() == parts.len(),
+            "linear_each: {} outputs for {} parts",
+            got.len(),
+            parts.len()
+        );
+        for (i, ((x, w), y)) in host.iter().zip(&got).enumerate() {
+            let case = format!("{dt} part {i} of inputs {xs:?}, weight rows {ns:?}");
+            let one = run(b, &b.linear(parts[i].0, parts[i].1, None)?)?;
+            let each = run(b, y)?;
+            ensure!(
+                one.shape == each.shape && one.data == each.data,
+                "linear_each {case}: not bit-equal to linear of the same part"
+            );
+            compare(
+                "linear_each",
+                &case,
+                &each,
+                &reference::linear(x, w, None)?,
+                tolerance(dt),
+            )?;
         }
     }
     Ok(())

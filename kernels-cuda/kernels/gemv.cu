@@ -277,9 +277,12 @@ __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __r
 }
 
 // Up to GEMV_SEGS projections of one x in one launch (`linear_many`): segment i has its own
-// w [n_i, K], bias and y [M, n_i]; blocks [first[i], first[i + 1]) cover its rows.
+// w [n_i, K], bias and y [M, n_i]; blocks [first[i], first[i + 1]) cover its rows. A segment
+// with x[i] set reads that input [M, K] instead of the launch's x (`linear_each`: projections
+// of several inputs of one shape; not with the fused norm).
 #define GEMV_SEGS 8
 struct GemvSegs {
+    const void* x[GEMV_SEGS];
     const void* w[GEMV_SEGS];
     const void* bias[GEMV_SEGS];
     void* y[GEMV_SEGS];
@@ -294,7 +297,8 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
 #pragma unroll
     for (int j = 1; j < GEMV_SEGS; j++)
         if (blockIdx.x >= sg.first[j] && sg.first[j] < sg.first[j + 1]) i = j;
-    gemv_impl<T, MT, RPW, U, T, false, NORM>(x, (const T*)sg.w[i], (const T*)sg.bias[i],
+    const T* xi = !NORM && sg.x[i] ? (const T*)sg.x[i] : x;
+    gemv_impl<T, MT, RPW, U, T, false, NORM>(xi, (const T*)sg.w[i], (const T*)sg.bias[i],
                                              (T*)sg.y[i], m, sg.n[i], k, w_const,
                                              (blockIdx.x - sg.first[i]) * RPW, nullptr, nm);
 }

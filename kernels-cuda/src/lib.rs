@@ -805,6 +805,10 @@ impl Backend for CudaBackend {
         self.linear_impl(x, w, bias, true)
     }
 
+    fn linear_each(&self, parts: &[(&CudaTensor, &CudaTensor)]) -> Result<Vec<CudaTensor>> {
+        self.linear_each_impl(parts)
+    }
+
     fn linear_many(
         &self,
         x: &CudaTensor,

@@ -200,6 +200,7 @@ pub(crate) const GEMV_SEGS: usize = 8;
 /// rows, and the first block of each (`first[GEMV_SEGS]` = the grid size).
 #[repr(C)]
 struct GemvSegs {
+    x: [u64; GEMV_SEGS],
     w: [u64; GEMV_SEGS],
     bias: [u64; GEMV_SEGS],
     y: [u64; GEMV_SEGS],
@@ -226,7 +227,37 @@ impl CudaBackend {
                 .map(|(w, b)| self.linear_impl(x, w, *b, true))
                 .collect();
         }
-        self.gemv_many(OP, x, m, k, parts, None)
+        self.gemv_many(OP, x, m, k, parts, None, None)
+    }
+
+    /// [`dayone_backend::Backend::linear_each`]: one `gemv_many` launch whose segments read
+    /// their own inputs when every input has one shape and dtype and the weights fit
+    /// [`CudaBackend::gemv_many_fits`] (bit-equal to one `linear` each: the same kernel
+    /// arithmetic per row), else one [`CudaBackend::linear_impl`] each.
+    pub(crate) fn linear_each_impl(
+        &self,
+        parts: &[(&CudaTensor, &CudaTensor)],
+    ) -> Result<Vec<CudaTensor>> {
+        const OP: &str = "linear_each";
+        let separate = || {
+            parts
+                .iter()
+                .map(|(x, w)| self.linear_impl(x, w, None, true))
+                .collect()
+        };
+        let Some((x0, _)) = parts.first() else {
+            return Ok(Vec::new());
+        };
+        let (m, k) = rows_last(OP, "x [M, K]", x0)?;
+        let ws: Vec<_> = parts.iter().map(|(_, w)| (*w, None)).collect();
+        let same = parts
+            .iter()
+            .all(|(x, _)| x.shape == x0.shape && x.dtype == x0.dtype);
+        if !(parts.len() > 1 && same && self.gemv_many_fits(x0, m, k, &ws)) {
+            return separate();
+        }
+        let xs: Vec<&CudaTensor> = parts.iter().map(|(x, _)| *x).collect();
+        self.gemv_many(OP, x0, m, k, &ws, None, Some(&xs))
     }
 
     /// Whether `parts` (weights `[N_i, K]` of `x`'s dtype, optional biases `[N_i]`) can be one
@@ -254,7 +285,9 @@ impl CudaBackend {
     }
 
     /// One `gemv_many` launch (`gemv_many_norm` with `norm`: `x` is then the pre-norm input);
-    /// the caller checked [`CudaBackend::gemv_many_fits`].
+    /// the caller checked [`CudaBackend::gemv_many_fits`]. With `xs`, segment i reads `xs[i]`
+    /// (same shape as `x`) instead of `x`.
+    #[allow(clippy::too_many_arguments)]
     fn gemv_many(
         &self,
         op: &str,
@@ -263,6 +296,7 @@ impl CudaBackend {
         k: usize,
         parts: &[(&CudaTensor, Option<&CudaTensor>)],
         norm: Option<(GemvNorm, u32)>,
+        xs: Option<&[&CudaTensor]>,
     ) -> Result<Vec<CudaTensor>> {
         const OP: &str = "linear_many";
         let sfx = dtype_suffix(op, x.dtype)?;
@@ -271,6 +305,7 @@ impl CudaBackend {
         let rpw = launch::gemv_rpw(total, self.info.sms);
         self.bind()?;
         let mut segs = GemvSegs {
+            x: [0; GEMV_SEGS],
             w: [0; GEMV_SEGS],
             bias: [0; GEMV_SEGS],
             y: [0; GEMV_SEGS],
@@ -284,6 +319,7 @@ impl CudaBackend {
             let mut shape = x.shape.clone();
             *shape.last_mut().expect("rank >= 2") = n;
             let out = self.alloc(shape, x.dtype)?;
+            segs.x[i] = xs.map_or(0, |xs| xs[i].device_ptr());
             segs.w[i] = w.device_ptr();
             segs.bias[i] = b.map_or(0, |b| b.device_ptr());
             segs.y[i] = out.device_ptr();
@@ -390,7 +426,7 @@ impl CudaBackend {
                     None => None,
                 };
                 let norm = self.gemv_norm_params(a, r, g, eps, sum.as_ref());
-                let ys = self.gemv_many(OP, a, m, k, parts, norm)?;
+                let ys = self.gemv_many(OP, a, m, k, parts, norm, None)?;
                 return Ok((sum, ys));
             }
         }

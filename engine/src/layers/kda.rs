@@ -9,7 +9,7 @@
 //! y = W_o · (RMSNorm(o) ⊙ w ⊙ σ(W_gb W_ga x))
 //! ```
 
-use super::{Linear, RowLinear};
+use super::{Linear, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -205,7 +205,10 @@ impl<B: Backend> Kda<B> {
             .try_into()
             .map_err(|v: Vec<_>| anyhow::anyhow!("short_conv_many: {} outputs for 3", v.len()))?;
         let (q, k, v) = (heads(&q)?, heads(&k)?, heads(&v)?);
-        let a = heads(&self.f_b.forward(b, &f)?)?;
+        // The forget gate's and the output gate's second factors in one call (one decode GEMV
+        // launch on CUDA).
+        let [a, gate] = self.gate_second_factors(b, &f, &g)?;
+        let a = heads(&a)?;
         let o = b.kda(
             &q,
             &k,
@@ -218,7 +221,6 @@ impl<B: Backend> Kda<B> {
             state,
             meta,
         )?;
-        let gate = self.g_b.forward(b, &g)?;
         let rows = [n * s.heads, s.head_dim];
         let o = b.gated_rms_norm(
             &b.reshape(&o, &rows)?,
@@ -228,6 +230,29 @@ impl<B: Backend> Kda<B> {
         )?;
         self.o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
+    }
+}
+
+impl<B: Backend> Kda<B> {
+    /// `W_fb · f` and `W_gb · g` `[N, H·K]` each, through one [`Backend::linear_each`] when both
+    /// weights are dense and bias-free.
+    fn gate_second_factors(&self, b: &B, f: &B::Tensor, g: &B::Tensor) -> Result<[B::Tensor; 2]> {
+        match (&self.f_b, &self.g_b) {
+            (
+                Linear {
+                    weight: Weight::Dense(wf),
+                    bias: None,
+                },
+                Linear {
+                    weight: Weight::Dense(wg),
+                    bias: None,
+                },
+            ) => b
+                .linear_each(&[(f, wf), (g, wg)])?
+                .try_into()
+                .map_err(|v: Vec<_>| anyhow::anyhow!("linear_each: {} outputs for 2", v.len())),
+            _ => Ok([self.f_b.forward(b, f)?, self.g_b.forward(b, g)?]),
+        }
     }
 }
 
