@@ -23,13 +23,13 @@ wait $w; tail -1 $OUT/w.txt
 bench() { timeout 200 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
 if [ "${PART:-A}" = A ]; then
 echo "== llama8b $(date -u +%T)"; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128
-echo "== llama8b DAYONE_DECODE_FUSION=0"; DAYONE_DECODE_FUSION=0 bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128
-echo "== llama8b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 60 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 32 --enforce-eager 2>&1 >/dev/null | grep -A14 DAYONE_CUDA_PROFILE
+[ -z "${QUICK:-}" ] && echo "== llama8b DAYONE_DECODE_FUSION=0" && DAYONE_DECODE_FUSION=0 bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128
+[ -z "${QUICK:-}" ] && echo "== llama8b profile b1 (eager)" && DAYONE_CUDA_PROFILE=1 timeout 60 $B bench --backend cuda -m /tmp/llama8b --batch 1 --prompt-len 16 --gen-len 32 --enforce-eager 2>&1 >/dev/null | grep -A14 DAYONE_CUDA_PROFILE
 if [ "$KIMI" = 1 ]; then
   echo "== kimi48b $(date -u +%T)"; bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
   echo "== kimi48b DAYONE_DECODE_FUSION=rope_kv,attn_merge (the fusions before moe_block, conv3, router_topk)"; DAYONE_DECODE_FUSION=rope_kv,attn_merge bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48
   echo "== kimi48b DAYONE_DECODE_FUSION=rope_kv,attn_merge,moe_block"; DAYONE_DECODE_FUSION=rope_kv,attn_merge,moe_block bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48
-  echo "== kimi48b --enforce-eager"; bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48 --enforce-eager
+  [ -z "${QUICK:-}" ] && echo "== kimi48b --enforce-eager" && bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48 --enforce-eager
   echo "== kimi48b profile b1 (eager)"; DAYONE_CUDA_PROFILE=1 timeout 90 $B bench --backend cuda -m /tmp/kimi48b --batch 1 --prompt-len 16 --gen-len 32 --enforce-eager 2>&1 >/dev/null | grep -A30 DAYONE_CUDA_PROFILE
   rm -rf /tmp/kimi48b
 fi
