@@ -11,6 +11,8 @@ w=$!
 B=.bin/dayone
 bench() { timeout 150 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
 echo "== llama8b $(date -u +%T)"; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128
+# The attention's split merge in-kernel (now inside the graphs too) against the separate merge.
+echo "== llama8b without attn_merge"; DAYONE_DECODE_FUSION=rope_kv,moe_block,conv3,router_topk bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128
 wait $w; tail -1 $OUT/w.txt
 echo "== kimi48b $(date -u +%T)"; bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
 echo "== kimi48b DAYONE_DECODE_FUSION=rope_kv,attn_merge $(date -u +%T)"; DAYONE_DECODE_FUSION=rope_kv,attn_merge bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48
