@@ -122,10 +122,12 @@ impl DecodeFusion {
 /// The fusions on when `DAYONE_DECODE_FUSION` is unset. Not the norm inside the GEMV: measured
 /// on an H100 (2026-12-07, Llama-8B shape, batch 1, docs/perf.md) it made the step 1.3 % slower
 /// — every block re-reads and re-normalises the rows (three 8 KB vectors per block of a
-/// 4 096-wide GEMV), which costs more than the launch it saves.
+/// 4 096-wide GEMV), which costs more than the launch it saves. Not the attention's in-kernel
+/// split merge: once it ran inside the graphs too, an H100 measured the Llama-8B batch-1 step
+/// 3.9 % slower with it (5.83 against 5.60 ms, 2026-12-07) — every split block fences and counts,
+/// and the last one's merge runs serially after the step's slowest split.
 pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RopeKv,
-    DecodeFusion::AttnMerge,
     DecodeFusion::MoeBlock,
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,

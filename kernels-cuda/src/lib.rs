@@ -301,7 +301,7 @@ impl CudaBackend {
 
     /// Turns on exactly `fusions` (tests, benchmarks; the default comes from
     /// `DAYONE_DECODE_FUSION`, see [`launch::decode_fusions_from_env`]). Each gives the same
-    /// bits as the ops it joins.
+    /// bits as the ops it joins, but `MoeBlock` (see [`DecodeFusion`]).
     pub fn set_decode_fusions(&self, fusions: &[DecodeFusion]) {
         self.decode_fusions.store(
             launch::decode_fusions_mask(fusions),
