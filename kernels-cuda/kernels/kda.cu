@@ -90,10 +90,6 @@ __device__ void short_conv_state_impl(const T* __restrict__ x, float* __restrict
     }
 }
 
-// Decode steps (every sequence has exactly one row: token qstart[s]): short_conv and
-// short_conv_state in one launch, one thread per (sequence, channel), with the same arithmetic
-// in the same order as the two kernels (bit-equal): y from the history and the new row, then
-// the history shifted by one.
 // One (sequence, channel) element of a decode step's convolution and history update.
 template <typename T>
 __device__ __forceinline__ void short_conv_decode_elem(const T* __restrict__ x,
@@ -118,6 +114,10 @@ __device__ __forceinline__ void short_conv_decode_elem(const T* __restrict__ x,
     for (u32 j = 0; j < h && j < 8; j++) st[j] = j + 1 < h ? old[j + 1] : xv;
 }
 
+// Decode steps (every sequence has exactly one row: token qstart[s]): short_conv and
+// short_conv_state in one launch, one thread per (sequence, channel), with the same arithmetic
+// in the same order as the two kernels (bit-equal): y from the history and the new row, then
+// the history shifted by one.
 template <typename T>
 __device__ void short_conv_decode_impl(const T* __restrict__ x, const float* __restrict__ w,
                                        float* __restrict__ state, T* __restrict__ y,

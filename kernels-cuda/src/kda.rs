@@ -381,6 +381,12 @@ impl CudaBackend {
         for i in 0..3 {
             let (x, w, st) = (xs[i], ws[i], states[i]);
             let c = x.shape[1];
+            if x.shape[0] != n {
+                bail!(
+                    "{OP}: x must be [N = {n}, C] (the step's tokens), got {:?}",
+                    x.shape
+                );
+            }
             if w.shape != [c, width] || !(1..=9).contains(&width) {
                 bail!("{OP}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape);
             }

@@ -549,7 +549,11 @@ impl CudaBackend {
             return Ok((ids, weights));
         }
         let fused = launch::gemv_mt(n, d).filter(|_| x.dtype != DType::F32 && !self.invariant());
-        if let Some(mt) = fused.filter(|_| self.fusion(launch::DecodeFusion::RouterTopk)) {
+        // The fused launch adds the GEMV's static shared memory (≤ 1 KB) to the top-k's.
+        let topk_fits = smem + 1024 <= 48 * 1024;
+        if let Some(mt) =
+            fused.filter(|_| topk_fits && self.fusion(launch::DecodeFusion::RouterTopk))
+        {
             if let Some(counters) = self.decode_counters()? {
                 let args = MoeTopkArgs {
                     bias: bias.map_or(0, |b| b.device_ptr()),
