@@ -178,9 +178,8 @@ template <> __device__ __forceinline__ void moe_wload<float>(Vec8<float>& v, con
 // Loads in flight per lane of the grouped GEMV: 16 loads of 16 bytes for 1–2 rows per tile;
 // fewer registers for more rows (their x chunks) and for f32 (two loads per chunk).
 template <typename T> __host__ __device__ constexpr int moe_gemv_unroll(int nw, int mt) {
-    return (16 / nw) / (sizeof(T) == 4 ? 2 : 1) / (mt >= 8 ? 4 : mt >= 4 ? 2 : 1) > 0
-               ? (16 / nw) / (sizeof(T) == 4 ? 2 : 1) / (mt >= 8 ? 4 : mt >= 4 ? 2 : 1)
-               : 1;
+    const int u = (16 / nw) / (sizeof(T) == 4 ? 2 : 1) / (mt >= 8 ? 4 : mt >= 4 ? 2 : 1);
+    return u > 0 ? u : 1;
 }
 
 // A warp's NW × MT dot products of weight rows wr[r] with activation rows xr[i] (K = kdim,

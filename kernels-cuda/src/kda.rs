@@ -209,6 +209,43 @@ struct ConvPart {
     _pad: u32,
 }
 
+/// The shapes and dtypes of one short convolution: `x` `[N, C]`, `w` `[C, W]` f32 with
+/// 1 ≤ W ≤ 9, `state` `[slots, C, W−1]` f32, `meta` for N tokens → `(N, C, W, sequences)`.
+fn check_conv(
+    op: &str,
+    x: &CudaTensor,
+    w: &CudaTensor,
+    state: &CudaTensor,
+    meta: &StepMeta,
+) -> Result<(usize, usize, usize, usize)> {
+    let (n, c) = match x.shape[..] {
+        [n, c] => (n, c),
+        _ => bail!("{op}: x must be [N, C], got {:?}", x.shape),
+    };
+    let width = match w.shape[..] {
+        [wc, wd] if wc == c && (1..=9).contains(&wd) => wd,
+        _ => bail!("{op}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape),
+    };
+    check_dtype(op, "w", w, DType::F32)?;
+    check_dtype(op, "state", state, DType::F32)?;
+    let slots = match state.shape[..] {
+        [s, sc, sh] if sc == c && sh == width - 1 => s,
+        _ => bail!(
+            "{op}: state must be [slots, {c}, {}], got {:?}",
+            width - 1,
+            state.shape
+        ),
+    };
+    let nseq = check_meta(op, meta, n, slots)?;
+    Ok((n, c, width, nseq))
+}
+
+/// Whether every sequence of the step has exactly one token (a decode step).
+fn one_row_each(meta: &StepMeta) -> bool {
+    meta.num_tokens() == meta.query_start.len().saturating_sub(1)
+        && meta.query_start.windows(2).all(|q| q[1] == q[0] + 1)
+}
+
 fn shape_is(t: &CudaTensor, n: usize) -> bool {
     t.shape.iter().product::<usize>() == n
 }
@@ -270,32 +307,14 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         const OP: &str = "short_conv";
         let sfx = dtype_suffix(OP, x.dtype)?;
-        let (n, c) = match x.shape[..] {
-            [n, c] => (n, c),
-            _ => bail!("{OP}: x must be [N, C], got {:?}", x.shape),
-        };
-        let width = match w.shape[..] {
-            [wc, wd] if wc == c && (1..=9).contains(&wd) => wd,
-            _ => bail!("{OP}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape),
-        };
-        check_dtype(OP, "w", w, DType::F32)?;
-        check_dtype(OP, "state", state, DType::F32)?;
-        let slots = match state.shape[..] {
-            [s, sc, sh] if sc == c && sh == width - 1 => s,
-            _ => bail!(
-                "{OP}: state must be [slots, {c}, {}], got {:?}",
-                width - 1,
-                state.shape
-            ),
-        };
-        let nseq = check_meta(OP, &meta.host, n, slots)?;
+        let (n, c, width, nseq) = check_conv(OP, x, w, state, &meta.host)?;
         self.bind()?;
         let y = self.alloc(vec![n, c], x.dtype)?;
         if c == 0 || nseq == 0 {
             return Ok(y);
         }
         let (cu, wu) = (to_u32(OP, "C", c)?, width as u32);
-        let one_row_each = n == nseq && meta.host.query_start.windows(2).all(|q| q[1] == q[0] + 1);
+        let one_row_each = one_row_each(&meta.host);
         // Each kernel is a grid-stride loop of 256-thread blocks over `elems` outputs.
         let run = |kernel: &str, elems: usize, params: &mut [*mut c_void]| -> Result<()> {
             let f = self.func("kda", sfx, &format!("{kernel}_{sfx}"))?;
@@ -352,12 +371,8 @@ impl CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<Vec<CudaTensor>> {
         const OP: &str = "short_conv_many";
-        let (n, nseq) = (
-            meta.host.num_tokens(),
-            meta.host.query_start.len().saturating_sub(1),
-        );
-        let decode =
-            n > 0 && n == nseq && meta.host.query_start.windows(2).all(|q| q[1] == q[0] + 1);
+        let nseq = meta.host.query_start.len().saturating_sub(1);
+        let decode = meta.host.num_tokens() > 0 && one_row_each(&meta.host);
         let width = ws
             .first()
             .and_then(|w| w.shape.get(1).copied())
@@ -375,32 +390,13 @@ impl CudaBackend {
         if !fusable {
             return dayone_backend::short_conv_each(self, xs, ws, states, meta);
         }
-        // Every part's shapes and meta checked as `short_conv` checks them, without launching.
+        // Every part checked as `short_conv` checks it (its rows against the step's tokens too),
+        // before the one launch.
         let mut parts = Vec::with_capacity(3);
         let mut outs = Vec::with_capacity(3);
         for i in 0..3 {
             let (x, w, st) = (xs[i], ws[i], states[i]);
-            let c = x.shape[1];
-            if x.shape[0] != n {
-                bail!(
-                    "{OP}: x must be [N = {n}, C] (the step's tokens), got {:?}",
-                    x.shape
-                );
-            }
-            if w.shape != [c, width] || !(1..=9).contains(&width) {
-                bail!("{OP}: w must be [{c}, W] with 1 ≤ W ≤ 9, got {:?}", w.shape);
-            }
-            check_dtype(OP, "w", w, DType::F32)?;
-            check_dtype(OP, "state", st, DType::F32)?;
-            let slots = match st.shape[..] {
-                [s, sc, sh] if sc == c && sh == width - 1 => s,
-                _ => bail!(
-                    "{OP}: state must be [slots, {c}, {}], got {:?}",
-                    width - 1,
-                    st.shape
-                ),
-            };
-            check_meta(OP, &meta.host, n, slots)?;
+            let (n, c, _, _) = check_conv(OP, x, w, st, &meta.host)?;
             self.bind()?;
             let y = self.alloc(vec![n, c], x.dtype)?;
             parts.push(ConvPart {

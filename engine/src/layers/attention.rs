@@ -160,10 +160,10 @@ impl<B: Backend> Attention<B> {
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let [q, k, v]: [B::Tensor; 3] = x
-            .linear_many(b, &[&self.q_proj, &self.k_proj, &self.v_proj])?
-            .try_into()
-            .map_err(|v: Vec<_>| anyhow::anyhow!("q/k/v: {} projections for 3", v.len()))?;
+        let [q, k, v] = super::outputs(
+            "q/k/v",
+            x.linear_many(b, &[&self.q_proj, &self.k_proj, &self.v_proj])?,
+        )?;
         let q = self.heads(b, q, s.heads, &self.q_norm)?;
         let k = self.heads(b, k, s.kv_heads, &self.k_norm)?;
         let v = b.reshape(&v, &[n, s.kv_heads, s.head_dim])?;

@@ -195,15 +195,15 @@ impl<B: Backend> Kda<B> {
         )?;
         // The three short convolutions in one call (one decode launch on CUDA).
         let c = &self.conv;
-        let [q, k, v]: [B::Tensor; 3] = b
-            .short_conv_many(
+        let [q, k, v] = super::outputs(
+            "short_conv_many",
+            b.short_conv_many(
                 &[&q, &k, &v],
                 &[&c[0], &c[1], &c[2]],
                 &[&conv_state[0], &conv_state[1], &conv_state[2]],
                 meta,
-            )?
-            .try_into()
-            .map_err(|v: Vec<_>| anyhow::anyhow!("short_conv_many: {} outputs for 3", v.len()))?;
+            )?,
+        )?;
         let (q, k, v) = (heads(&q)?, heads(&k)?, heads(&v)?);
         // The forget gate's and the output gate's second factors in one call (one decode GEMV
         // launch on CUDA).
@@ -231,9 +231,7 @@ impl<B: Backend> Kda<B> {
         self.o_proj
             .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }
-}
 
-impl<B: Backend> Kda<B> {
     /// `W_fb · f` and `W_gb · g` `[N, H·K]` each, through one [`Backend::linear_each`] when both
     /// weights are dense and bias-free.
     fn gate_second_factors(&self, b: &B, f: &B::Tensor, g: &B::Tensor) -> Result<[B::Tensor; 2]> {
@@ -247,10 +245,7 @@ impl<B: Backend> Kda<B> {
                     weight: Weight::Dense(wg),
                     bias: None,
                 },
-            ) => b
-                .linear_each(&[(f, wf), (g, wg)])?
-                .try_into()
-                .map_err(|v: Vec<_>| anyhow::anyhow!("linear_each: {} outputs for 2", v.len())),
+            ) => super::outputs("linear_each", b.linear_each(&[(f, wf), (g, wg)])?),
             _ => Ok([self.f_b.forward(b, f)?, self.g_b.forward(b, g)?]),
         }
     }

@@ -104,10 +104,6 @@ impl<B: Backend> Linear<B> {
         x: &B::Tensor,
         layers: [&Linear<B>; N],
     ) -> Result<[B::Tensor; N]> {
-        Self::forward_many(b, x, &layers)?
-            .try_into()
-            .map_err(|v: Vec<_>| {
-                anyhow::anyhow!("linear_many: {} outputs for {N} weights", v.len())
-            })
+        super::outputs("linear_many", Self::forward_many(b, x, &layers)?)
     }
 }

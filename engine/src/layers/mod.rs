@@ -35,3 +35,10 @@ pub use norm::{PreNorm, RmsNorm};
 pub use parallel::RowLinear;
 pub use pooled_indexer::PooledDsaIndexer;
 pub use rope::Rope;
+
+/// The `N` outputs of a call that returns one per input, as an array; an error naming `op`
+/// when the backend returned another count.
+pub(crate) fn outputs<T, const N: usize>(op: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
+    v.try_into()
+        .map_err(|v: Vec<T>| anyhow::anyhow!("{op}: {} outputs for {N} inputs", v.len()))
+}
