@@ -31,6 +31,18 @@ pub enum RopeStyle {
 /// residual was added) and the projections `[M, N_i]`.
 pub type NormedProjections<T> = (Option<T>, Vec<T>);
 
+/// What [`Backend::rms_norm_moe_route`] returns.
+pub struct NormedRoute<T> {
+    /// The residual sum `a + r` `[N, D]` (`None` when no residual was added).
+    pub sum: Option<T>,
+    /// The normed rows `[N, D]` that were routed (the experts' input).
+    pub x: T,
+    /// `[N, k]` u32, as [`Backend::moe_route`].
+    pub ids: T,
+    /// `[N, k]` f32, as [`Backend::moe_route`].
+    pub weights: T,
+}
+
 /// [`Backend::rope_write_kv`] as two calls: [`Backend::rope_pair`] then [`Backend::write_kv`]
 /// of the rotated keys (the trait's default; a backend that fuses them can fall back to it).
 #[allow(clippy::too_many_arguments)]
@@ -646,6 +658,33 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "moe_route is not implemented on the {} backend",
             self.name()
         )
+    }
+
+    /// [`Backend::moe_route`] of a pre-norm input `x = rms_norm(a + r)` (`r` `None`:
+    /// `rms_norm(a)`), as [`Backend::rms_norm_linear_many`] is for projections: `a`, `r` `[N, D]`,
+    /// `norm_w` `[D]` → the sum, `x` and the choice, each bit-equal to [`Backend::rms_norm_of`]
+    /// then `moe_route`. The default makes those calls; a backend may normalise inside the
+    /// router's launch (CUDA decode: one launch for the add, the norm, the router GEMV and the
+    /// top-k). Errors: as those calls.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_moe_route(
+        &self,
+        a: &Self::Tensor,
+        r: Option<&Self::Tensor>,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        gate_w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        routing: &MoeRouting,
+    ) -> Result<NormedRoute<Self::Tensor>> {
+        let (sum, x) = self.rms_norm_of(a, r, norm_w, eps)?;
+        let (ids, weights) = self.moe_route(&x, gate_w, bias, routing)?;
+        Ok(NormedRoute {
+            sum,
+            x,
+            ids,
+            weights,
+        })
     }
 
     /// Causal depthwise convolution with SiLU over each sequence's tokens, carrying history in a

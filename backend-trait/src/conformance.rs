@@ -1074,7 +1074,8 @@ pub fn check_argmax<B: Backend>(b: &B, dt: DType) -> Result<()> {
 }
 
 /// Runs the MLA and MoE checks ([`check_head_linear`], [`check_write_cache`],
-/// [`check_paged_latent_attention`], [`check_moe_route`], [`check_moe_experts`]) for the
+/// [`check_paged_latent_attention`], [`check_moe_route`], [`check_rms_norm_moe_route`],
+/// [`check_moe_experts`], [`check_moe_experts_shared`]) for the
 /// backend's f32 activation dtype and, if different, its bf16 one.
 pub fn check_mla_moe<B: Backend>(b: &B) -> Result<()> {
     let mut dts = vec![b.activation_dtype(DType::F32)];
@@ -1087,8 +1088,71 @@ pub fn check_mla_moe<B: Backend>(b: &B) -> Result<()> {
         check_write_cache(b, dt)?;
         check_paged_latent_attention(b, dt)?;
         check_moe_route(b, dt)?;
+        check_rms_norm_moe_route(b, dt)?;
         check_moe_experts(b, dt)?;
         check_moe_experts_shared(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `rms_norm_moe_route`: the sum, the normed rows, the ids and the weights bit-equal to
+/// `rms_norm_of` then `moe_route`, with and without a residual, at decode sizes (where CUDA runs
+/// one launch) and above them; the shapes of Kimi-Linear (D 2304, 256 experts, top-8, one
+/// group), DeepSeek-V3's grouping and Kimi-K2's 384 experts with D cut down.
+pub fn check_rms_norm_moe_route<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    use crate::MoeRouting;
+    let mut rng = Rng::new(31);
+    let rt = |top_k, n_group, topk_group| MoeRouting {
+        top_k,
+        n_group,
+        topk_group,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+    };
+    // (N, D, E, routing, residual, bias)
+    let cases = [
+        (1usize, 2304usize, 256usize, rt(8, 1, 1), true, true),
+        (1, 2304, 256, rt(8, 1, 1), false, true),
+        (3, 1024, 256, rt(8, 8, 4), true, true),
+        (8, 512, 384, rt(8, 1, 1), true, false),
+        (2, 1000, 64, rt(6, 8, 3), true, true),
+        (12, 256, 16, rt(4, 4, 2), true, true),
+    ];
+    for (n, d, e, routing, add, has_bias) in cases {
+        let a = b.upload(&rand_tensor(&mut rng, &[n, d], dt, 2.0)?)?;
+        let r = b.upload(&rand_tensor(&mut rng, &[n, d], dt, 2.0)?)?;
+        let r = add.then_some(&r);
+        let g = b.upload(&rand_tensor(&mut rng, &[d], dt, 1.5)?)?;
+        let gate_w = rand_tensor(&mut rng, &[e, d], DType::F32, 4.5 / (d as f32).sqrt())?;
+        let gate_w = b.upload_weight(&gate_w)?;
+        let bias = rand_tensor(&mut rng, &[e], DType::F32, 0.3)?;
+        let bias = has_bias.then(|| b.upload(&bias)).transpose()?;
+        let case = format!("{dt} a [{n}, {d}], add {add}, E {e}, {routing:?}");
+        let fused = b.rms_norm_moe_route(&a, r, &g, 1e-5, &gate_w, bias.as_ref(), &routing)?;
+        let (sum, x) = b.rms_norm_of(&a, r, &g, 1e-5)?;
+        let (ids, w) = b.moe_route(&x, &gate_w, bias.as_ref(), &routing)?;
+        ensure!(
+            fused.sum.is_some() == add,
+            "rms_norm_moe_route {case}: a sum returned {} the residual",
+            if add { "without" } else { "with" }
+        );
+        if let (Some(f), Some(s)) = (&fused.sum, &sum) {
+            ensure!(
+                run(b, f)?.data == run(b, s)?.data,
+                "rms_norm_moe_route {case}: the sum is not bit-equal to add_rms_norm's"
+            );
+        }
+        for (what, got, want) in [
+            ("the normed rows", &fused.x, &x),
+            ("the ids", &fused.ids, &ids),
+            ("the weights", &fused.weights, &w),
+        ] {
+            let (got, want) = (run(b, got)?, run(b, want)?);
+            ensure!(
+                got.shape == want.shape && got.data == want.data,
+                "rms_norm_moe_route {case}: {what} are not bit-equal to the norm then moe_route"
+            );
+        }
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ mod dtype;
 pub use backend::{
     batch_invariant_from_env, host_available_memory, moe_experts_then_shared, rope_then_write_kv,
     short_conv_each, AttentionOptions, Backend, ExpertAct, ExpertOptions, MoeRouting,
-    NormedProjections, RopeArgs, RopeStyle, TensorInfo,
+    NormedProjections, NormedRoute, RopeArgs, RopeStyle, TensorInfo,
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};

@@ -78,11 +78,13 @@ __device__ __forceinline__ void gemv_wload(Vec8<T> (&wv)[U][RPW], const T* const
 // those of norm thread t + 256·(c mod 2) when vt = 512, so per-thread partial sums are kept
 // per norm thread, reduced per norm warp (warps w and w + 8) and then as norm.cu's warp 0 does,
 // lane 0's value being the one used. Each thread reads back only the chunks it wrote, so the
-// main loop needs no barrier. Block 0 stores a + r to `sum` (r non-null).
+// main loop needs no barrier. Block 0 stores a + r to `sum` (r non-null) and the normed rows
+// to `x_out` (non-null: the router's launch, whose x the experts read next).
 struct GemvNorm {
     const void* r;  // [M, K] or null
     const void* g;  // [K]
     void* sum;      // [M, K], written by block 0 when r is non-null
+    void* x_out;    // [M, K] or null, written by block 0
     float eps;
     u32 vt;         // threads of the norm kernel matched: 256 or 512
 };
@@ -95,6 +97,7 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
     const T* r = static_cast<const T*>(nm.r);
     const T* g = static_cast<const T*>(nm.g);
     T* sum = static_cast<T*>(nm.sum);
+    T* x_out = store_sum ? static_cast<T*>(nm.x_out) : nullptr;
     const bool two = nm.vt == 512;
     const u32 rows = min(m, (u32)MT);
     constexpr u32 STEP = GEMV_THREADS * 8;
@@ -155,6 +158,7 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
             Vec8<T> o;
             o.from_float(f);
             o.store(xs + base + j);
+            if (x_out) o.store(x_out + base + j);
         }
     }
 }
@@ -208,10 +212,10 @@ __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __r
     if (!w_const) load_first();
     if constexpr (NORM) {
         extern __shared__ __align__(16) unsigned char gemv_dsmem[];
-        T* xs = reinterpret_cast<T*>(gemv_dsmem);
-        gemv_norm_prologue<T, MT>(reinterpret_cast<const T*>(x), *nm, m, k, xs, blockIdx.x == 0);
+        TX* xs = reinterpret_cast<TX*>(gemv_dsmem);
+        gemv_norm_prologue<TX, MT>(x, *nm, m, k, xs, blockIdx.x == 0);
 #pragma unroll
-        for (int i = 0; i < MT; i++) xr[i] = reinterpret_cast<const TX*>(xs) + (u64)min((u32)i, m - 1) * k;
+        for (int i = 0; i < MT; i++) xr[i] = xs + (u64)min((u32)i, m - 1) * k;
     }
     for (u32 kb = k0; kb < kfull; kb += STEP * U) {
         if (kb != k0) gemv_wload<T, RPW, U>(wv, wr, kb);
@@ -355,11 +359,16 @@ struct MoeTopkArgs {
     u32 k, g, topk_group, norm;
     float scale;
 };
-template <typename T, int MT, int RPW, int U>
+// NORM (`gemv_x*_f32_topk_norm_*`, Backend::rms_norm_moe_route): x is the pre-norm input of
+// `nm` (gemv_norm_prologue); block 0 also writes the normed rows for the experts. The top-k's
+// dynamic shared memory reuses the normed rows' (the GEMV is done with them by then).
+template <typename T, int MT, int RPW, int U, bool NORM = false>
 __device__ __forceinline__ void gemv_x_topk_impl(const T* x, const float* w, float* y, u32 m,
                                                  u32 n, u32 k, u32 w_const,
-                                                 const MoeTopkArgs& a) {
-    gemv_impl<float, MT, RPW, U, T>(x, w, nullptr, y, m, n, k, w_const, blockIdx.x * RPW);
+                                                 const MoeTopkArgs& a,
+                                                 const GemvNorm* nm = nullptr) {
+    gemv_impl<float, MT, RPW, U, T, false, NORM>(x, w, nullptr, y, m, n, k, w_const,
+                                                  blockIdx.x * RPW, nullptr, nm);
     __shared__ bool last;
     __threadfence();
     __syncthreads();
@@ -381,6 +390,12 @@ __device__ __forceinline__ void gemv_x_topk_impl(const T* x, const float* w, flo
         gemv_x##S##_f32_topk_m##MT##_r##RPW(const T* x, const float* w, float* y, u32 m,      \
                                             u32 n, u32 k, u32 w_const, MoeTopkArgs a) {       \
         gemv_x_topk_impl<T, MT, RPW, U>(x, w, y, m, n, k, w_const, a);                        \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
+        gemv_x##S##_f32_topk_norm_m##MT##_r##RPW(const T* x, const float* w, float* y, u32 m, \
+                                                 u32 n, u32 k, u32 w_const, MoeTopkArgs a,    \
+                                                 GemvNorm nm) {                               \
+        gemv_x_topk_impl<T, MT, RPW, U, true>(x, w, y, m, n, k, w_const, a, &nm);             \
     }
 #define GEMV_X_ALL(S, T)                                                                      \
     GEMV_X(S, T, 1, 1, 2) GEMV_X(S, T, 1, 2, 2) GEMV_X(S, T, 1, 4, 2)                         \

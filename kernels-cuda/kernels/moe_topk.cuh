@@ -7,6 +7,30 @@
 // L2 (`__ldcg`): the router GEMV's last block reads what the other blocks just wrote.
 // Shared by the `moe` family (moe_topk) and the `gemv` family (the router GEMV + top-k launch).
 #define MOE_NEG_INF (-__int_as_float(0x7f800000))
+// The rank of c[i] among c[0 .. e): entries greater, or equal at a lower index. A thread's
+// e comparisons read shared memory four entries at a time (when e % 4 == 0, so c + e stays
+// 16-byte aligned) with several loads in flight: one entry per loop trip left the top-k's
+// single block waiting on shared-memory latency e times (≈ 4 µs at E = 256).
+__device__ __forceinline__ u32 moe_rank(const float* c, u32 e, u32 i) {
+    const float v = c[i];
+    u32 rank = 0;
+    if ((e & 3u) == 0 && (reinterpret_cast<size_t>(c) & 15u) == 0) {
+        const float4* c4 = reinterpret_cast<const float4*>(c);
+#pragma unroll 4
+        for (u32 j4 = 0; j4 < e / 4; j4++) {
+            const float4 q = c4[j4];
+            const u32 j = 4 * j4;
+            rank += (q.x > v || (q.x == v && j < i)) ? 1u : 0u;
+            rank += (q.y > v || (q.y == v && j + 1 < i)) ? 1u : 0u;
+            rank += (q.z > v || (q.z == v && j + 2 < i)) ? 1u : 0u;
+            rank += (q.w > v || (q.w == v && j + 3 < i)) ? 1u : 0u;
+        }
+    } else {
+#pragma unroll 8
+        for (u32 j = 0; j < e; j++) rank += (c[j] > v || (c[j] == v && j < i)) ? 1u : 0u;
+    }
+    return rank;
+}
 __device__ __forceinline__ void moe_topk_tokens(const float* logits, const float* __restrict__ bias,
                                                 u32* __restrict__ ids, float* __restrict__ weights,
                                                 u32 n, u32 e, u32 k, u32 g, u32 topk_group,
@@ -55,9 +79,7 @@ __device__ __forceinline__ void moe_topk_tokens(const float* logits, const float
             __syncthreads();
         }
         for (u32 i = tid; i < e; i += blockDim.x) {
-            const float v = c[i];
-            u32 rank = 0;
-            for (u32 j = 0; j < e; j++) rank += (c[j] > v || (c[j] == v && j < i)) ? 1u : 0u;
+            const u32 rank = moe_rank(c, e, i);
             if (rank < k) sel[rank] = i;
         }
         __syncthreads();

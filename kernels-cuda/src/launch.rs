@@ -91,6 +91,9 @@ pub enum DecodeFusion {
     Conv3,
     /// The MoE router's top-k choice in the router GEMV's launch (its last block).
     RouterTopk,
+    /// With `RouterTopk`: the FFN's pre-norm (residual add and RMSNorm) inside that launch too
+    /// (`rms_norm_moe_route`); the router's few blocks re-normalise the rows, not thousands.
+    RouterNorm,
 }
 
 impl DecodeFusion {
@@ -103,6 +106,7 @@ impl DecodeFusion {
             DecodeFusion::MoeBlock => "moe_block",
             DecodeFusion::Conv3 => "conv3",
             DecodeFusion::RouterTopk => "router_topk",
+            DecodeFusion::RouterNorm => "router_norm",
         }
     }
 
@@ -115,6 +119,7 @@ impl DecodeFusion {
             DecodeFusion::MoeBlock => 8,
             DecodeFusion::Conv3 => 16,
             DecodeFusion::RouterTopk => 32,
+            DecodeFusion::RouterNorm => 64,
         }
     }
 }
@@ -131,6 +136,7 @@ pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::MoeBlock,
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,
+    DecodeFusion::RouterNorm,
 ];
 
 /// Every fusion, in `DAYONE_DECODE_FUSION`'s order.
@@ -141,6 +147,7 @@ pub const ALL_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::MoeBlock,
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,
+    DecodeFusion::RouterNorm,
 ];
 
 /// The bitmask of `fusions` ([`DecodeFusion::bit`]).
@@ -149,7 +156,7 @@ pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u8 {
 }
 
 /// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge,moe_block,conv3,
-/// router_topk`; `0` or `none`: none;
+/// router_topk,router_norm`; `0` or `none`: none;
 /// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
 /// one run; an unknown name warns and is ignored.
 pub fn decode_fusions_from_env() -> u8 {
@@ -164,7 +171,7 @@ pub fn decode_fusions_from_env() -> u8 {
                     None if x == "0" || x == "none" => {}
                     None => eprintln!(
                         "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
-                         attn_merge, moe_block, conv3, router_topk (or 0 / none); ignored"
+                         attn_merge, moe_block, conv3, router_topk, router_norm (or 0 / none); ignored"
                     ),
                 }
             }

@@ -1029,6 +1029,19 @@ impl Backend for CudaBackend {
         self.moe_route_impl(x, gate_w, bias, routing)
     }
 
+    fn rms_norm_moe_route(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        norm_w: &CudaTensor,
+        eps: f32,
+        gate_w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        routing: &MoeRouting,
+    ) -> Result<dayone_backend::NormedRoute<CudaTensor>> {
+        self.rms_norm_moe_route_impl(a, r, norm_w, eps, gate_w, bias, routing)
+    }
+
     fn paged_attention_ext(
         &self,
         q: &CudaTensor,

@@ -353,16 +353,28 @@ impl CudaBackend {
 }
 
 /// The pre-norm input of a fused decode GEMV (`GemvNorm` in gemv.cu): the residual to add
-/// (0: none), the norm weight, the sum's output (0: none), eps and the threads of the norm
-/// kernel whose sums it reproduces ([`launch::norm_threads`]).
+/// (0: none), the norm weight, the sum's output (0: none), the normed rows' output (0: none),
+/// eps and the threads of the norm kernel whose sums it reproduces ([`launch::norm_threads`]).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct GemvNorm {
     r: u64,
     g: u64,
     sum: u64,
+    x_out: u64,
     eps: f32,
     vt: u32,
+}
+
+impl GemvNorm {
+    /// Block 0 also writes the normed rows to `x` `[M, K]` (the router's launch, whose input
+    /// the experts read next).
+    pub(crate) fn with_x_out(self, x: &CudaTensor) -> Self {
+        Self {
+            x_out: x.device_ptr(),
+            ..self
+        }
+    }
 }
 
 impl CudaBackend {
@@ -371,8 +383,21 @@ impl CudaBackend {
     /// `None` when the inputs do not fit the fused kernel (then the two-step path runs and
     /// reports any shape or dtype error): shapes and dtypes agree and the rows fit in
     /// [`launch::GEMV_NORM_SMEM_MAX`].
-    fn gemv_norm_params(
+    pub(crate) fn gemv_norm_params(
         &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        g: &CudaTensor,
+        eps: f32,
+        sum: Option<&CudaTensor>,
+    ) -> Option<(GemvNorm, u32)> {
+        self.gemv_norm_params_if(launch::DecodeFusion::Norm, a, r, g, eps, sum)
+    }
+
+    /// [`CudaBackend::gemv_norm_params`] where `fusion` (not `Norm`) is what turns it on.
+    pub(crate) fn gemv_norm_params_if(
+        &self,
+        fusion: launch::DecodeFusion,
         a: &CudaTensor,
         r: Option<&CudaTensor>,
         g: &CudaTensor,
@@ -382,7 +407,7 @@ impl CudaBackend {
         let (m, k) = rows_last("rms_norm_linear", "a", a).ok()?;
         let mt = launch::gemv_mt(m, k)? as usize;
         let fits = !self.invariant()
-            && self.fusion(launch::DecodeFusion::Norm)
+            && self.fusion(fusion)
             && r.is_none_or(|r| r.shape == a.shape && r.dtype == a.dtype)
             && g.shape == [k]
             && g.dtype == a.dtype
@@ -394,6 +419,7 @@ impl CudaBackend {
                     r: r.map_or(0, |r| r.device_ptr()),
                     g: g.device_ptr(),
                     sum: sum.map_or(0, |s| s.device_ptr()),
+                    x_out: 0,
                     eps,
                     vt: launch::norm_threads(k),
                 },

@@ -6,11 +6,14 @@
 
 use crate::device::drv;
 use crate::launch::{self, MoeKernel};
+use crate::linear::GemvNorm;
 use crate::{check_dtype, dtype_suffix, to_i32, to_u32, CudaBackend, CudaTensor};
 use anyhow::{anyhow, bail, Result};
 use cudarc::cublas;
 use cudarc::driver::result as dr;
-use dayone_backend::{DType, DeviceStepMeta, ExpertAct, ExpertOptions, MoeRouting, TensorInfo};
+use dayone_backend::{
+    DType, DeviceStepMeta, ExpertAct, ExpertOptions, MoeRouting, NormedRoute, TensorInfo,
+};
 use std::ffi::c_void;
 
 fn rank3(op: &str, what: &str, t: &CudaTensor, expect: &str) -> Result<(usize, usize, usize)> {
@@ -129,6 +132,15 @@ struct MoeTopkArgs {
     norm: u32,
     scale: f32,
     _pad: u32,
+}
+
+/// The router GEMV's fused top-k: its arguments, the launch's dynamic shared memory (bytes)
+/// and, for `rms_norm_moe_route`, the pre-norm input's parameters.
+#[derive(Clone, Copy)]
+struct RouterTopk<'a> {
+    args: &'a MoeTopkArgs,
+    smem: u32,
+    norm: Option<GemvNorm>,
 }
 
 impl CudaBackend {
@@ -507,6 +519,74 @@ impl CudaBackend {
         bias: Option<&CudaTensor>,
         routing: &MoeRouting,
     ) -> Result<(CudaTensor, CudaTensor)> {
+        match self.moe_route_with(x, gate_w, bias, routing, None)? {
+            Some(choice) => Ok(choice),
+            None => bail!("moe_route: no launch ran for x {:?}", x.shape),
+        }
+    }
+
+    /// [`dayone_backend::Backend::rms_norm_moe_route`]: at decode sizes with the `router_topk`
+    /// and `router_norm` fusions, one `gemv_x*_f32_topk_norm_*` launch — every block normalises `a + r` itself
+    /// (bit-equal to `add_rms_norm`, see `gemv_norm_prologue`), block 0 writes the sum and the
+    /// normed rows, the last block picks the experts; else the norm then `moe_route`.
+    ///
+    /// Errors: as `add_rms_norm` (or `rms_norm`) and `moe_route`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm_moe_route_impl(
+        &self,
+        a: &CudaTensor,
+        r: Option<&CudaTensor>,
+        g: &CudaTensor,
+        eps: f32,
+        gate_w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        routing: &MoeRouting,
+    ) -> Result<NormedRoute<CudaTensor>> {
+        const FUSION: launch::DecodeFusion = launch::DecodeFusion::RouterNorm;
+        if self
+            .gemv_norm_params_if(FUSION, a, r, g, eps, None)
+            .is_some()
+        {
+            self.bind()?;
+            let sum = match r {
+                Some(_) => Some(self.alloc(a.shape.clone(), a.dtype)?),
+                None => None,
+            };
+            let x = self.alloc(a.shape.clone(), a.dtype)?;
+            if let Some((nm, smem)) = self.gemv_norm_params_if(FUSION, a, r, g, eps, sum.as_ref()) {
+                let norm = (nm.with_x_out(&x), smem);
+                if let Some((ids, weights)) =
+                    self.moe_route_with(a, gate_w, bias, routing, Some(norm))?
+                {
+                    return Ok(NormedRoute {
+                        sum,
+                        x,
+                        ids,
+                        weights,
+                    });
+                }
+            }
+        }
+        let (sum, x) = dayone_backend::Backend::rms_norm_of(self, a, r, g, eps)?;
+        let (ids, weights) = self.moe_route_impl(&x, gate_w, bias, routing)?;
+        Ok(NormedRoute {
+            sum,
+            x,
+            ids,
+            weights,
+        })
+    }
+
+    /// `moe_route` of `x`, or with `norm` (`x` is then the pre-norm input) only where the
+    /// fused router + top-k launch runs: `Ok(None)` when it does not (nothing launched).
+    fn moe_route_with(
+        &self,
+        x: &CudaTensor,
+        gate_w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        routing: &MoeRouting,
+        norm: Option<(GemvNorm, u32)>,
+    ) -> Result<Option<(CudaTensor, CudaTensor)>> {
         const OP: &str = "moe_route";
         let sfx = dtype_suffix(OP, x.dtype)?;
         let (n, d) = rank2(OP, "x", x, "[N, D]")?;
@@ -546,11 +626,13 @@ impl CudaBackend {
         let ids = self.alloc(vec![n, k], DType::U32)?;
         let weights = self.alloc(vec![n, k], DType::F32)?;
         if n == 0 {
-            return Ok((ids, weights));
+            return Ok(norm.is_none().then_some((ids, weights)));
         }
         let fused = launch::gemv_mt(n, d).filter(|_| x.dtype != DType::F32 && !self.invariant());
-        // The fused launch adds the GEMV's static shared memory (≤ 1 KB) to the top-k's.
-        let topk_fits = smem + 1024 <= 48 * 1024;
+        // The fused launch's dynamic shared memory serves the top-k and, with the norm, first
+        // the normed rows; its static shared memory (the GEMV's sums, the norm's) is ≤ 1.5 KB.
+        let dyn_smem = norm.map_or(smem, |(_, ns)| smem.max(ns as usize));
+        let topk_fits = dyn_smem + 1536 <= 48 * 1024;
         if let Some(mt) =
             fused.filter(|_| topk_fits && self.fusion(launch::DecodeFusion::RouterTopk))
         {
@@ -567,9 +649,17 @@ impl CudaBackend {
                     scale: routing.routed_scaling_factor,
                     _pad: 0,
                 };
-                self.router_logits_16bit(x, gate_w, mt, Some((&args, smem as u32)))?;
-                return Ok((ids, weights));
+                let topk = RouterTopk {
+                    args: &args,
+                    smem: dyn_smem as u32,
+                    norm: norm.map(|(nm, _)| nm),
+                };
+                self.router_logits_16bit(x, gate_w, mt, Some(topk))?;
+                return Ok(Some((ids, weights)));
             }
+        }
+        if norm.is_some() {
+            return Ok(None);
         }
         let logits = match fused {
             Some(mt) => self.router_logits_16bit(x, gate_w, mt, None)?,
@@ -599,7 +689,7 @@ impl CudaBackend {
                 routing.routed_scaling_factor
             ],
         )?;
-        Ok((ids, weights))
+        Ok(Some((ids, weights)))
     }
 
     /// Router logits `[N, E]` f32 of a bf16/f16 `x` `[N, D]` and f32 `gate_w` `[E, D]` in one
@@ -615,7 +705,7 @@ impl CudaBackend {
         x: &CudaTensor,
         gate_w: &CudaTensor,
         mt: u32,
-        topk: Option<(&MoeTopkArgs, u32)>,
+        topk: Option<RouterTopk<'_>>,
     ) -> Result<CudaTensor> {
         const OP: &str = "moe_route";
         let sfx = dtype_suffix(OP, x.dtype)?;
@@ -628,25 +718,33 @@ impl CudaBackend {
             1,
             1,
         );
-        if let Some((args, smem)) = topk {
-            let f = self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_topk_m{mt}_r{rpw}"))?;
-            self.launch(
-                OP,
-                &f,
-                grid,
-                (launch::GEMV_THREADS, 1, 1),
-                smem,
-                kparams![
-                    x.device_ptr(),
-                    gate_w.device_ptr(),
-                    out.device_ptr(),
-                    to_u32(OP, "N", n)?,
-                    to_u32(OP, "E", e)?,
-                    to_u32(OP, "D", d)?,
-                    gate_w.buf.weight as u32,
-                    *args
-                ],
-            )?;
+        if let Some(t) = topk {
+            let (n, e, d) = (
+                to_u32(OP, "N", n)?,
+                to_u32(OP, "E", e)?,
+                to_u32(OP, "D", d)?,
+            );
+            let (xp, wp, yp, wc) = (
+                x.device_ptr(),
+                gate_w.device_ptr(),
+                out.device_ptr(),
+                gate_w.buf.weight as u32,
+            );
+            let threads = (launch::GEMV_THREADS, 1, 1);
+            match t.norm {
+                Some(nm) => {
+                    let name = format!("gemv_x{sfx}_f32_topk_norm_m{mt}_r{rpw}");
+                    let f = self.func("gemv", sfx, &name)?;
+                    let params = kparams![xp, wp, yp, n, e, d, wc, *t.args, nm];
+                    self.launch(OP, &f, grid, threads, t.smem, params)?;
+                }
+                None => {
+                    let f =
+                        self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_topk_m{mt}_r{rpw}"))?;
+                    let params = kparams![xp, wp, yp, n, e, d, wc, *t.args];
+                    self.launch(OP, &f, grid, threads, t.smem, params)?;
+                }
+            }
             return Ok(out);
         }
         let f = self.func("gemv", sfx, &format!("gemv_x{sfx}_f32_m{mt}_r{rpw}"))?;

@@ -36,6 +36,7 @@ fn conformance_suite() {
             conformance::check_moe_experts_shared(&b, dt).unwrap();
             conformance::check_short_conv_many(&b, dt).unwrap();
             conformance::check_moe_route(&b, dt).unwrap();
+            conformance::check_rms_norm_moe_route(&b, dt).unwrap();
         }
     }
     // f16 activations too (the suite covers f32 and bf16).
@@ -49,6 +50,7 @@ fn conformance_suite() {
         conformance::check_paged_attention,
         conformance::check_argmax,
         conformance::check_embedding,
+        conformance::check_rms_norm_moe_route,
     ] {
         check(&b, DType::F16).unwrap();
     }

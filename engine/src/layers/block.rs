@@ -70,8 +70,8 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: Backend> BlockMixer<B> {
-    /// `x` `[N, D]` (the pre-norm input: GQA attention takes the norm inside its q/k/v call,
-    /// the other mixers materialise it) → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
+    /// `x` `[N, D]` (the pre-norm input: GQA attention and KDA take the norm inside their
+    /// projections' call, MLA materialises it) → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
     /// sparse-MLA selection from the previous layer and is replaced by this layer's (`None` when
     /// it selected nothing). Under context parallelism (`cp`; `x` and `meta` are this rank's
     /// slice) every rank's new key rows are gathered into the cache first, and a recurrent
@@ -96,10 +96,10 @@ impl<B: Backend> BlockMixer<B> {
             }
             return attn.forward(b, input, rope, meta, kv);
         }
-        let x = input.x(b)?;
         match self {
             BlockMixer::Attention(..) => unreachable!("handled above"),
             BlockMixer::Mla(mla, rope, sparse) => {
+                let x = input.x(b)?;
                 if let Some(cp) = cp {
                     if let MlaSparse::Pooled(_) = sparse {
                         bail!(
@@ -133,9 +133,9 @@ impl<B: Backend> BlockMixer<B> {
                 match cp {
                     Some(cp) => {
                         let rows: Vec<&B::Tensor> = conv.iter().chain([state]).collect();
-                        cp.chain(b, &rows, || kda.forward(b, x, meta, conv, state))
+                        cp.chain(b, &rows, || kda.forward(b, input, meta, conv, state))
                     }
-                    None => kda.forward(b, x, meta, conv, state),
+                    None => kda.forward(b, input, meta, conv, state),
                 }
             }
         }
@@ -144,11 +144,11 @@ impl<B: Backend> BlockMixer<B> {
 
 impl<B: Backend> BlockFfn<B> {
     /// `x` `[N, D]` (the pre-norm input: a dense MLP takes the norm inside its gate/up call,
-    /// the MoE layers materialise it) → `[N, D]`.
+    /// an MoE inside its router's, gpt-oss's MoE materialises it) → `[N, D]`.
     pub fn forward(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
         match self {
             BlockFfn::Dense(mlp) => mlp.forward_pre(b, input),
-            BlockFfn::Moe(moe) => moe.forward(b, input.x(b)?),
+            BlockFfn::Moe(moe) => moe.forward_pre(b, input),
             BlockFfn::GptOss(moe) => moe.forward(b, input.x(b)?),
         }
     }

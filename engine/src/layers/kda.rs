@@ -9,7 +9,7 @@
 //! y = W_o · (RMSNorm(o) ⊙ w ⊙ σ(W_gb W_ga x))
 //! ```
 
-use super::{Linear, RowLinear, Weight};
+use super::{Linear, PreNorm, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
 use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
@@ -168,11 +168,12 @@ impl<B: Backend> Kda<B> {
         })
     }
 
-    /// `x` `[N, D]` → `[N, D]`; reads and updates the sequences' conv histories and states.
+    /// `x` `[N, D]` (the pre-norm input, normalised inside the projections' call where the
+    /// backend can) → `[N, D]`; reads and updates the sequences' conv histories and states.
     pub fn forward(
         &self,
         b: &B,
-        x: &B::Tensor,
+        x: &PreNorm<B>,
         meta: &DeviceStepMeta<B::Tensor>,
         conv_state: &[B::Tensor],
         state: &B::Tensor,
@@ -180,10 +181,9 @@ impl<B: Backend> Kda<B> {
         let s = self.shape;
         let n = meta.host.num_tokens();
         let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
-        // Every projection of x at once (one decode GEMV launch on CUDA).
-        let [q, k, v, f, beta, g] = Linear::forward_n(
+        // Every projection of x at once, its norm included (one decode GEMV launch on CUDA).
+        let [q, k, v, f, beta, g] = x.linear_n(
             b,
-            x,
             [
                 &self.q_proj,
                 &self.k_proj,

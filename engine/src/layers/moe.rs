@@ -2,7 +2,7 @@
 //! (DeepSeek-V3 report §2.1.2; HF `DeepseekV3MoE`):
 //! `y = Σ_{e ∈ topk} w_e · Expert_e(x) + SharedExpert(x)`, experts being SwiGLU MLPs.
 
-use super::{Mlp, QuantExperts};
+use super::{Mlp, PreNorm, QuantExperts};
 use crate::loader::Split;
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
@@ -216,8 +216,27 @@ impl<B: Backend> Moe<B> {
     /// and combine ([`super::moe_dispatch`]) and the shared experts' slices are summed apart.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (ids, weights) = b.moe_route(x, &self.gate, self.bias.as_ref(), &self.routing)?;
+        self.experts(b, x, &ids, &weights)
+    }
+
+    /// [`Moe::forward`] of a pre-norm input: the norm runs inside the router's call where the
+    /// backend can ([`PreNorm::moe_route`]; one decode launch on CUDA), the same values.
+    pub fn forward_pre(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
+        let (ids, weights) = input.moe_route(b, &self.gate, self.bias.as_ref(), &self.routing)?;
+        self.experts(b, input.x(b)?, &ids, &weights)
+    }
+
+    /// The routed and shared experts of `x` `[N, D]` for the router's choice `ids`, `weights`
+    /// `[N, k]` → `[N, D]` (summed over tensor-parallel ranks).
+    fn experts(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        ids: &B::Tensor,
+        weights: &B::Tensor,
+    ) -> Result<B::Tensor> {
         if self.dispatches() {
-            let y = self.dispatched_experts(b, x, &ids, &weights)?;
+            let y = self.dispatched_experts(b, x, ids, weights)?;
             return match &self.shared {
                 Some(mlp) => b.add(&y, &mlp.forward(b, x)?),
                 None => Ok(y),
@@ -227,13 +246,13 @@ impl<B: Backend> Moe<B> {
         let y = match (self.clamped, &self.quant, dense_shared) {
             // Routed and shared experts in one op (two launches at decode on CUDA).
             (None, None, Some(shared)) => {
-                b.moe_experts_shared(x, &ids, &weights, &self.gate_up, &self.down, shared)?
+                b.moe_experts_shared(x, ids, weights, &self.gate_up, &self.down, shared)?
             }
             (clamped, quant, _) => {
                 let y = match (clamped, quant) {
-                    (Some(l), _) => self.clamped_experts(b, x, &ids, &weights, l)?,
-                    (None, Some(q)) => q.forward(b, x, &ids, &weights)?,
-                    (None, None) => b.moe_experts(x, &ids, &weights, &self.gate_up, &self.down)?,
+                    (Some(l), _) => self.clamped_experts(b, x, ids, weights, l)?,
+                    (None, Some(q)) => q.forward(b, x, ids, weights)?,
+                    (None, None) => b.moe_experts(x, ids, weights, &self.gate_up, &self.down)?,
                 };
                 match &self.shared {
                     Some(mlp) => b.add(&y, &mlp.forward_partial(b, x)?)?,

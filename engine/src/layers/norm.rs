@@ -3,7 +3,7 @@
 use super::linear::Linear;
 use crate::weights::WeightLoader;
 use anyhow::Result;
-use dayone_backend::Backend;
+use dayone_backend::{Backend, MoeRouting};
 use std::cell::OnceCell;
 
 /// An RMSNorm over the last dimension with weight `[D]`.
@@ -117,6 +117,43 @@ impl<'a, B: Backend> PreNorm<'a, B> {
             }
             None => Linear::forward_many(b, self.x(b)?, layers),
         }
+    }
+
+    /// [`Backend::moe_route`] of `x` (`gate_w` `[E, D]` f32, `bias` `[E]`) → (`ids`, `weights`)
+    /// `[N, k]`: one [`Backend::rms_norm_moe_route`] call that also keeps `x` and the sum for
+    /// the experts, unless `x` was materialised.
+    pub fn moe_route(
+        &self,
+        b: &B,
+        gate_w: &B::Tensor,
+        bias: Option<&B::Tensor>,
+        routing: &MoeRouting,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        if let Some(x) = self.x.get() {
+            return b.moe_route(x, gate_w, bias, routing);
+        }
+        let (a, m) = self.operands();
+        let route = b.rms_norm_moe_route(
+            a,
+            m,
+            &self.norm.weight,
+            self.norm.eps,
+            gate_w,
+            bias,
+            routing,
+        )?;
+        self.keep_sum(route.sum);
+        let _ = self.x.set(route.x);
+        Ok((route.ids, route.weights))
+    }
+
+    /// [`PreNorm::linear_many`] for a fixed number of projections, as an array.
+    pub fn linear_n<const N: usize>(
+        &self,
+        b: &B,
+        layers: [&Linear<B>; N],
+    ) -> Result<[B::Tensor; N]> {
+        super::outputs("linear_many", self.linear_many(b, &layers)?)
     }
 
     /// [`Backend::linear_silu_mul`] of `x` with dense `w_gate`, `w_up` `[F, D]` → `[N, F]`:
