@@ -289,10 +289,16 @@ impl<B: Backend> Mla<B> {
     ) -> Result<(B::Tensor, Option<Selection<B>>)> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        // The projections of x at once (one decode GEMV launch on CUDA).
+        // The projections of x at once (one decode GEMV launch on CUDA). Without a query
+        // low-rank (Kimi-Linear) the queries are projections of x too, taken in the same call
+        // where the absorbed form will use them.
         let mut projs = vec![&self.kv_a, &self.k_pe];
         if let Some((proj, _)) = &self.q_a {
             projs.push(proj);
+        }
+        let queries_of_x = self.q_a.is_none() && !self.expands(b, x, meta);
+        if queries_of_x {
+            projs.extend([&self.q_nope, &self.q_pe]);
         }
         let mut ys = Linear::forward_many(b, x, &projs)?.into_iter();
         let mut next = || {
@@ -303,6 +309,11 @@ impl<B: Backend> Mla<B> {
         let cq = match &self.q_a {
             Some((_, norm)) => norm.forward(b, &next()?)?,
             None => x.clone(),
+        };
+        let queries = if queries_of_x {
+            Some((next()?, next()?))
+        } else {
+            None
         };
         let (c_kv, k_pe) = self.latent_rows_of(b, c_kv, k_pe, rope, meta)?;
         b.write_cache(&c_kv, cache, 0, meta)?;
@@ -329,8 +340,12 @@ impl<B: Backend> Mla<B> {
         let o = if attend.is_none() && self.expands(b, &cq, meta) {
             self.expanded_attention(b, &cq, rope, meta, cache)?
         } else {
-            let q_nope = b.reshape(&self.q_nope.forward(b, &cq)?, &[n, s.heads, s.nope_dim])?;
-            let q_pe = b.reshape(&self.q_pe.forward(b, &cq)?, &[n, s.heads, s.rope_dim])?;
+            let (q_nope, q_pe) = match queries {
+                Some(q) => q,
+                None => (self.q_nope.forward(b, &cq)?, self.q_pe.forward(b, &cq)?),
+            };
+            let q_nope = b.reshape(&q_nope, &[n, s.heads, s.nope_dim])?;
+            let q_pe = b.reshape(&q_pe, &[n, s.heads, s.rope_dim])?;
             let q_pe = match rope {
                 Some(r) => r.forward(b, &q_pe, &meta.positions)?,
                 None => q_pe,
