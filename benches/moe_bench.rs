@@ -76,6 +76,11 @@ struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Time the block as the engine runs it at decode: the routed and shared experts in one
+    /// `moe_experts_shared` call (bf16 experts, one shared expert; CUDA runs two launches at
+    /// ≤ 32 token-choice pairs) instead of `moe_experts` beside the shared expert's own calls.
+    #[arg(long)]
+    shared_fused: bool,
 }
 
 /// A `[shape]` bf16 host tensor of small random values: one random block repeated (random
@@ -129,6 +134,12 @@ fn shape_error(a: &Args) -> Option<String> {
         return Some(format!(
             "--hidden {} and --expert-dim {} must be multiples of 32 (the group of --experts-format {})",
             a.hidden, a.expert_dim, a.experts_format
+        ));
+    }
+    if a.shared_fused && (a.shared != 1 || a.experts_format != "bf16") {
+        return Some(format!(
+            "--shared-fused needs --shared 1 and bf16 experts, got --shared {} and {}",
+            a.shared, a.experts_format
         ));
     }
     None
@@ -198,6 +209,13 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let block =
         |x: &B::Tensor, quant: &Option<QuantExperts<B>>| -> Result<(B::Tensor, B::Tensor)> {
             let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
+            if a.shared_fused && quant.is_none() {
+                let shared = [&sh_gate, &sh_up, &sh_down];
+                return Ok((
+                    b.moe_experts_shared(x, &ids, &w, &gate_up, &down, shared)?,
+                    ids,
+                ));
+            }
             let y = match quant {
                 Some(q) => q.forward(&b, x, &ids, &w)?,
                 None => b.moe_experts(x, &ids, &w, &gate_up, &down)?,

@@ -24,14 +24,18 @@ template <typename T> __device__ __forceinline__ float moe_ldcg_f(const T* p) {
 }
 template <> __device__ __forceinline__ float moe_ldcg_f<float>(const float* p) { return __ldcg(p); }
 
-template <typename T>
+// Variants (launch::MoeDecodeVariant, DAYONE_MOE_DEC): UG / UD weight chunks per row in flight
+// per lane (0: moe_gemv_unroll's), RPW down rows per warp, each with its own launch bounds
+// (LB: a minimum of resident blocks per SM is a register budget). The sums do not depend on them (moe_warp_dots), so every
+// variant gives the same bits.
+template <typename T, int UG = 0>
 __device__ __forceinline__ void moe_dec_gu_impl(const T* __restrict__ x, const u32* __restrict__ ids,
                                                 const T* __restrict__ gate_up,
                                                 const T* __restrict__ gate_s,
                                                 const T* __restrict__ up_s, T* __restrict__ h,
                                                 u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,
                                                 u32 fmax) {
-    constexpr int U = moe_gemv_unroll<T>(2, 1);
+    constexpr int U = UG > 0 ? UG : moe_gemv_unroll<T>(2, 1);
     grid_dep_wait();
     const u32 s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool shared = s >= n * k;
@@ -55,7 +59,7 @@ __device__ __forceinline__ void moe_dec_gu_impl(const T* __restrict__ x, const u
     if (lane == 0) h[(u64)s * fmax + o] = from_f<T>(moe_act_f(acc[0][0], acc[1][0], 0.f, 0, 0.f));
 }
 
-template <typename T>
+template <typename T, int RPW, int UD = 0>
 __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u32* __restrict__ ids,
                                                 const float* __restrict__ weights,
                                                 const T* __restrict__ down,
@@ -63,7 +67,7 @@ __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u
                                                 T* __restrict__ y, u32* __restrict__ counters,
                                                 u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,
                                                 u32 fmax) {
-    constexpr int RPW = MOE_GEMV_DN_RPW, U = moe_gemv_unroll<T>(RPW, 1);
+    constexpr int U = UD > 0 ? UD : moe_gemv_unroll<T>(RPW, 1);
     grid_dep_wait();
     const u32 s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool shared = s >= n * k;
@@ -106,18 +110,26 @@ __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u
     if (threadIdx.x == 0) *counter = 0;
 }
 
-#define MOE_DECODE(S, T)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-        moe_dec_gu_##S(const T* x, const u32* ids, const T* gate_up, const T* gate_s,         \
-                       const T* up_s, T* h, u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,        \
-                       u32 fmax) {                                                            \
-        moe_dec_gu_impl<T>(x, ids, gate_up, gate_s, up_s, h, n, k, e, d, f, fs, fmax);        \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256)                                         \
-        moe_dec_dn_##S(const T* h, const u32* ids, const float* weights, const T* down,       \
-                       const T* down_s, T* y2, T* y, u32* counters, u32 n, u32 k, u32 e,      \
-                       u32 d, u32 f, u32 fs, u32 fmax) {                                      \
-        moe_dec_dn_impl<T>(h, ids, weights, down, down_s, y2, y, counters, n, k, e, d, f, fs, \
-                           fmax);                                                             \
+#define MOE_DEC_GU(S, T, V, UG, LB)                                                           \
+    extern "C" __global__ void __launch_bounds__ LB                                           \
+        moe_dec_gu##V##_##S(const T* x, const u32* ids, const T* gate_up, const T* gate_s,    \
+                            const T* up_s, T* h, u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,   \
+                            u32 fmax) {                                                       \
+        moe_dec_gu_impl<T, UG>(x, ids, gate_up, gate_s, up_s, h, n, k, e, d, f, fs, fmax);    \
     }
+#define MOE_DEC_DN(S, T, V, RPW, UD, LB)                                                      \
+    extern "C" __global__ void __launch_bounds__ LB                                           \
+        moe_dec_dn##V##_##S(const T* h, const u32* ids, const float* weights, const T* down,  \
+                            const T* down_s, T* y2, T* y, u32* counters, u32 n, u32 k, u32 e, \
+                            u32 d, u32 f, u32 fs, u32 fmax) {                                 \
+        moe_dec_dn_impl<T, RPW, UD>(h, ids, weights, down, down_s, y2, y, counters, n, k, e,  \
+                                    d, f, fs, fmax);                                          \
+    }
+// Names: moe_dec_gu{,_b3,_u3b4}_S, moe_dec_dn{,_b3,_r2b4,_r1b4}_S (launch::MoeDecodeVariant).
+#define MOE_DECODE(S, T)                                                                      \
+    MOE_DEC_GU(S, T, , 0, (256)) MOE_DEC_GU(S, T, _b3, 0, (256, 3))                           \
+    MOE_DEC_GU(S, T, _u3b4, 3, (256, 4))                                                      \
+    MOE_DEC_DN(S, T, , MOE_GEMV_DN_RPW, 0, (256))                                             \
+    MOE_DEC_DN(S, T, _b3, MOE_GEMV_DN_RPW, 0, (256, 3))                                       \
+    MOE_DEC_DN(S, T, _r2b4, 2, 4, (256, 4)) MOE_DEC_DN(S, T, _r1b4, 1, 4, (256, 4))
 DAYONE_FOR_FLOAT_TYPES(MOE_DECODE)

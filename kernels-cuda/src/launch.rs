@@ -552,17 +552,64 @@ pub const MOE_DECODE_MAX_PAIRS: usize = 32;
 
 /// Grids of the fused decode block for `slots` = pairs + tokens (one grid row each), shared
 /// expert width `fs`: (`moe_dec_gu`: one warp per output of max(F, Fs), `moe_dec_dn`:
-/// [`MOE_GEMV_DN_RPW`] outputs per warp over D), both [`MOE_GEMV_WARPS`] warps per block.
+/// `dn_rpw` outputs per warp over D), both [`MOE_GEMV_WARPS`] warps per block.
 pub fn moe_decode_grids(
     slots: usize,
     d: usize,
     f: usize,
     fs: usize,
+    dn_rpw: usize,
 ) -> ((usize, usize), (usize, usize)) {
     (
         (f.max(fs).div_ceil(MOE_GEMV_WARPS), slots),
-        (d.div_ceil(moe_gemv_outputs(false)), slots),
+        (d.div_ceil(MOE_GEMV_WARPS * dn_rpw), slots),
     )
+}
+
+/// Kernel variants of the fused decode MoE block (kernels/moe_decode.cu; every variant gives
+/// the same bits): the suffixes of `moe_dec_gu{gu}_*` and `moe_dec_dn{dn}_*` and the down
+/// kernel's rows per warp.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeDecodeVariant {
+    /// `""` (8 chunks per row in flight), `"_b3"` (≥ 3 blocks per SM), `"_u3b4"` (3 chunks,
+    /// ≥ 4 blocks per SM).
+    pub gu: &'static str,
+    /// `""` (4 rows per warp), `"_b3"` (4 rows, ≥ 3 blocks per SM), `"_r2b4"` (2 rows, 4
+    /// chunks, ≥ 4 blocks), `"_r1b4"` (1 row, 4 chunks, ≥ 4 blocks).
+    pub dn: &'static str,
+    /// Rows per warp of the down kernel.
+    pub dn_rpw: usize,
+}
+
+/// The variant `DAYONE_MOE_DEC` names (a sweep's knob; comma-separated `gu`, `gu_b3`,
+/// `gu_u3b4`, `dn`, `dn_b3`, `dn_r2b4`, `dn_r1b4`; unset: `gu,dn`); an unknown name warns once
+/// and is ignored.
+pub fn moe_decode_variant() -> MoeDecodeVariant {
+    static V: std::sync::OnceLock<MoeDecodeVariant> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let mut v = MoeDecodeVariant {
+            gu: "",
+            dn: "",
+            dn_rpw: MOE_GEMV_DN_RPW,
+        };
+        let names = std::env::var("DAYONE_MOE_DEC").unwrap_or_default();
+        for x in names.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            match x {
+                "gu" => v.gu = "",
+                "gu_b3" => v.gu = "_b3",
+                "gu_u3b4" => v.gu = "_u3b4",
+                "dn" => (v.dn, v.dn_rpw) = ("", MOE_GEMV_DN_RPW),
+                "dn_b3" => (v.dn, v.dn_rpw) = ("_b3", MOE_GEMV_DN_RPW),
+                "dn_r2b4" => (v.dn, v.dn_rpw) = ("_r2b4", 2),
+                "dn_r1b4" => (v.dn, v.dn_rpw) = ("_r1b4", 1),
+                other => eprintln!(
+                    "warning: DAYONE_MOE_DEC lists {other:?}, not one of gu, gu_b3, gu_u3b4, \
+                     dn, dn_b3, dn_r2b4, dn_r1b4; ignored"
+                ),
+            }
+        }
+        v
+    })
 }
 
 /// Threads of the one-block `moe_sort` over `p` pairs and `e` experts: enough for one pair or

@@ -43,7 +43,8 @@ impl CudaBackend {
             check_dtype(OP, what, t, x.dtype)?;
         }
         let slots = n * k + n;
-        let (gu_grid, dn_grid) = launch::moe_decode_grids(slots, d, f, fs);
+        let var = launch::moe_decode_variant();
+        let (gu_grid, dn_grid) = launch::moe_decode_grids(slots, d, f, fs, var.dn_rpw);
         let fits = n > 0
             && k > 0
             && n * k <= launch::MOE_DECODE_MAX_PAIRS
@@ -75,7 +76,7 @@ impl CudaBackend {
         let grid = |(x, y): (usize, usize)| -> Result<(u32, u32, u32)> {
             Ok((u("grid.x", x)?, u("slots", y)?, 1))
         };
-        let gu = self.func("moe", sfx, &format!("moe_dec_gu_{sfx}"))?;
+        let gu = self.func("moe", sfx, &format!("moe_dec_gu{}_{sfx}", var.gu))?;
         self.launch(
             OP,
             &gu,
@@ -98,7 +99,7 @@ impl CudaBackend {
                 fmu
             ],
         )?;
-        let dn = self.func("moe", sfx, &format!("moe_dec_dn_{sfx}"))?;
+        let dn = self.func("moe", sfx, &format!("moe_dec_dn{}_{sfx}", var.dn))?;
         self.launch(
             OP,
             &dn,
