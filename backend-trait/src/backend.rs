@@ -748,6 +748,41 @@ pub trait Backend: Send + Sync + Sized + 'static {
         anyhow::bail!("kda is not implemented on the {} backend", self.name())
     }
 
+    /// A projection of gated-RMSNormed heads (KDA's output norm then `o_proj`):
+    /// `linear(gated_rms_norm(x, gate, norm_w, eps), w, bias)` with the norm over each
+    /// `head_dim`-wide slice. `x`, `gate` `[N, H·head_dim]`, `norm_w` `[head_dim]`, `w` `[O,
+    /// H·head_dim]`, `bias` `[O]` → `[N, O]`, bit-equal to [`Backend::gated_rms_norm`] of
+    /// `[N·H, head_dim]` rows then [`Backend::linear`]. The default makes those calls; a backend
+    /// may normalise inside the projection's launch (CUDA decode: every GEMV block normalises
+    /// the rows itself). Errors: as those calls.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_rms_norm_linear(
+        &self,
+        x: &Self::Tensor,
+        gate: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+        head_dim: usize,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        let shape = x.shape().to_vec();
+        let numel: usize = shape.iter().product();
+        if head_dim == 0 || !numel.is_multiple_of(head_dim) {
+            anyhow::bail!(
+                "gated_rms_norm_linear: x {shape:?} is not made of heads of {head_dim} values"
+            );
+        }
+        let heads = [numel / head_dim, head_dim];
+        let y = self.gated_rms_norm(
+            &self.reshape(x, &heads)?,
+            &self.reshape(gate, &heads)?,
+            norm_w,
+            eps,
+        )?;
+        self.linear(&self.reshape(&y, &shape)?, w, bias)
+    }
+
     /// Sigmoid-gated RMSNorm (HF `KimiLinearRMSNormGated`), in f32:
     /// `y = w ⊙ x / √(mean(x²) + eps) ⊙ σ(gate)`. `x`, `gate` `[R, D]`, `w` `[D]` → `[R, D]`.
     fn gated_rms_norm(

@@ -1624,6 +1624,7 @@ pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
         check_short_conv_many(b, dt)?;
         check_kda(b, dt)?;
         check_gated_rms_norm(b, dt)?;
+        check_gated_rms_norm_linear(b, dt)?;
     }
     Ok(())
 }
@@ -1839,6 +1840,44 @@ pub fn check_gated_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
             &want,
             tolerance(dt),
         )?;
+    }
+    Ok(())
+}
+
+/// `gated_rms_norm_linear`: bit-equal to `gated_rms_norm` of the heads then `linear`, at decode
+/// sizes (where CUDA normalises inside the GEMV) and above; head widths 32–256 (Kimi-Linear's
+/// 32 × 128 into 2304), a norm weight in f32 and in the activation dtype, with and without a
+/// bias, a K that is not a multiple of 256 (the unfused path).
+pub fn check_gated_rms_norm_linear<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(43);
+    // (N, heads, head_dim, O, f32 norm weight, bias)
+    let cases = [
+        (1usize, 32usize, 128usize, 2304usize, false, false),
+        (3, 16, 64, 500, true, true),
+        (8, 8, 256, 256, false, true),
+        (2, 64, 32, 96, true, false),
+        (1, 3, 64, 40, false, false),
+        (12, 4, 128, 64, false, false),
+    ];
+    for (n, h, hd, o, w_f32, has_bias) in cases {
+        let k = h * hd;
+        let x = b.upload(&rand_tensor(&mut rng, &[n, k], dt, 2.0)?)?;
+        let gate = b.upload(&rand_tensor(&mut rng, &[n, k], dt, 6.0)?)?;
+        let nw = rand_tensor(&mut rng, &[hd], if w_f32 { DType::F32 } else { dt }, 1.5)?;
+        let nw = b.upload(&nw)?;
+        let w = b.upload_weight(&rand_tensor(&mut rng, &[o, k], dt, 0.5)?)?;
+        let bias = rand_tensor(&mut rng, &[o], dt, 1.0)?;
+        let bias = has_bias.then(|| b.upload(&bias)).transpose()?;
+        let got = b.gated_rms_norm_linear(&x, &gate, &nw, 1e-6, hd, &w, bias.as_ref())?;
+        let rows = [n * h, hd];
+        let y = b.gated_rms_norm(&b.reshape(&x, &rows)?, &b.reshape(&gate, &rows)?, &nw, 1e-6)?;
+        let want = b.linear(&b.reshape(&y, &[n, k])?, &w, bias.as_ref())?;
+        let (got, want) = (run(b, &got)?, run(b, &want)?);
+        ensure!(
+            got.shape == want.shape && got.data == want.data,
+            "gated_rms_norm_linear {dt} x [{n}, {h}×{hd}] → {o} (f32 norm weight {w_f32}, bias \
+             {has_bias}): not bit-equal to gated_rms_norm then linear"
+        );
     }
     Ok(())
 }

@@ -163,6 +163,92 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
     }
 }
 
+// Gated-norm input computed inside the GEMV (`gemv_gnorm_*`, Backend::gated_rms_norm_linear:
+// KDA's output norm and o_proj): x [M, K] holds K / hd heads of hd values; row i's head h is
+// x̂ = w ⊙ x / sqrt(mean(x²) + eps) ⊙ σ(gate) over its hd values (kda.cu gated_rms_norm),
+// rounded to T, into shared memory `xs` [min(M, MT), K]. Bit-equal to gated_rms_norm's one
+// 256-thread block per head row (hd ≤ 256, so each of its threads holds one value): there a
+// warp's butterfly (warp_sum) sums the squares of values 32w..32w+31 and warp 0's butterfly
+// sums the eight warps' partials. Here thread t owns the 8-value chunks 8t + 2048c; the four
+// threads of a 32-value group are lanes 4q..4q+3 of one warp, so the butterfly's offsets 16 and
+// 8 are shuffles with lanes ^2 and ^1 and offsets 4, 2, 1 pair values inside a chunk — the same
+// additions in the same order; then each thread gathers its head's partials (hd / 32 ≤ 8,
+// lanes 4q of its head's hd / 8 lanes) and adds them as warp 0's butterfly does (the absent
+// warps' zeros add exactly). hd ∈ {32, 64, 128, 256}.
+struct GemvGatedNorm {
+    const void* gate;  // [M, K], T
+    const void* w;     // [hd], T (w_f32 = 0) or f32
+    u32 w_f32;
+    u32 hd;
+    float eps;
+    u32 pad;
+};
+
+template <typename T, int MT>
+__device__ __forceinline__ void gemv_gated_norm_prologue(const T* __restrict__ a,
+                                                         const GemvGatedNorm& gn, u32 m, u32 k,
+                                                         T* xs) {
+    const u32 tid = threadIdx.x, lane = tid & 31;
+    const T* gate = static_cast<const T*>(gn.gate);
+    const u32 rows = min(m, (u32)MT), hd = gn.hd, lanes = hd / 8, ng = hd / 32;
+    const u32 base_lane = lane & ~(lanes - 1);
+    constexpr u32 STEP = GEMV_THREADS * 8;
+    for (u32 i = 0; i < rows; i++) {
+        const u64 base = (u64)i * k;
+        for (u32 j = tid * 8; j < k; j += STEP) {
+            Vec8<T> v;
+            v.load(a + base + j);
+            float f[8], q[8];
+            v.to_float(f);
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = f[e] * f[e];
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = q[e] + __shfl_xor_sync(0xffffffffu, q[e], 2);
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[e] = q[e] + __shfl_xor_sync(0xffffffffu, q[e], 1);
+            float r[8];
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) r[e] = q[e] + q[e ^ o];
+#pragma unroll
+                for (int e = 0; e < 8; e++) q[e] = r[e];
+            }
+            // q[0]: this 32-value group's sum; the head's groups sit at lanes base + 4g.
+            float pw[8];
+#pragma unroll
+            for (u32 g = 0; g < 8; g++) {
+                const float pg = __shfl_sync(0xffffffffu, q[0], (base_lane + 4 * g) & 31);
+                pw[g] = g < ng ? pg : 0.f;
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+                float t8[8];
+#pragma unroll
+                for (int g = 0; g < 8; g++) t8[g] = pw[g] + pw[g ^ o];
+#pragma unroll
+                for (int g = 0; g < 8; g++) pw[g] = t8[g];
+            }
+            const float inv = rsqrtf(pw[0] / (float)hd + gn.eps);
+            const u32 c0 = j % hd;
+            Vec8<T> gv;
+            gv.load(gate + base + j);
+            float gf[8];
+            gv.to_float(gf);
+            float y[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float wv = gn.w_f32 ? static_cast<const float*>(gn.w)[c0 + e]
+                                          : to_f(static_cast<const T*>(gn.w)[c0 + e]);
+                y[e] = f[e] * inv * wv / (1.f + expf(-gf[e]));
+            }
+            Vec8<T> o;
+            o.from_float(y);
+            o.store(xs + base + j);
+        }
+    }
+}
+
 // TX: x's dtype (T but for the router's `gemv_x*_f32`, which widens 16-bit x as it loads it).
 // GLU (`gemv_glu_*`, SwiGLU's gate and up in one launch): the block's RPW rows are RPW / 2 rows
 // of w (gate) and the same rows of w_up; y[i, row] = silu(g) · u with g and u first rounded to T
@@ -170,12 +256,15 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
 // each then `silu_mul`, without writing g and u.
 // NORM: x is the pre-norm input `a` of `nm` (see gemv_norm_prologue; dynamic shared memory
 // min(M, MT) · K elements).
-template <typename T, int MT, int RPW, int U, typename TX = T, bool GLU = false, bool NORM = false>
+// GNORM: x is the gated norm's input (gemv_gated_norm_prologue; dynamic shared memory as NORM).
+template <typename T, int MT, int RPW, int U, typename TX = T, bool GLU = false, bool NORM = false,
+          bool GNORM = false>
 __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __restrict__ w,
                                           const T* __restrict__ bias, T* __restrict__ y, u32 m,
                                           u32 n, u32 k, u32 w_const, u32 row0,
                                           const T* __restrict__ w_up = nullptr,
-                                          const GemvNorm* nm = nullptr) {
+                                          const GemvNorm* nm = nullptr,
+                                          const GemvGatedNorm* gn = nullptr) {
     __shared__ float red[GEMV_WARPS][RPW * MT];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Rows past N and x rows past M re-read a valid row and are dropped at the end, so the
@@ -214,6 +303,13 @@ __device__ __forceinline__ void gemv_impl(const TX* __restrict__ x, const T* __r
         extern __shared__ __align__(16) unsigned char gemv_dsmem[];
         TX* xs = reinterpret_cast<TX*>(gemv_dsmem);
         gemv_norm_prologue<TX, MT>(x, *nm, m, k, xs, blockIdx.x == 0);
+#pragma unroll
+        for (int i = 0; i < MT; i++) xr[i] = xs + (u64)min((u32)i, m - 1) * k;
+    }
+    if constexpr (GNORM) {
+        extern __shared__ __align__(16) unsigned char gemv_dsmem[];
+        TX* xs = reinterpret_cast<TX*>(gemv_dsmem);
+        gemv_gated_norm_prologue<TX, MT>(x, *gn, m, k, xs);
 #pragma unroll
         for (int i = 0; i < MT; i++) xr[i] = xs + (u64)min((u32)i, m - 1) * k;
     }
@@ -320,6 +416,13 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
         gemv_many_norm_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k,          \
                                             u32 w_const, GemvNorm nm) {                       \
         gemv_many_impl<T, MT, RPW, U, true>(x, segs, m, k, w_const, &nm);                     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_gnorm_##S##_m##MT##_r##RPW( \
+        const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k, u32 w_const,        \
+        GemvGatedNorm gn) {                                                                   \
+        gemv_impl<T, MT, RPW, U, T, false, false, true>(x, w, bias, y, m, n, k, w_const,      \
+                                                         blockIdx.x * RPW, nullptr, nullptr,  \
+                                                         &gn);                                \
     }
 // gemv_glu_*_m{MT}_r{R}: R output rows per block (2R weight rows: gate and up).
 #define GEMV_GLU(S, T, MT, R, U)                                                              \

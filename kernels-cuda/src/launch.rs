@@ -94,6 +94,9 @@ pub enum DecodeFusion {
     /// With `RouterTopk`: the FFN's pre-norm (residual add and RMSNorm) inside that launch too
     /// (`rms_norm_moe_route`); the router's few blocks re-normalise the rows, not thousands.
     RouterNorm,
+    /// KDA's gated output norm inside `o_proj`'s GEMV (`gated_rms_norm_linear`,
+    /// `gemv_gnorm_*`): every block normalises the heads itself.
+    GatedNorm,
 }
 
 impl DecodeFusion {
@@ -107,6 +110,7 @@ impl DecodeFusion {
             DecodeFusion::Conv3 => "conv3",
             DecodeFusion::RouterTopk => "router_topk",
             DecodeFusion::RouterNorm => "router_norm",
+            DecodeFusion::GatedNorm => "gated_norm",
         }
     }
 
@@ -120,6 +124,7 @@ impl DecodeFusion {
             DecodeFusion::Conv3 => 16,
             DecodeFusion::RouterTopk => 32,
             DecodeFusion::RouterNorm => 64,
+            DecodeFusion::GatedNorm => 128,
         }
     }
 }
@@ -148,6 +153,7 @@ pub const ALL_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,
     DecodeFusion::RouterNorm,
+    DecodeFusion::GatedNorm,
 ];
 
 /// The bitmask of `fusions` ([`DecodeFusion::bit`]).
@@ -156,7 +162,7 @@ pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u8 {
 }
 
 /// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge,moe_block,conv3,
-/// router_topk,router_norm`; `0` or `none`: none;
+/// router_topk,router_norm,gated_norm`; `0` or `none`: none;
 /// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
 /// one run; an unknown name warns and is ignored.
 pub fn decode_fusions_from_env() -> u8 {
@@ -171,7 +177,7 @@ pub fn decode_fusions_from_env() -> u8 {
                     None if x == "0" || x == "none" => {}
                     None => eprintln!(
                         "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
-                         attn_merge, moe_block, conv3, router_topk, router_norm (or 0 / none); ignored"
+                         attn_merge, moe_block, conv3, router_topk, router_norm, gated_norm (or 0 / none); ignored"
                     ),
                 }
             }

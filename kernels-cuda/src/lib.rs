@@ -1029,6 +1029,19 @@ impl Backend for CudaBackend {
         self.moe_route_impl(x, gate_w, bias, routing)
     }
 
+    fn gated_rms_norm_linear(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        head_dim: usize,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        self.gated_rms_norm_linear_impl(x, gate, norm_w, eps, head_dim, w, bias)
+    }
+
     fn rms_norm_moe_route(
         &self,
         a: &CudaTensor,

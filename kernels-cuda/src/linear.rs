@@ -352,6 +352,19 @@ impl CudaBackend {
     }
 }
 
+/// The gated-norm input of a fused decode GEMV (`GemvGatedNorm` in gemv.cu): the gate, the
+/// norm weight (f32 or the activation dtype), the head width and eps.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvGatedNorm {
+    gate: u64,
+    w: u64,
+    w_f32: u32,
+    hd: u32,
+    eps: f32,
+    _pad: u32,
+}
+
 /// The pre-norm input of a fused decode GEMV (`GemvNorm` in gemv.cu): the residual to add
 /// (0: none), the norm weight, the sum's output (0: none), the normed rows' output (0: none),
 /// eps and the threads of the norm kernel whose sums it reproduces ([`launch::norm_threads`]).
@@ -426,6 +439,95 @@ impl CudaBackend {
                 smem as u32,
             )
         })
+    }
+
+    /// [`dayone_backend::Backend::gated_rms_norm_linear`]: one `gemv_gnorm` launch for
+    /// decode-sized M with the `gated_norm` fusion (every block normalises the heads itself,
+    /// bit-equal to `gated_rms_norm`, see `gemv_gated_norm_prologue`) where the heads fit it
+    /// (`head_dim` 32, 64, 128 or 256; K a multiple of 256, so every warp's lanes run the
+    /// prologue's shuffles together), else the norm then `linear`.
+    ///
+    /// Errors: as `gated_rms_norm` and `linear`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_rms_norm_linear_impl(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+        head_dim: usize,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "gated_rms_norm_linear";
+        if let (Ok((m, k)), Ok(sfx)) = (rows_last(OP, "x [M, K]", x), dtype_suffix(OP, x.dtype)) {
+            let mt = launch::gemv_mt(m, k);
+            let smem = m.min(mt.unwrap_or(0) as usize) * k * x.dtype.size();
+            let n = w.shape.first().copied().unwrap_or(0);
+            let fits = mt.is_some()
+                && !self.invariant()
+                && self.fusion(launch::DecodeFusion::GatedNorm)
+                && [32, 64, 128, 256].contains(&head_dim)
+                && k.is_multiple_of(256)
+                && gate.shape == x.shape
+                && gate.dtype == x.dtype
+                && norm_w.shape == [head_dim]
+                && (norm_w.dtype == x.dtype || norm_w.dtype == DType::F32)
+                && w.shape == [n, k]
+                && n > 0
+                && w.dtype == x.dtype
+                && bias.is_none_or(|b| b.shape == [n] && b.dtype == x.dtype)
+                && smem <= launch::GEMV_NORM_SMEM_MAX;
+            if let (true, Some(mt)) = (fits, mt) {
+                self.bind()?;
+                let mut shape = x.shape.clone();
+                *shape.last_mut().expect("rank >= 2") = n;
+                let out = self.alloc(shape, x.dtype)?;
+                let rpw = launch::gemv_rpw(n, self.info.sms);
+                let f = self.func("gemv", sfx, &format!("gemv_gnorm_{sfx}_m{mt}_r{rpw}"))?;
+                let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
+                let gn = GemvGatedNorm {
+                    gate: gate.device_ptr(),
+                    w: norm_w.device_ptr(),
+                    w_f32: u32::from(norm_w.dtype == DType::F32),
+                    hd: head_dim as u32,
+                    eps,
+                    _pad: 0,
+                };
+                self.launch(
+                    OP,
+                    &f,
+                    (grid, 1, 1),
+                    (launch::GEMV_THREADS, 1, 1),
+                    smem as u32,
+                    kparams![
+                        x.device_ptr(),
+                        w.device_ptr(),
+                        bias.map_or(0u64, |b| b.device_ptr()),
+                        out.device_ptr(),
+                        m as u32,
+                        to_u32(OP, "N", n)?,
+                        to_u32(OP, "K", k)?,
+                        w.buf.weight as u32,
+                        gn
+                    ],
+                )?;
+                return Ok(out);
+            }
+        }
+        let shape = x.shape.clone();
+        let numel: usize = shape.iter().product();
+        if head_dim == 0 || !numel.is_multiple_of(head_dim) {
+            bail!("{OP}: x {shape:?} is not made of heads of {head_dim} values");
+        }
+        let heads = [numel / head_dim, head_dim];
+        let y = self.gated_rms_norm_impl(
+            &self.reshape(x, &heads)?,
+            &self.reshape(gate, &heads)?,
+            norm_w,
+            eps,
+        )?;
+        self.linear_impl(&self.reshape(&y, &shape)?, w, bias, true)
     }
 
     /// [`dayone_backend::Backend::rms_norm_linear_many`]: one `gemv_many_norm` launch for

@@ -37,6 +37,7 @@ fn conformance_suite() {
             conformance::check_short_conv_many(&b, dt).unwrap();
             conformance::check_moe_route(&b, dt).unwrap();
             conformance::check_rms_norm_moe_route(&b, dt).unwrap();
+            conformance::check_gated_rms_norm_linear(&b, dt).unwrap();
         }
     }
     // f16 activations too (the suite covers f32 and bf16).
@@ -51,6 +52,7 @@ fn conformance_suite() {
         conformance::check_argmax,
         conformance::check_embedding,
         conformance::check_rms_norm_moe_route,
+        conformance::check_gated_rms_norm_linear,
     ] {
         check(&b, DType::F16).unwrap();
     }

@@ -221,6 +221,25 @@ impl<B: Backend> Kda<B> {
             state,
             meta,
         )?;
+        let o = b.reshape(&o, &[n, s.heads * s.head_dim])?;
+        // The gated output norm inside o_proj's call where the weight is dense (one decode GEMV
+        // launch on CUDA with the `gated_norm` fusion).
+        if let Linear {
+            weight: Weight::Dense(w),
+            bias,
+        } = &self.o_proj.local
+        {
+            let y = b.gated_rms_norm_linear(
+                &o,
+                &gate,
+                &self.o_norm,
+                self.eps,
+                s.head_dim,
+                w,
+                bias.as_ref(),
+            )?;
+            return self.o_proj.parallel.all_reduce(b, &y);
+        }
         let rows = [n * s.heads, s.head_dim];
         let o = b.gated_rms_norm(
             &b.reshape(&o, &rows)?,
