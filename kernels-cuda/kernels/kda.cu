@@ -278,6 +278,10 @@ __device__ void kda_recurrent_impl(const T* __restrict__ q, const T* __restrict_
     for (u32 t = 0; t < len; t++) {
         const u64 row = row0 + t;
         const u64 base = (row * H + h) * K;
+        // β and this column's v are loaded with q, k and a, not after the barrier: one memory
+        // round trip per token fewer.
+        const float braw = to_f(b[row * H + h]);
+        const float ve = e < V ? to_f(v[(row * H + h) * V + e]) : 0.f;
         float sq = 0.f, sk = 0.f;
         for (u32 d = tid; d < K; d += blockDim.x) {
             const float qf = to_f(q[base + d]), kf = to_f(k[base + d]);
@@ -296,8 +300,7 @@ __device__ void kda_recurrent_impl(const T* __restrict__ q, const T* __restrict_
         __syncthreads();
         const float iq = scale / sqrtf(nrm[0][0] + nrm[0][1] + nrm[0][2] + nrm[0][3] + 1e-6f);
         const float ik = 1.f / sqrtf(nrm[1][0] + nrm[1][1] + nrm[1][2] + nrm[1][3] + 1e-6f);
-        const float beta = 1.f / (1.f + expf(-to_f(b[row * H + h])));
-        const float ve = e < V ? to_f(v[(row * H + h) * V + e]) : 0.f;
+        const float beta = 1.f / (1.f + expf(-braw));
         float p1 = 0.f, p2 = 0.f, pk = 0.f;
 #pragma unroll
         for (int i = 0; i < KPT; i++) {
