@@ -174,7 +174,9 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
 // 8 are shuffles with lanes ^2 and ^1 and offsets 4, 2, 1 pair values inside a chunk — the same
 // additions in the same order; then each thread gathers its head's partials (hd / 32 ≤ 8,
 // lanes 4q of its head's hd / 8 lanes) and adds them as warp 0's butterfly does (the absent
-// warps' zeros add exactly). hd ∈ {32, 64, 128, 256}.
+// warps' zeros add exactly). The squares are rounded on their own (__fmul_rn: the norm kernel's
+// `ss += f * f` starts from 0, so even contracted it rounds f² alone; here an FMA with the
+// shuffled partner would not). hd ∈ {32, 64, 128, 256}.
 struct GemvGatedNorm {
     const void* gate;  // [M, K], T
     const void* w;     // [hd], T (w_f32 = 0) or f32
@@ -201,7 +203,7 @@ __device__ __forceinline__ void gemv_gated_norm_prologue(const T* __restrict__ a
             float f[8], q[8];
             v.to_float(f);
 #pragma unroll
-            for (int e = 0; e < 8; e++) q[e] = f[e] * f[e];
+            for (int e = 0; e < 8; e++) q[e] = __fmul_rn(f[e], f[e]);  // never fused into the add
 #pragma unroll
             for (int e = 0; e < 8; e++) q[e] = q[e] + __shfl_xor_sync(0xffffffffu, q[e], 2);
 #pragma unroll

@@ -68,9 +68,14 @@ pub fn norm_threads(d: usize) -> u32 {
 }
 
 /// Largest dynamic shared memory (bytes) of the fused-norm GEMV's normed rows
-/// (`min(M, MT) · K` elements): the default per-block limit, so no opt-in is needed (bf16 at
-/// K = 4096 fits up to 6 rows; larger steps take the norm kernel then the GEMV).
-pub const GEMV_NORM_SMEM_MAX: usize = 48 << 10;
+/// (`min(M, MT) · K` elements): the default per-block limit of 48 KB, which counts static
+/// shared memory too, less [`GEMV_STATIC_SMEM_MAX`] — so no opt-in is needed (bf16 at K = 4096
+/// fits up to 5 rows; larger steps take the norm kernel then the GEMV).
+pub const GEMV_NORM_SMEM_MAX: usize = (48 << 10) - GEMV_STATIC_SMEM_MAX;
+
+/// A bound on the decode GEMV's static shared memory (bytes): its per-warp sums (≤ 1 KB), the
+/// fused norm's per-warp sums (512 B) and the router launch's flag, rounded up.
+pub const GEMV_STATIC_SMEM_MAX: usize = 2 << 10;
 
 /// A fusion across op boundaries that only saves launches (each gives the same bits as the
 /// ops it joins, except where said).

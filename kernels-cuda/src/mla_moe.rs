@@ -630,9 +630,9 @@ impl CudaBackend {
         }
         let fused = launch::gemv_mt(n, d).filter(|_| x.dtype != DType::F32 && !self.invariant());
         // The fused launch's dynamic shared memory serves the top-k and, with the norm, first
-        // the normed rows; its static shared memory (the GEMV's sums, the norm's) is ≤ 1.5 KB.
+        // the normed rows; its static shared memory counts against the same 48 KB.
         let dyn_smem = norm.map_or(smem, |(_, ns)| smem.max(ns as usize));
-        let topk_fits = dyn_smem + 1536 <= 48 * 1024;
+        let topk_fits = dyn_smem + launch::GEMV_STATIC_SMEM_MAX <= 48 * 1024;
         if let Some(mt) =
             fused.filter(|_| topk_fits && self.fusion(launch::DecodeFusion::RouterTopk))
         {
