@@ -40,3 +40,13 @@ for l in sys.stdin:
               "weights %.2f GB" % (d.get("weight_resident_bytes", 0) / 1e9),
               "devmem %.2f GB" % ((d.get("device_memory_bytes") or 0) / 1e9))'
 }
+
+# fusion_tests [conformance timeout s]: the decode fusions' CUDA tests, one filter each (the
+# whole conformance suite with every fusion on and off, the router top-k, the MoE routes, graphs
+# == eager, Kimi against transformers); one summary line per filter.
+fusion_tests() {
+  for t in "cuda_conformance conformance_suite ${1:-200}" "cuda_conformance router_topk 30" "cuda_mla_moe moe 60" "decode_graphs cuda 40" "golden_kimi cuda 40"; do
+    set -- $t; local b; b=$(ls .bin/test-*-$1 2>/dev/null | head -1); [ -n "$b" ] || continue
+    echo "== $1 $2"; timeout $3 $b $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|differ|not bit" | head -5
+  done
+}
