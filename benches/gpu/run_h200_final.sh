@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # one device call on an H200 (≈ 7 minutes): issue [14]'s figures in order of need — Llama-8B
-# batch 1/8/64, Kimi-Linear-48B batch 1/16 (baselines: the fusions before router_norm, and
-# gated_norm on too), WGSL beside CUDA on the 8B shape, PyTorch's 8B decode, the MoE
+# batch 1/8/64, Kimi-Linear-48B batch 1/16 (baseline: the fusions before router_norm), WGSL beside CUDA on the 8B shape, PyTorch's 8B decode, the MoE
 # block beside torch._grouped_mm. Build with build_for_device.sh; carry [".bin", ".gl",
 # ".kcache"].
 . benches/gpu/device_env.sh   # binaries, NVRTC cache, env, bench_summary
@@ -19,10 +18,8 @@ bench() { timeout 150 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt 
 echo "== llama8b $(date -u +%T)"; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128
 [ -n "$w" ] && wait $w; tail -1 $OUT/w.txt
 echo "== kimi48b $(date -u +%T)"; bench -m /tmp/kimi48b --batch 1,16 --prompt-len 512,512 --gen-len 48
-# The MoE layer's norm in the router's launch (router_norm) against the separate add_rms_norm,
-# and KDA's gated output norm inside o_proj's GEMV (gated_norm, off by default) on top.
+# The MoE layer's norm in the router's launch (router_norm) against the separate add_rms_norm.
 echo "== kimi48b DAYONE_DECODE_FUSION=rope_kv,moe_block,conv3,router_topk $(date -u +%T)"; DAYONE_DECODE_FUSION=rope_kv,moe_block,conv3,router_topk bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48
-echo "== kimi48b + gated_norm $(date -u +%T)"; DAYONE_DECODE_FUSION=rope_kv,moe_block,conv3,router_topk,router_norm,gated_norm bench -m /tmp/kimi48b --batch 1 --prompt-len 512 --gen-len 48
 rm -rf /tmp/kimi48b
 mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
 echo "== llama8b cuda b1, prompt 128 (beside WGSL) $(date -u +%T)"; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 64
