@@ -81,6 +81,10 @@ struct Args {
     /// ≤ 32 token-choice pairs) instead of `moe_experts` beside the shared expert's own calls.
     #[arg(long)]
     shared_fused: bool,
+    /// Time the router alone (GEMV and top-k: one launch at decode sizes on CUDA with the
+    /// `router_topk` fusion); the GB/s column then counts the router's f32 weights.
+    #[arg(long, conflicts_with = "shared_fused")]
+    route_only: bool,
 }
 
 /// A `[shape]` bf16 host tensor of small random values: one random block repeated (random
@@ -209,6 +213,9 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
     let block =
         |x: &B::Tensor, quant: &Option<QuantExperts<B>>| -> Result<(B::Tensor, B::Tensor)> {
             let (ids, w) = b.moe_route(x, &gate, Some(&bias), &routing)?;
+            if a.route_only {
+                return Ok((w, ids));
+            }
             if a.shared_fused && quant.is_none() {
                 let shared = [&sh_gate, &sh_up, &sh_down];
                 return Ok((
@@ -275,13 +282,20 @@ fn run<B: Backend>(b: B, a: &Args) -> Result<()> {
             }
             b.synchronize()?;
             let s = t0.elapsed().as_secs_f64() / iters as f64;
-            let flops = 2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64;
+            let flops = if a.route_only {
+                2.0 * (e * d * t) as f64
+            } else {
+                2.0 * 3.0 * (d * f) as f64 * (t * (a.top_k + a.shared)) as f64
+            };
             let expert_bytes = match format {
                 None => 2.0,
                 Some(f) => f.code_bits() as f64 / 8.0 + f.scale.size() as f64 / f.group as f64,
             };
-            let bytes =
-                3.0 * (d * f) as f64 * (expert_bytes * used.len() as f64 + 2.0 * a.shared as f64);
+            let bytes = if a.route_only {
+                4.0 * (e * d) as f64
+            } else {
+                3.0 * (d * f) as f64 * (expert_bytes * used.len() as f64 + 2.0 * a.shared as f64)
+            };
             if a.json {
                 println!(
                 "{{\"format\":\"{}\",\"path\":\"{label}\",\"tokens\":{t},\"ms\":{:.4},\"tflops\":{:.2},\"weight_gbps\":{:.1},\"experts_used\":{},\"backend\":\"{}\"}}",
