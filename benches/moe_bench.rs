@@ -6,7 +6,7 @@
 //! Usage: `moe-bench [--backend cuda|wgsl|cpu] [--tokens 1,64,512,8192] [--hidden 7168]
 //!         [--experts 256] [--expert-dim 2048] [--top-k 8] [--groups 8] [--topk-group 4]
 //!         [--shared 1] [--experts-format bf16|mxfp4|int4] [--quant-path auto,direct,decode,fp8]
-//!         [--json]`
+//!         [--shared-fused | --route-only] [--json]`
 //!
 //! With `--experts-format mxfp4|int4` the routed experts stay low-bit on the device (the
 //! engine's `QuantExperts`) and run by each path of `--quant-path`, timed apart: `decode`
@@ -119,8 +119,8 @@ fn low_bit(format: QuantFormat, shape: [usize; 3], rng: &mut Rng) -> Result<Quan
     QuantHost::new("bench experts", format, shape, codes, scales, vec![])
 }
 
-/// The shape flags' constraints (those of `Backend::moe_route` and of the low-bit groups), as
-/// a message naming the flags; `None` when they hold.
+/// The shape flags' constraints (those of `Backend::moe_route`, of the low-bit groups and of
+/// `--shared-fused`), as a message naming the flags; `None` when they hold.
 fn shape_error(a: &Args) -> Option<String> {
     let (e, k, g, tg) = (a.experts, a.top_k, a.groups, a.topk_group);
     if e == 0 || k == 0 || k > e {

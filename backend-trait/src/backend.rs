@@ -33,9 +33,9 @@ pub type NormedProjections<T> = (Option<T>, Vec<T>);
 
 /// What [`Backend::rms_norm_moe_route`] returns.
 pub struct NormedRoute<T> {
-    /// The residual sum `a + r` `[N, D]` (`None` when no residual was added).
+    /// The residual sum `a + r` `[N, D]` in `a`'s dtype (`None` when no residual was added).
     pub sum: Option<T>,
-    /// The normed rows `[N, D]` that were routed (the experts' input).
+    /// The normed rows `[N, D]` in `a`'s dtype that were routed (the experts' input).
     pub x: T,
     /// `[N, k]` u32, as [`Backend::moe_route`].
     pub ids: T,
@@ -752,9 +752,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `linear(gated_rms_norm(x, gate, norm_w, eps), w, bias)` with the norm over each
     /// `head_dim`-wide slice. `x`, `gate` `[N, H·head_dim]`, `norm_w` `[head_dim]`, `w` `[O,
     /// H·head_dim]`, `bias` `[O]` → `[N, O]`, bit-equal to [`Backend::gated_rms_norm`] of
-    /// `[N·H, head_dim]` rows then [`Backend::linear`]. The default makes those calls; a backend
-    /// may normalise inside the projection's launch (CUDA decode: every GEMV block normalises
-    /// the rows itself). Errors: as those calls.
+    /// `[N·H, head_dim]` rows then [`Backend::linear`]; `x`, `gate`, `w`, `bias` of one dtype,
+    /// `norm_w` in it or f32. The default makes those calls; a backend may normalise inside the
+    /// projection's launch (CUDA decode: every GEMV block normalises the rows itself). Errors:
+    /// `head_dim` 0 or not dividing `x`'s elements, else as those calls.
     #[allow(clippy::too_many_arguments)]
     fn gated_rms_norm_linear(
         &self,

@@ -1097,7 +1097,7 @@ pub fn check_mla_moe<B: Backend>(b: &B) -> Result<()> {
 
 /// `rms_norm_moe_route`: the sum, the normed rows, the ids and the weights bit-equal to
 /// `rms_norm_of` then `moe_route`, with and without a residual, at decode sizes (where CUDA runs
-/// one launch) and above them; the shapes of Kimi-Linear (D 2304, 256 experts, top-8, one
+/// one launch for 16-bit activations) and above them; the shapes of Kimi-Linear (D 2304, 256 experts, top-8, one
 /// group), DeepSeek-V3's grouping and Kimi-K2's 384 experts with D cut down.
 pub fn check_rms_norm_moe_route<B: Backend>(b: &B, dt: DType) -> Result<()> {
     use crate::MoeRouting;
@@ -1611,7 +1611,7 @@ pub fn check_moe_experts_shared<B: Backend>(b: &B, dt: DType) -> Result<()> {
 }
 
 /// Runs the Kimi-Linear KDA-layer checks ([`check_short_conv`], [`check_short_conv_many`], [`check_kda`],
-/// [`check_gated_rms_norm`]) for the backend's f32 activation dtype and, if different, its bf16
+/// [`check_gated_rms_norm`], [`check_gated_rms_norm_linear`]) for the backend's f32 activation dtype and, if different, its bf16
 /// one.
 pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
     let mut dts = vec![b.activation_dtype(DType::F32)];

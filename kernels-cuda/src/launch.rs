@@ -140,7 +140,9 @@ impl DecodeFusion {
 /// 4 096-wide GEMV), which costs more than the launch it saves. Not the attention's in-kernel
 /// split merge: once it ran inside the graphs too, an H100 measured the Llama-8B batch-1 step
 /// 3.9 % slower with it (5.83 against 5.60 ms, 2026-12-07) — every split block fences and counts,
-/// and the last one's merge runs serially after the step's slowest split.
+/// and the last one's merge runs serially after the step's slowest split. Not KDA's gated norm
+/// inside `o_proj`'s GEMV: 3.5 % slower on an H100 (Kimi-Linear-48B's first 14 layers, batch 1,
+/// 2026-12-07), for the same reason as the norm.
 pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RopeKv,
     DecodeFusion::MoeBlock,
@@ -582,8 +584,8 @@ pub fn moe_decode_grids(
 /// kernel's rows per warp.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MoeDecodeVariant {
-    /// `""` (8 chunks per row in flight), `"_b3"` (≥ 3 blocks per SM), `"_u3b4"` (3 chunks,
-    /// ≥ 4 blocks per SM).
+    /// `""` (8 chunks per row in flight for 16-bit weights, 4 for f32), `"_b3"` (≥ 3 blocks per
+    /// SM), `"_u3b4"` (3 chunks, ≥ 4 blocks per SM).
     pub gu: &'static str,
     /// `""` (4 rows per warp), `"_b3"` (4 rows, ≥ 3 blocks per SM), `"_r2b4"` (2 rows, 4
     /// chunks, ≥ 4 blocks), `"_r1b4"` (1 row, 4 chunks, ≥ 4 blocks).
