@@ -69,6 +69,61 @@ pub fn rope_then_write_kv<B: Backend>(
     Ok(q)
 }
 
+/// [`Backend::rms_norm_moe_route`] as separate ops: [`Backend::rms_norm_of`] then
+/// [`Backend::moe_route`] (the trait's default; a backend that fuses them falls back to it).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_then_moe_route<B: Backend>(
+    b: &B,
+    a: &B::Tensor,
+    r: Option<&B::Tensor>,
+    norm_w: &B::Tensor,
+    eps: f32,
+    gate_w: &B::Tensor,
+    bias: Option<&B::Tensor>,
+    routing: &MoeRouting,
+) -> Result<NormedRoute<B::Tensor>> {
+    let (sum, x) = b.rms_norm_of(a, r, norm_w, eps)?;
+    let (ids, weights) = b.moe_route(&x, gate_w, bias, routing)?;
+    Ok(NormedRoute {
+        sum,
+        x,
+        ids,
+        weights,
+    })
+}
+
+/// [`Backend::gated_rms_norm_linear`] as separate ops: [`Backend::gated_rms_norm`] of the
+/// `[N·H, head_dim]` rows then [`Backend::linear`] (the trait's default; a backend that fuses
+/// them falls back to it). Errors: `head_dim` 0 or not dividing `x`'s elements, else as those
+/// calls.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_rms_norm_then_linear<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    gate: &B::Tensor,
+    norm_w: &B::Tensor,
+    eps: f32,
+    head_dim: usize,
+    w: &B::Tensor,
+    bias: Option<&B::Tensor>,
+) -> Result<B::Tensor> {
+    let shape = x.shape().to_vec();
+    let numel: usize = shape.iter().product();
+    if head_dim == 0 || !numel.is_multiple_of(head_dim) {
+        anyhow::bail!(
+            "gated_rms_norm_linear: x {shape:?} is not made of heads of {head_dim} values"
+        );
+    }
+    let heads = [numel / head_dim, head_dim];
+    let y = b.gated_rms_norm(
+        &b.reshape(x, &heads)?,
+        &b.reshape(gate, &heads)?,
+        norm_w,
+        eps,
+    )?;
+    b.linear(&b.reshape(&y, &shape)?, w, bias)
+}
+
 /// [`Backend::moe_experts_shared`] as separate ops: `moe_experts`, the shared expert's
 /// `linear_silu_mul` and `linear`, then `add` (the trait's default; a backend that fuses the
 /// block falls back to it where its fused path does not apply).
@@ -677,14 +732,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         bias: Option<&Self::Tensor>,
         routing: &MoeRouting,
     ) -> Result<NormedRoute<Self::Tensor>> {
-        let (sum, x) = self.rms_norm_of(a, r, norm_w, eps)?;
-        let (ids, weights) = self.moe_route(&x, gate_w, bias, routing)?;
-        Ok(NormedRoute {
-            sum,
-            x,
-            ids,
-            weights,
-        })
+        rms_norm_then_moe_route(self, a, r, norm_w, eps, gate_w, bias, routing)
     }
 
     /// Causal depthwise convolution with SiLU over each sequence's tokens, carrying history in a
@@ -767,21 +815,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: &Self::Tensor,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor> {
-        let shape = x.shape().to_vec();
-        let numel: usize = shape.iter().product();
-        if head_dim == 0 || !numel.is_multiple_of(head_dim) {
-            anyhow::bail!(
-                "gated_rms_norm_linear: x {shape:?} is not made of heads of {head_dim} values"
-            );
-        }
-        let heads = [numel / head_dim, head_dim];
-        let y = self.gated_rms_norm(
-            &self.reshape(x, &heads)?,
-            &self.reshape(gate, &heads)?,
-            norm_w,
-            eps,
-        )?;
-        self.linear(&self.reshape(&y, &shape)?, w, bias)
+        gated_rms_norm_then_linear(self, x, gate, norm_w, eps, head_dim, w, bias)
     }
 
     /// Sigmoid-gated RMSNorm (HF `KimiLinearRMSNormGated`), in f32:

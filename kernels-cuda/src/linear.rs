@@ -515,19 +515,7 @@ impl CudaBackend {
                 return Ok(out);
             }
         }
-        let shape = x.shape.clone();
-        let numel: usize = shape.iter().product();
-        if head_dim == 0 || !numel.is_multiple_of(head_dim) {
-            bail!("{OP}: x {shape:?} is not made of heads of {head_dim} values");
-        }
-        let heads = [numel / head_dim, head_dim];
-        let y = self.gated_rms_norm_impl(
-            &self.reshape(x, &heads)?,
-            &self.reshape(gate, &heads)?,
-            norm_w,
-            eps,
-        )?;
-        self.linear_impl(&self.reshape(&y, &shape)?, w, bias, true)
+        dayone_backend::gated_rms_norm_then_linear(self, x, gate, norm_w, eps, head_dim, w, bias)
     }
 
     /// [`dayone_backend::Backend::rms_norm_linear_many`]: one `gemv_many_norm` launch for

@@ -567,14 +567,7 @@ impl CudaBackend {
                 }
             }
         }
-        let (sum, x) = dayone_backend::Backend::rms_norm_of(self, a, r, g, eps)?;
-        let (ids, weights) = self.moe_route_impl(&x, gate_w, bias, routing)?;
-        Ok(NormedRoute {
-            sum,
-            x,
-            ids,
-            weights,
-        })
+        dayone_backend::rms_norm_then_moe_route(self, a, r, g, eps, gate_w, bias, routing)
     }
 
     /// `moe_route` of `x`, or with `norm` (`x` is then the pre-norm input) only where the
