@@ -92,6 +92,22 @@ pub fn rms_norm_then_moe_route<B: Backend>(
     })
 }
 
+/// [`Backend::linear_add_rms_norm`] as separate ops: [`Backend::linear`] then
+/// [`Backend::add_rms_norm`] of `h` and the projection (the trait's default; a backend that
+/// fuses them falls back to it). Errors: as those calls.
+pub fn linear_then_add_rms_norm<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    w: &B::Tensor,
+    bias: Option<&B::Tensor>,
+    h: &B::Tensor,
+    norm_w: &B::Tensor,
+    eps: f32,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let y = b.linear(x, w, bias)?;
+    b.add_rms_norm(h, &y, norm_w, eps)
+}
+
 /// [`Backend::gated_rms_norm_linear`] as separate ops: [`Backend::gated_rms_norm`] of the
 /// `[N·H, head_dim]` rows then [`Backend::linear`] (the trait's default; a backend that fuses
 /// them falls back to it). Errors: `head_dim` 0 or not dividing `x`'s elements, else as those
@@ -473,6 +489,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
             }
             None => (None, self.rms_norm(a, norm_w, eps)?),
         })
+    }
+
+    /// A sublayer's last projection, the residual add after it and the next sublayer's norm:
+    /// `y = x·wᵀ (+ bias)`, `s = h + y`, `n = rms_norm(s, norm_w, eps)`; returns `(s, n)`.
+    /// `x` `[M, K]`, `w` `[N, K]`, `bias` `[N]`, `h` `[M, N]`, `norm_w` `[N]`, all of one
+    /// dtype → two `[M, N]`, bit-equal to [`Backend::linear`] then [`Backend::add_rms_norm`]
+    /// (`y` rounded to the dtype before the add), which [`linear_then_add_rms_norm`] (the
+    /// default) calls; a backend may run the add and the norm inside the projection's launch
+    /// (CUDA decode: the GEMV's last block). Errors: as those calls.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_add_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        h: &Self::Tensor,
+        norm_w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        linear_then_add_rms_norm(self, x, w, bias, h, norm_w, eps)
     }
 
     /// [`Backend::linear_silu_mul`] of a pre-norm input, as [`Backend::rms_norm_linear_many`]

@@ -145,6 +145,7 @@ pub fn check_all<B: Backend>(b: &B) -> Result<()> {
         check_rms_norm(b, dt)?;
         check_add_rms_norm(b, dt)?;
         check_rms_norm_linear(b, dt)?;
+        check_linear_add_rms_norm(b, dt)?;
         check_rope(b, dt)?;
         check_silu_mul(b, dt)?;
         check_silu_mul_limit(b, dt)?;
@@ -468,6 +469,51 @@ pub fn check_linear_silu_mul<B: Backend>(b: &B, dt: DType) -> Result<()> {
             &reference::linear(&x, &wu, None)?,
         )?;
         compare("linear_silu_mul", &case, &got, &want, tolerance(dt))?;
+    }
+    Ok(())
+}
+
+/// `linear_add_rms_norm`: the sum and the normed rows bit-equal to `linear` then
+/// `add_rms_norm` on the same backend. Output widths below 2 048 (the norm kernel's 256
+/// threads) and from 2 048 (512), with an odd count of 8-value chunks per 2 048-wide step,
+/// rows per block that do not divide the width; 1–9 rows (past the decode GEMV); with and
+/// without a bias; weights uploaded as weights or not.
+pub fn check_linear_add_rms_norm<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(31);
+    let cases: &[(usize, usize, usize, bool)] = &[
+        (1, 4096, 4096, false),
+        (1, 1024, 2304, true),
+        (2, 512, 3000, false),
+        (3, 2048, 6144, true),
+        (5, 264, 1000, false),
+        (8, 1024, 4096, true),
+        (9, 256, 512, false),
+    ];
+    for &(m, k, n, with_bias) in cases {
+        let x = b.upload(&rand_tensor(&mut rng, &[m, k], dt, 2.0)?)?;
+        let h = b.upload(&rand_tensor(&mut rng, &[m, n], dt, 2.0)?)?;
+        let g = b.upload(&rand_tensor(&mut rng, &[n], dt, 1.5)?)?;
+        let w = rand_tensor(&mut rng, &[n, k], dt, 0.5)?;
+        let w = if with_bias {
+            b.upload(&w)?
+        } else {
+            b.upload_weight(&w)?
+        };
+        let bias = with_bias
+            .then(|| rand_tensor(&mut rng, &[n], dt, 1.0).and_then(|t| b.upload(&t)))
+            .transpose()?;
+        let case = format!("{dt} x [{m}, {k}], w [{n}, {k}], bias {with_bias}");
+        let (sum, xn) = b.linear_add_rms_norm(&x, &w, bias.as_ref(), &h, &g, 1e-5)?;
+        let y = b.linear(&x, &w, bias.as_ref())?;
+        let (want_sum, want_xn) = b.add_rms_norm(&h, &y, &g, 1e-5)?;
+        for (what, got, want) in [("sum", &sum, &want_sum), ("normed rows", &xn, &want_xn)] {
+            let (got, want) = (run(b, got)?, run(b, want)?);
+            ensure!(
+                got.shape == want.shape && got.data == want.data,
+                "linear_add_rms_norm {case}: the {what} are not bit-equal to linear then \
+                 add_rms_norm's"
+            );
+        }
     }
     Ok(())
 }

@@ -89,9 +89,13 @@ struct GemvNorm {
     u32 vt;         // threads of the norm kernel matched: 256 or 512
 };
 
+// The rows' pass: the sums a + r (rounded to T) go to `xs` (and `sum` when store_sum, if xs is
+// not `sum` itself), then the normed rows to `dst` (and `x_out`). The prologue passes shared
+// memory as both xs and dst; gemv_add_norm_tail passes the `sum` output as xs (global memory,
+// each thread reading back only what it wrote) and the normed output as dst.
 template <typename T, int MT>
-__device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, const GemvNorm& nm,
-                                                   u32 m, u32 k, T* xs, bool store_sum) {
+__device__ __forceinline__ void gemv_norm_rows(const T* __restrict__ a, const GemvNorm& nm,
+                                               u32 m, u32 k, T* xs, T* dst, bool store_sum) {
     __shared__ float nred[MT][16];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const T* r = static_cast<const T*>(nm.r);
@@ -117,7 +121,7 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
 #pragma unroll
                 for (int e = 0; e < 8; e++) fa[e] = fa[e] + fb[e];
                 v.from_float(fa);
-                if (store_sum) v.store(sum + base + j);
+                if (store_sum && sum != xs) v.store(sum + base + j);
             } else {
                 v.load(a + base + j);
             }
@@ -157,10 +161,16 @@ __device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, cons
             for (int e = 0; e < 8; e++) f[e] = f[e] * inv * gf[e];
             Vec8<T> o;
             o.from_float(f);
-            o.store(xs + base + j);
+            o.store(dst + base + j);
             if (x_out) o.store(x_out + base + j);
         }
     }
+}
+
+template <typename T, int MT>
+__device__ __forceinline__ void gemv_norm_prologue(const T* __restrict__ a, const GemvNorm& nm,
+                                                   u32 m, u32 k, T* xs, bool store_sum) {
+    gemv_norm_rows<T, MT>(a, nm, m, k, xs, xs, store_sum);
 }
 
 // Gated-norm input computed inside the GEMV (`gemv_gnorm_*`, Backend::gated_rms_norm_linear:
@@ -405,6 +415,35 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
                                              (blockIdx.x - sg.first[i]) * RPW, nullptr, nm);
 }
 
+// A sublayer's last projection with the residual add and the next sublayer's norm
+// (`gemv_addnorm_*`, Backend::linear_add_rms_norm): the GEMV's blocks write y [M, N], count
+// themselves done, and the last block computes sum = h + y and rms_norm(sum) ⊙ g over the M
+// rows of N values with gemv_norm_rows — bit-equal to add_rms_norm of h and y (the arithmetic of
+// norm.cu's `vt`-thread kernel, see gemv_norm_prologue), one launch fewer. `sum` doubles as the
+// rows' scratch, so no dynamic shared memory; then the counter is zeroed for the next launch.
+struct GemvAddNorm {
+    GemvNorm nm;  // r = y (the GEMV's output), sum = the sum output, x_out = 0
+    const void* h;  // [M, N], the residual
+    void* xn;       // [M, N], the normed rows
+    u32* counter;
+};
+template <typename T, int MT, int RPW, int U>
+__device__ __forceinline__ void gemv_add_norm_impl(const T* x, const T* w, const T* bias, T* y,
+                                                   u32 m, u32 n, u32 k, u32 w_const,
+                                                   const GemvAddNorm& an) {
+    gemv_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k, w_const, blockIdx.x * RPW);
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(an.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    gemv_norm_rows<T, MT>(static_cast<const T*>(an.h), an.nm, m, n, static_cast<T*>(an.nm.sum),
+                          static_cast<T*>(an.xn), true);
+    if (threadIdx.x == 0) *an.counter = 0;
+}
+
 #define GEMV(S, T, MT, RPW, U)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_##S##_m##MT##_r##RPW(     \
         const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k, u32 w_const) {      \
@@ -413,6 +452,11 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
         gemv_many_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k, u32 w_const) { \
         gemv_many_impl<T, MT, RPW, U>(x, segs, m, k, w_const);                                \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_addnorm_##S##_m##MT##_r##RPW( \
+        const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k, u32 w_const,        \
+        GemvAddNorm an) {                                                                     \
+        gemv_add_norm_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k, w_const, an);               \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2)                             \
         gemv_many_norm_##S##_m##MT##_r##RPW(const T* x, GemvSegs segs, u32 m, u32 k,          \

@@ -102,6 +102,9 @@ pub enum DecodeFusion {
     /// KDA's gated output norm inside `o_proj`'s GEMV (`gated_rms_norm_linear`,
     /// `gemv_gnorm_*`): every block normalises the heads itself.
     GatedNorm,
+    /// A sublayer's last projection with the residual add and the next sublayer's norm in its
+    /// launch (`linear_add_rms_norm`, `gemv_addnorm_*`): the GEMV's last block normalises once.
+    AddNorm,
 }
 
 impl DecodeFusion {
@@ -116,11 +119,12 @@ impl DecodeFusion {
             DecodeFusion::RouterTopk => "router_topk",
             DecodeFusion::RouterNorm => "router_norm",
             DecodeFusion::GatedNorm => "gated_norm",
+            DecodeFusion::AddNorm => "add_norm",
         }
     }
 
     /// Its bit in a [`decode_fusions_mask`].
-    pub fn bit(self) -> u8 {
+    pub fn bit(self) -> u16 {
         match self {
             DecodeFusion::Norm => 1,
             DecodeFusion::RopeKv => 2,
@@ -130,6 +134,7 @@ impl DecodeFusion {
             DecodeFusion::RouterTopk => 32,
             DecodeFusion::RouterNorm => 64,
             DecodeFusion::GatedNorm => 128,
+            DecodeFusion::AddNorm => 256,
         }
     }
 }
@@ -149,6 +154,7 @@ pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,
     DecodeFusion::RouterNorm,
+    DecodeFusion::AddNorm,
 ];
 
 /// Every fusion, in `DAYONE_DECODE_FUSION`'s order.
@@ -161,18 +167,19 @@ pub const ALL_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RouterTopk,
     DecodeFusion::RouterNorm,
     DecodeFusion::GatedNorm,
+    DecodeFusion::AddNorm,
 ];
 
 /// The bitmask of `fusions` ([`DecodeFusion::bit`]).
-pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u8 {
+pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u16 {
     fusions.iter().fold(0, |m, f| m | f.bit())
 }
 
 /// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge,moe_block,conv3,
-/// router_topk,router_norm,gated_norm`; `0` or `none`: none;
+/// router_topk,router_norm,gated_norm,add_norm`; `0` or `none`: none;
 /// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
 /// one run; an unknown name warns and is ignored.
-pub fn decode_fusions_from_env() -> u8 {
+pub fn decode_fusions_from_env() -> u16 {
     let all = ALL_DECODE_FUSIONS;
     match std::env::var("DAYONE_DECODE_FUSION") {
         Err(_) => decode_fusions_mask(DEFAULT_DECODE_FUSIONS),
@@ -184,7 +191,8 @@ pub fn decode_fusions_from_env() -> u8 {
                     None if x == "0" || x == "none" => {}
                     None => eprintln!(
                         "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
-                         attn_merge, moe_block, conv3, router_topk, router_norm, gated_norm (or 0 / none); ignored"
+                         attn_merge, moe_block, conv3, router_topk, router_norm, gated_norm, add_norm (or 0 / \
+                         none); ignored"
                     ),
                 }
             }

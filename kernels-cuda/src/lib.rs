@@ -159,7 +159,7 @@ pub struct CudaBackend {
     decode_counters: std::sync::OnceLock<CudaTensor>,
     /// The decode fusions on ([`launch::decode_fusions_mask`]; `DAYONE_DECODE_FUSION` or
     /// [`CudaBackend::set_decode_fusions`]).
-    decode_fusions: std::sync::atomic::AtomicU8,
+    decode_fusions: std::sync::atomic::AtomicU16,
 }
 
 /// True when the CUDA libraries load and at least one device is visible (for `--backend auto`).
@@ -295,7 +295,7 @@ impl CudaBackend {
             blas: Mutex::new(blas),
             info,
             decode_counters: std::sync::OnceLock::new(),
-            decode_fusions: std::sync::atomic::AtomicU8::new(launch::decode_fusions_from_env()),
+            decode_fusions: std::sync::atomic::AtomicU16::new(launch::decode_fusions_from_env()),
         })
     }
 
@@ -1040,6 +1040,18 @@ impl Backend for CudaBackend {
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
         self.gated_rms_norm_linear_impl(x, gate, norm_w, eps, head_dim, w, bias)
+    }
+
+    fn linear_add_rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        h: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.linear_add_rms_norm_impl(x, w, bias, h, norm_w, eps)
     }
 
     fn rms_norm_moe_route(

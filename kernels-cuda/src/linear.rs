@@ -365,6 +365,18 @@ struct GemvGatedNorm {
     _pad: u32,
 }
 
+/// The add-and-norm tail of `gemv_addnorm_*` (`GemvAddNorm` in gemv.cu): the norm's
+/// parameters (`r` = the GEMV's output, `sum` = the sum's output), the residual, the normed
+/// rows' output and the launch's counter.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvAddNorm {
+    nm: GemvNorm,
+    h: u64,
+    xn: u64,
+    counter: u64,
+}
+
 /// The pre-norm input of a fused decode GEMV (`GemvNorm` in gemv.cu): the residual to add
 /// (0: none), the norm weight, the sum's output (0: none), the normed rows' output (0: none),
 /// eps and the threads of the norm kernel whose sums it reproduces ([`launch::norm_threads`]).
@@ -516,6 +528,86 @@ impl CudaBackend {
             }
         }
         dayone_backend::gated_rms_norm_then_linear(self, x, gate, norm_w, eps, head_dim, w, bias)
+    }
+
+    /// [`dayone_backend::Backend::linear_add_rms_norm`]: one `gemv_addnorm` launch for
+    /// decode-sized M with the `add_norm` fusion (the GEMV's last block adds `h` and normalises
+    /// the rows, bit-equal to `linear` then `add_rms_norm`, see `gemv_add_norm_impl`) where the
+    /// shapes and dtypes agree, else those two calls (which report any error).
+    ///
+    /// Errors: as `linear` and `add_rms_norm`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn linear_add_rms_norm_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        h: &CudaTensor,
+        norm_w: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        const OP: &str = "linear_add_rms_norm";
+        if let (Ok((m, k)), Ok(sfx)) = (rows_last(OP, "x [M, K]", x), dtype_suffix(OP, x.dtype)) {
+            let n = w.shape.first().copied().unwrap_or(0);
+            let mt = launch::gemv_mt(m, k).filter(|_| {
+                !self.invariant()
+                    && self.fusion(launch::DecodeFusion::AddNorm)
+                    && m > 0
+                    && w.shape == [n, k]
+                    && n > 0
+                    && n.is_multiple_of(8)
+                    && w.dtype == x.dtype
+                    && bias.is_none_or(|b| b.shape == [n] && b.dtype == x.dtype)
+                    && h.shape == [m, n]
+                    && h.dtype == x.dtype
+                    && norm_w.shape == [n]
+                    && norm_w.dtype == x.dtype
+            });
+            if let Some(mt) = mt {
+                if let Some(counters) = self.decode_counters()? {
+                    self.bind()?;
+                    let y = self.alloc(vec![m, n], x.dtype)?;
+                    let sum = self.alloc(vec![m, n], x.dtype)?;
+                    let xn = self.alloc(vec![m, n], x.dtype)?;
+                    let rpw = launch::gemv_rpw(n, self.info.sms);
+                    let f = self.func("gemv", sfx, &format!("gemv_addnorm_{sfx}_m{mt}_r{rpw}"))?;
+                    let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
+                    let an = GemvAddNorm {
+                        nm: GemvNorm {
+                            r: y.device_ptr(),
+                            g: norm_w.device_ptr(),
+                            sum: sum.device_ptr(),
+                            x_out: 0,
+                            eps,
+                            vt: launch::norm_threads(n),
+                        },
+                        h: h.device_ptr(),
+                        xn: xn.device_ptr(),
+                        counter: counters.device_ptr(),
+                    };
+                    self.launch(
+                        OP,
+                        &f,
+                        (grid, 1, 1),
+                        (launch::GEMV_THREADS, 1, 1),
+                        0,
+                        kparams![
+                            x.device_ptr(),
+                            w.device_ptr(),
+                            bias.map_or(0u64, |b| b.device_ptr()),
+                            y.device_ptr(),
+                            m as u32,
+                            to_u32(OP, "N", n)?,
+                            to_u32(OP, "K", k)?,
+                            w.buf.weight as u32,
+                            an
+                        ],
+                    )?;
+                    return Ok((sum, xn));
+                }
+            }
+        }
+        dayone_backend::linear_then_add_rms_norm(self, x, w, bias, h, norm_w, eps)
     }
 
     /// [`dayone_backend::Backend::rms_norm_linear_many`]: one `gemv_many_norm` launch for

@@ -31,6 +31,7 @@ fn conformance_suite() {
         b.set_decode_fusions(fusions);
         for dt in conformance::activation_dtypes(&b) {
             conformance::check_rms_norm_linear(&b, dt).unwrap();
+            conformance::check_linear_add_rms_norm(&b, dt).unwrap();
             conformance::check_rope_write_kv(&b, dt).unwrap();
             conformance::check_paged_attention(&b, dt).unwrap();
             conformance::check_moe_experts_shared(&b, dt).unwrap();
@@ -53,6 +54,7 @@ fn conformance_suite() {
         conformance::check_embedding,
         conformance::check_rms_norm_moe_route,
         conformance::check_gated_rms_norm_linear,
+        conformance::check_linear_add_rms_norm,
     ] {
         check(&b, DType::F16).unwrap();
     }

@@ -6,7 +6,7 @@
 //! Optionally over a sliding window (Mistral, Qwen2/3 sliding layers, gpt-oss) and with a
 //! learned sink logit per head in every softmax row (gpt-oss, HF `GptOssAttention`).
 
-use super::{Linear, PreNorm, RmsNorm, Rope, RowLinear};
+use super::{Addend, Linear, PreNorm, RmsNorm, Rope, RowLinear};
 use crate::loader::Split;
 use crate::weights::WeightLoader;
 use anyhow::Result;
@@ -149,7 +149,8 @@ impl<B: Backend> Attention<B> {
     }
 
     /// `x` `[N, D]` (a pre-norm input: q, k and v take the norm in their own call where the
-    /// backend fuses it) → `[N, D]`; writes this step's keys/values into `(k_cache, v_cache)`.
+    /// backend fuses it) → `[N, D]`, `o_proj` still to project on one rank
+    /// ([`RowLinear::forward_addend`]); writes this step's keys/values into `(k_cache, v_cache)`.
     pub fn forward(
         &self,
         b: &B,
@@ -157,7 +158,7 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
         meta: &DeviceStepMeta<B::Tensor>,
         kv: (&B::Tensor, &B::Tensor),
-    ) -> Result<B::Tensor> {
+    ) -> Result<Addend<'_, B>> {
         let s = self.shape;
         let n = meta.host.num_tokens();
         let [q, k, v] = super::outputs(
@@ -176,7 +177,8 @@ impl<B: Backend> Attention<B> {
             sinks: self.sinks.as_ref(),
         };
         let o = b.paged_attention_ext(&q, kv.0, kv.1, meta, scale, &opts)?;
+        // o_proj as the residual's addend: with the next norm in one call where it can be.
         self.o_proj
-            .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
+            .forward_addend(b, b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }
 }

@@ -14,7 +14,8 @@
 //! entry `i`, whose kind ([`crate::cache::LayerCacheSpec`]) the plan derived from the mixer.
 
 use super::{
-    Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, PreNorm, RmsNorm, Rope, Selection,
+    Addend, Attention, HyperConnection, Kda, Mla, MlaSparse, Mlp, Moe, PreNorm, RmsNorm, Rope,
+    Selection,
 };
 use crate::cache::KvCache;
 use crate::parallel::CpStep;
@@ -71,7 +72,8 @@ pub struct Block<B: Backend> {
 
 impl<B: Backend> BlockMixer<B> {
     /// `x` `[N, D]` (the pre-norm input: GQA attention and KDA take the norm inside their
-    /// projections' call, MLA materialises it) → `[N, D]`, reading and writing layer `layer`'s cache. `sel` carries the
+    /// projections' call, MLA materialises it) → `[N, D]` (GQA attention's still to project:
+    /// see [`Addend`]), reading and writing layer `layer`'s cache. `sel` carries the
     /// sparse-MLA selection from the previous layer and is replaced by this layer's (`None` when
     /// it selected nothing). Under context parallelism (`cp`; `x` and `meta` are this rank's
     /// slice) every rank's new key rows are gathered into the cache first, and a recurrent
@@ -86,7 +88,7 @@ impl<B: Backend> BlockMixer<B> {
         layer: usize,
         sel: &mut Option<Selection<B>>,
         cp: Option<&CpStep<B>>,
-    ) -> Result<B::Tensor> {
+    ) -> Result<Addend<'_, B>> {
         if let BlockMixer::Attention(attn, rope) = self {
             *sel = None;
             let kv = cache.kv(layer)?;
@@ -125,7 +127,7 @@ impl<B: Backend> BlockMixer<B> {
                     sel.as_ref(),
                 )?;
                 *sel = mine;
-                Ok(y)
+                Ok(Addend::Ready(y))
             }
             BlockMixer::Kda(kda) => {
                 *sel = None;
@@ -137,6 +139,7 @@ impl<B: Backend> BlockMixer<B> {
                     }
                     None => kda.forward(b, input, meta, conv, state),
                 }
+                .map(Addend::Ready)
             }
         }
     }
@@ -144,32 +147,34 @@ impl<B: Backend> BlockMixer<B> {
 
 impl<B: Backend> BlockFfn<B> {
     /// `x` `[N, D]` (the pre-norm input: a dense MLP takes the norm inside its gate/up call,
-    /// an MoE inside its router's, gpt-oss's MoE materialises it) → `[N, D]`.
-    pub fn forward(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
+    /// an MoE inside its router's, gpt-oss's MoE materialises it) → `[N, D]` (the dense MLP's
+    /// still to project: see [`Addend`]).
+    pub fn forward(&self, b: &B, input: &PreNorm<B>) -> Result<Addend<'_, B>> {
         match self {
             BlockFfn::Dense(mlp) => mlp.forward_pre(b, input),
-            BlockFfn::Moe(moe) => moe.forward_pre(b, input),
-            BlockFfn::GptOss(moe) => moe.forward(b, input.x(b)?),
+            BlockFfn::Moe(moe) => moe.forward_pre(b, input).map(Addend::Ready),
+            BlockFfn::GptOss(moe) => moe.forward(b, input.x(b)?).map(Addend::Ready),
         }
     }
 }
 
 /// The residual stream between blocks: summed, or the previous plain block's `h` and
 /// feed-forward output `m` not yet added — the next plain block adds them in the same launch as
-/// its input norm ([`Backend::add_rms_norm`], bit-equal to adding first).
-pub enum ResidualStream<B: Backend> {
+/// its input norm ([`Backend::add_rms_norm`], or with `m`'s projection:
+/// [`Backend::linear_add_rms_norm`]; bit-equal to adding first).
+pub enum ResidualStream<'a, B: Backend> {
     /// `[N, D]` (or `[N, n·D]` streams).
     Sum(B::Tensor),
     /// `h + m`, both `[N, D]`.
-    Pending(B::Tensor, B::Tensor),
+    Pending(B::Tensor, Addend<'a, B>),
 }
 
-impl<B: Backend> ResidualStream<B> {
-    /// The summed residual (one `add` for a pending one).
+impl<B: Backend> ResidualStream<'_, B> {
+    /// The summed residual (one `add` for a pending one, after its projection).
     pub fn sum(self, b: &B) -> Result<B::Tensor> {
         match self {
             ResidualStream::Sum(h) => Ok(h),
-            ResidualStream::Pending(h, m) => b.add(&h, &m),
+            ResidualStream::Pending(h, m) => m.add_to(b, &h),
         }
     }
 }
@@ -179,16 +184,16 @@ impl<B: Backend> Block<B> {
     /// block (layer `layer` of the model); `sel` and `cp` as in [`BlockMixer::forward`] (the
     /// feed-forward is token-local). A plain block leaves its last add pending.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
+    pub fn forward<'a>(
+        &'a self,
         b: &B,
-        h: ResidualStream<B>,
+        h: ResidualStream<'a, B>,
         meta: &DeviceStepMeta<B::Tensor>,
         cache: &KvCache<B>,
         layer: usize,
         sel: &mut Option<Selection<B>>,
         cp: Option<&CpStep<B>>,
-    ) -> Result<ResidualStream<B>> {
+    ) -> Result<ResidualStream<'a, B>> {
         match &self.residual {
             BlockResidual::Plain => {
                 let (h, m) = match h {
@@ -206,10 +211,14 @@ impl<B: Backend> Block<B> {
                 let h = &h.sum(b)?;
                 let h = attn.forward(b, h, |x| {
                     let input = PreNorm::new(&self.input_norm, x, None);
-                    self.mixer.forward(b, &input, meta, cache, layer, sel, cp)
+                    self.mixer
+                        .forward(b, &input, meta, cache, layer, sel, cp)?
+                        .tensor(b)
                 })?;
                 ffn.forward(b, &h, |x| {
-                    self.ffn.forward(b, &PreNorm::new(&self.post_norm, x, None))
+                    self.ffn
+                        .forward(b, &PreNorm::new(&self.post_norm, x, None))?
+                        .tensor(b)
                 })
                 .map(ResidualStream::Sum)
             }

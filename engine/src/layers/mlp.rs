@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward (Shazeer 2020): `down(silu(gate·x) ⊙ up·x)`; with a limit `l`
 //! (GLM-5.3-Flash's `swiglu_limit`), `down(silu(min(g, l)) ⊙ clamp(u, −l, l))`.
 
-use super::{Linear, PreNorm, RowLinear, Weight};
+use super::{Addend, Linear, PreNorm, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::Backend;
@@ -50,8 +50,9 @@ impl<B: Backend> Mlp<B> {
     }
 
     /// [`Mlp::forward`] of a pre-norm input: gate and up take the norm in their own call where
-    /// the backend fuses it ([`PreNorm::linear_silu_mul`]); the same values.
-    pub fn forward_pre(&self, b: &B, input: &PreNorm<B>) -> Result<B::Tensor> {
+    /// the backend fuses it ([`PreNorm::linear_silu_mul`]); the same values, `down` still to
+    /// project on one rank ([`RowLinear::forward_addend`]).
+    pub fn forward_pre(&self, b: &B, input: &PreNorm<B>) -> Result<Addend<'_, B>> {
         let act = match self.fused_gate_up() {
             Some((wg, wu)) => input.linear_silu_mul(b, wg, wu)?,
             None => {
@@ -59,8 +60,8 @@ impl<B: Backend> Mlp<B> {
                 self.activation(b, &gu[0], &gu[1])?
             }
         };
-        let y = self.down.forward_partial(b, &act)?;
-        self.down.parallel.all_reduce(b, &y)
+        // down as the residual's addend: with the next norm in one call where it can be.
+        self.down.forward_addend(b, act)
     }
 
     /// `x` `[N, D]` → this rank's partial `[N, D]` (its slice of the width), not yet summed.

@@ -1,5 +1,6 @@
 //! Layers, one file per layer type, each written against the [`dayone_backend::Backend`] trait.
 
+mod addend;
 mod attention;
 mod block;
 mod dsa_indexer;
@@ -19,6 +20,7 @@ mod pooled_indexer;
 mod rope;
 pub mod vision;
 
+pub use addend::Addend;
 pub use attention::{Attention, AttentionShape};
 pub use block::{Block, BlockFfn, BlockMixer, BlockResidual, ResidualStream};
 pub use dsa_indexer::DsaIndexer;

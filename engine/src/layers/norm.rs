@@ -1,6 +1,7 @@
 //! RMSNorm (Zhang & Sennrich 2019): `y = w ⊙ x / sqrt(mean(x²) + eps)`, in f32.
 
 use super::linear::Linear;
+use super::Addend;
 use crate::weights::WeightLoader;
 use anyhow::Result;
 use dayone_backend::{Backend, MoeRouting};
@@ -46,13 +47,14 @@ impl<B: Backend> RmsNorm<B> {
 /// [`Backend::rms_norm_linear_silu_mul`]: on CUDA decode the norm runs inside the projections'
 /// launch), and a sublayer that needs `x` itself calls [`PreNorm::x`]. Every path computes
 /// the same values bit for bit. The block reads the residual `h + m` back with
-/// [`PreNorm::into_sum`].
+/// [`PreNorm::into_sum`]. When `m` is a projection not yet computed ([`Addend::Projection`]),
+/// the first call runs it with the add and the norm ([`Backend::linear_add_rms_norm`]).
 pub struct PreNorm<'a, B: Backend> {
     norm: &'a RmsNorm<B>,
     /// `[N, D]`.
     h: &'a B::Tensor,
     /// The pending addend `[N, D]`, if any.
-    m: Option<&'a B::Tensor>,
+    m: Option<&'a Addend<'a, B>>,
     /// `h + m` once some call computed it.
     sum: OnceCell<B::Tensor>,
     /// `x` once materialised.
@@ -61,7 +63,7 @@ pub struct PreNorm<'a, B: Backend> {
 
 impl<'a, B: Backend> PreNorm<'a, B> {
     /// The input `norm(h + m)` of a sublayer (`m` `None`: `norm(h)`); `h`, `m` `[N, D]`.
-    pub fn new(norm: &'a RmsNorm<B>, h: &'a B::Tensor, m: Option<&'a B::Tensor>) -> Self {
+    pub fn new(norm: &'a RmsNorm<B>, h: &'a B::Tensor, m: Option<&'a Addend<'a, B>>) -> Self {
         Self {
             norm,
             h,
@@ -72,12 +74,20 @@ impl<'a, B: Backend> PreNorm<'a, B> {
     }
 
     /// The rows still to normalise and the addend still to add: `(h + m, None)` once the sum
-    /// exists, else `(h, m)`.
-    fn operands(&self) -> (&B::Tensor, Option<&B::Tensor>) {
-        match self.sum.get() {
-            Some(s) => (s, None),
-            None => (self.h, self.m),
+    /// exists, else `(h, m)`. An addend still to project is projected first, with the add and
+    /// the norm in the same call (which sets the sum and `x`).
+    fn operands(&self, b: &B) -> Result<(&B::Tensor, Option<&B::Tensor>)> {
+        if let (None, Some(Addend::Projection { x, w, bias })) = (self.sum.get(), self.m) {
+            let (s, x) =
+                b.linear_add_rms_norm(x, w, *bias, self.h, &self.norm.weight, self.norm.eps)?;
+            self.keep_sum(Some(s));
+            let _ = self.x.set(x);
         }
+        Ok(match (self.sum.get(), self.m) {
+            (Some(s), _) => (s, None),
+            (None, Some(Addend::Ready(m))) => (self.h, Some(m)),
+            (None, _) => (self.h, None),
+        })
     }
 
     /// Keeps the sum a call returned (the first one; later calls add nothing).
@@ -89,10 +99,11 @@ impl<'a, B: Backend> PreNorm<'a, B> {
 
     /// `x` `[N, D]` (computed once: `add_rms_norm`, or `rms_norm` of the sum or of `h`).
     pub fn x(&self, b: &B) -> Result<&B::Tensor> {
+        let operands = self.operands(b)?;
         if let Some(x) = self.x.get() {
             return Ok(x);
         }
-        let x = match self.operands() {
+        let x = match operands {
             (a, Some(m)) => {
                 let (s, x) = self.norm.add_forward(b, a, m)?;
                 self.keep_sum(Some(s));
@@ -107,9 +118,9 @@ impl<'a, B: Backend> PreNorm<'a, B> {
     /// fused into the projections where the backend can) when every weight is dense and `x`
     /// was not materialised yet.
     pub fn linear_many(&self, b: &B, layers: &[&Linear<B>]) -> Result<Vec<B::Tensor>> {
+        let (a, m) = self.operands(b)?;
         match Linear::dense_parts(layers).filter(|_| self.x.get().is_none()) {
             Some(parts) => {
-                let (a, m) = self.operands();
                 let (sum, ys) =
                     b.rms_norm_linear_many(a, m, &self.norm.weight, self.norm.eps, &parts)?;
                 self.keep_sum(sum);
@@ -129,10 +140,10 @@ impl<'a, B: Backend> PreNorm<'a, B> {
         bias: Option<&B::Tensor>,
         routing: &MoeRouting,
     ) -> Result<(B::Tensor, B::Tensor)> {
+        let (a, m) = self.operands(b)?;
         if let Some(x) = self.x.get() {
             return b.moe_route(x, gate_w, bias, routing);
         }
-        let (a, m) = self.operands();
         let route = b.rms_norm_moe_route(
             a,
             m,
@@ -164,10 +175,10 @@ impl<'a, B: Backend> PreNorm<'a, B> {
         w_gate: &B::Tensor,
         w_up: &B::Tensor,
     ) -> Result<B::Tensor> {
+        let (a, m) = self.operands(b)?;
         if let Some(x) = self.x.get() {
             return b.linear_silu_mul(x, w_gate, w_up);
         }
-        let (a, m) = self.operands();
         let (sum, y) =
             b.rms_norm_linear_silu_mul(a, m, &self.norm.weight, self.norm.eps, w_gate, w_up)?;
         self.keep_sum(sum);
@@ -178,7 +189,7 @@ impl<'a, B: Backend> PreNorm<'a, B> {
     pub fn into_sum(self, b: &B) -> Result<B::Tensor> {
         match (self.sum.into_inner(), self.m) {
             (Some(s), _) => Ok(s),
-            (None, Some(m)) => b.add(self.h, m),
+            (None, Some(m)) => m.add_to(b, self.h),
             (None, None) => Ok(self.h.clone()),
         }
     }

@@ -4,7 +4,7 @@
 //! matching slice of the input and sums the ranks' partial outputs with one all-reduce. On one
 //! rank both are the plain [`Linear`].
 
-use super::{Linear, Weight};
+use super::{Addend, Linear, Weight};
 use crate::loader::Split;
 use crate::parallel::Parallel;
 use crate::weights::WeightLoader;
@@ -103,5 +103,19 @@ impl<B: Backend> RowLinear<B> {
     /// `x` `[M, in / world]` → `[M, out]`, summed over the ranks.
     pub fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         self.parallel.all_reduce(b, &self.forward_partial(b, x)?)
+    }
+
+    /// [`RowLinear::forward`] as the residual's addend: not yet computed when the weight is
+    /// dense and whole on this rank ([`Addend::Projection`], so the next norm can share its
+    /// launch), else computed and summed over the ranks.
+    pub fn forward_addend(&self, b: &B, x: B::Tensor) -> Result<Addend<'_, B>> {
+        match &self.local.weight {
+            Weight::Dense(w) if self.parallel.world() == 1 => Ok(Addend::Projection {
+                x,
+                w,
+                bias: self.local.bias.as_ref(),
+            }),
+            _ => self.forward(b, &x).map(Addend::Ready),
+        }
     }
 }
