@@ -15,7 +15,7 @@ h200=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c H200)
   fi ) &
 echo "== tests $(date -u +%T)"
 if [ "$h200" = 0 ]; then fusion_tests 200; fi
-for t in "golden cuda 60" "decode_graphs cuda 40"; do
+for t in "golden cuda 60" "decode_graphs cuda 40" "cuda_conformance grouped_expert_tiles 60"; do
   set -- $t; b=$(ls .bin/test-*-$1 2>/dev/null | head -1); [ -n "$b" ] || continue
   echo "== $1 $2"; timeout $3 $b $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|differ|not bit" | head -5
 done
@@ -27,6 +27,13 @@ for i in $(seq $((2 - h200))); do
   echo "== llama8b default $(date -u +%T)"; bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128
   echo "== llama8b DAYONE_DECODE_FUSION=$NO_ADD $(date -u +%T)"; DAYONE_DECODE_FUSION=$NO_ADD bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128
 done
+# The MoE block at 8 192 tokens with its 128-row tiles rasterised (128r, 128xr) or not, beside
+# torch._grouped_mm.
+echo "== moe tiles, 8192 tokens $(date -u +%T)"
+for t in 128 128r 128xr; do
+  echo "-- DAYONE_MOE_TILE=$t"; DAYONE_MOE_TILE=$t timeout 60 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 --tokens 8192 2>&1 | grep -v "^\s*$" | tail -2
+done
+[ "$h200" = 0 ] && timeout 80 python3 benches/gpu/torch_deepseek.py --tokens 8192 2>&1 | grep grouped_mm
 if [ "$h200" != 0 ]; then
   wait; tail -1 $OUT/w.txt
   bash benches/gpu/run_h200_final.sh

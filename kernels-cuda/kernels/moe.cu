@@ -387,6 +387,8 @@ __device__ __forceinline__ void moe_mma_impl(const T* __restrict__ a, const T* _
 //   moe_mma128k64  moe_mma128 with BK 64 and 3 stages (half the barriers per flop). 96 KiB.
 //   moe_mma128x8   128 × 128, BK 32, 4 stages, 2 × 4 warps of 64 × 32 (256 threads: twice the
 //                  warps of moe_mma128 to hide latency). 64 KiB → 2 per SM.
+//   moe_mma128r, moe_mma128xr  moe_mma128 and moe_mma128x8 with blocks rasterised in groups of
+//                  8 tiles (moe_raster): each weight slice read once per expert from DRAM.
 //   moe_mma64w     BM 64, BN 256, BK 32, 4 stages, 2 × 4 warps of 32 × 64: half the padding
 //                  rows of a 128-row tile when an expert's rows just pass a multiple of 128.
 //                  80 KiB → 2 per SM.
@@ -408,7 +410,7 @@ __device__ __forceinline__ void moe_store2(T* orow, u32 col, u32 nout, float v0,
     }
 }
 
-template <typename T, bool GU, int BM, int BN, int BK, int STAGES, int WM, int WN>
+template <typename T, bool GU, int BM, int BN, int BK, int STAGES, int WM, int WN, int RG = 0>
 __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* __restrict__ w,
                                               T* __restrict__ out, const u32* __restrict__ offsets,
                                               const u32* __restrict__ sorted,
@@ -429,12 +431,14 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
     T* sa = reinterpret_cast<T*>(moe_dsmem);  // [STAGES][BM · BK]
     T* sb = sa + STAGES * BM * BK;            // [STAGES][BN · BK]
     grid_dep_wait();
+    u32 colb = blockIdx.x, ti = blockIdx.y;
+    if (RG > 0) moe_raster<RG>(colb, ti);
     MoeTile tl;
-    if (!moe_tile(offsets, tiles, ntiles, min(bt, (u32)BM), tl)) return;
+    if (!moe_tile_at(ti, offsets, tiles, ntiles, min(bt, (u32)BM), tl)) return;
     const u32 tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const u32 wm = wp % WM, wn = wp / WM;
     const u32 g = lane >> 2, t4 = lane & 3;
-    const u32 n0 = blockIdx.x * (GU ? BN / 2 : BN);
+    const u32 n0 = colb * (GU ? BN / 2 : BN);
     const T* wexp = w + (u64)tl.expert * wrows * kdim;
 
     // Copy jobs: chunk tid + i · NTH of the A and B stages (row idx / CH, chunk idx % CH).
@@ -685,12 +689,12 @@ DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
 
 // moe_mma{16,32,128,128w}: moe_mmat_impl<T, GU, BM, BN, BK, STAGES, WM, WN> (see there; the host's
 // launch::MoeTile::shape repeats these shapes).
-#define MOE_MMAT(S, T, NAME, NTH, MINB, BM, BN, BK, STAGES, WM, WN)                              \
+#define MOE_MMAT(S, T, NAME, NTH, MINB, BM, BN, BK, STAGES, WM, WN, RG)                          \
     extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_gu(MOE_ARGS(T)) {      \
-        moe_mmat_impl<T, true, BM, BN, BK, STAGES, WM, WN>(MOE_PASS);                         \
+        moe_mmat_impl<T, true, BM, BN, BK, STAGES, WM, WN, RG>(MOE_PASS);                     \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(NTH, MINB) NAME##_##S##_dn(MOE_ARGS(T)) {      \
-        moe_mmat_impl<T, false, BM, BN, BK, STAGES, WM, WN>(MOE_PASS);                        \
+        moe_mmat_impl<T, false, BM, BN, BK, STAGES, WM, WN, RG>(MOE_PASS);                    \
     }
 #define MOE_MMA(S, T)                                                                         \
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_gu(MOE_ARGS(T)) {            \
@@ -699,13 +703,15 @@ DAYONE_FOR_FLOAT_TYPES(MOE_ALL)
     extern "C" __global__ void __launch_bounds__(256) moe_mma_##S##_dn(MOE_ARGS(T)) {            \
         moe_mma_impl<T, false>(MOE_PASS);                                                     \
     }                                                                                         \
-    MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 128, 64, 4, 1, 8)                                   \
-    MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 128, 64, 4, 2, 4)                                   \
-    MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 128, 32, 4, 2, 2)                                 \
-    MOE_MMAT(S, T, moe_mma128w, 256, 1, 128, 256, 32, 4, 2, 4)                                \
-    MOE_MMAT(S, T, moe_mma128k64, 128, 2, 128, 128, 64, 3, 2, 2)                              \
-    MOE_MMAT(S, T, moe_mma128x8, 256, 2, 128, 128, 32, 4, 2, 4)                               \
-    MOE_MMAT(S, T, moe_mma64w, 256, 2, 64, 256, 32, 4, 2, 4)
+    MOE_MMAT(S, T, moe_mma16, 256, 3, 16, 128, 64, 4, 1, 8, 0)                                \
+    MOE_MMAT(S, T, moe_mma32, 256, 2, 32, 128, 64, 4, 2, 4, 0)                                \
+    MOE_MMAT(S, T, moe_mma128, 128, 2, 128, 128, 32, 4, 2, 2, 0)                              \
+    MOE_MMAT(S, T, moe_mma128r, 128, 2, 128, 128, 32, 4, 2, 2, 8)                             \
+    MOE_MMAT(S, T, moe_mma128w, 256, 1, 128, 256, 32, 4, 2, 4, 0)                             \
+    MOE_MMAT(S, T, moe_mma128k64, 128, 2, 128, 128, 64, 3, 2, 2, 0)                           \
+    MOE_MMAT(S, T, moe_mma128x8, 256, 2, 128, 128, 32, 4, 2, 4, 0)                            \
+    MOE_MMAT(S, T, moe_mma128xr, 256, 2, 128, 128, 32, 4, 2, 4, 8)                            \
+    MOE_MMAT(S, T, moe_mma64w, 256, 2, 64, 256, 32, 4, 2, 4, 0)
 #if defined(DAYONE_ONLY_BF16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_F16))
 MOE_MMA(bf16, bf16)
 #endif

@@ -8,9 +8,8 @@
 struct MoeTile {
     u32 expert, first, rows;  // first sorted position, rows in the tile
 };
-__device__ __forceinline__ bool moe_tile(const u32* offsets, const u32* tiles, const u32* ntiles,
-                                         u32 bt, MoeTile& t) {
-    const u32 ti = blockIdx.y;
+__device__ __forceinline__ bool moe_tile_at(u32 ti, const u32* offsets, const u32* tiles,
+                                            const u32* ntiles, u32 bt, MoeTile& t) {
     if (ti >= *ntiles) return false;
     t.expert = tiles[2 * ti];
     const u32 r0 = tiles[2 * ti + 1];
@@ -18,6 +17,26 @@ __device__ __forceinline__ bool moe_tile(const u32* offsets, const u32* tiles, c
     t.first = o0 + r0;
     t.rows = min(bt, o1 - o0 - r0);
     return true;
+}
+// Tile blockIdx.y.
+__device__ __forceinline__ bool moe_tile(const u32* offsets, const u32* tiles, const u32* ntiles,
+                                         u32 bt, MoeTile& t) {
+    return moe_tile_at(blockIdx.y, offsets, tiles, ntiles, bt, t);
+}
+// Grouped rasterisation of a (column blocks, tiles) grid: blocks in launch order run every
+// column block of RG consecutive tiles before the next RG tiles, the tiles of one column block
+// next to each other. The tiles of an expert are adjacent in the tile list, so an expert's
+// tiles read each weight slice within a few blocks of each other (an L2 hit after the first),
+// and the group's activation rows stay in L2 across its column blocks — instead of every tile
+// streaming all of its expert's weights again. Block → (column block, tile); the last group
+// may have fewer tiles.
+template <int RG>
+__device__ __forceinline__ void moe_raster(u32& col, u32& tile) {
+    const u32 nc = gridDim.x, l = blockIdx.y * nc + blockIdx.x;
+    const u32 group = l / (RG * nc), in = l % (RG * nc);
+    const u32 gt = min((u32)RG, gridDim.y - group * RG);
+    col = in / gt;
+    tile = group * RG + in % gt;
 }
 __device__ __forceinline__ u32 moe_src_row(const u32* sorted, u32 gather_k, u32 sp) {
     return gather_k ? sorted[sp] / gather_k : sp;

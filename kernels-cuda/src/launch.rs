@@ -428,6 +428,12 @@ pub enum MoeTile {
     Rows128Warps8 = 7,
     /// 64 × 256, 8 warps of 32 × 64 (`moe_mma64w_*`).
     Rows64Wide = 8,
+    /// [`MoeTile::Rows128`] with its blocks rasterised in groups of 8 tiles
+    /// (`moe_mma128r_*`, `moe_raster` in kernels/moe_common.cuh: an expert's tiles read each
+    /// weight slice back to back, so it comes from DRAM once).
+    Rows128Raster = 9,
+    /// [`MoeTile::Rows128Warps8`] rasterised as [`MoeTile::Rows128Raster`] (`moe_mma128xr_*`).
+    Rows128Warps8Raster = 10,
 }
 
 /// Launch shape of one [`MoeTile`] ([`MoeTile::shape`]).
@@ -446,7 +452,8 @@ pub struct MoeTileShape {
 }
 
 impl MoeTile {
-    /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`, `128k64`, `128x8`, `64w`);
+    /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`, `128k64`, `128x8`, `64w`,
+    /// `128r`, `128xr`);
     /// another value → auto, with
     /// one warning line on stderr (a mistyped tile in a sweep would otherwise time auto).
     pub fn from_env() -> Self {
@@ -455,7 +462,7 @@ impl MoeTile {
         if let Some(v) = v.filter(|v| !Self::known(v)) {
             eprintln!(
                 "warning: DAYONE_MOE_TILE={v:?} is not auto, 16, 32, 64, 128, 128w, 128k64, \
-                 128x8 or 64w; using auto"
+                 128x8, 64w, 128r or 128xr; using auto"
             );
         }
         tile
@@ -472,6 +479,8 @@ impl MoeTile {
             Some("128k64") => MoeTile::Rows128K64,
             Some("128x8") => MoeTile::Rows128Warps8,
             Some("64w") => MoeTile::Rows64Wide,
+            Some("128r") => MoeTile::Rows128Raster,
+            Some("128xr") => MoeTile::Rows128Warps8Raster,
             _ => MoeTile::Auto,
         }
     }
@@ -492,6 +501,8 @@ impl MoeTile {
             6 => MoeTile::Rows128K64,
             7 => MoeTile::Rows128Warps8,
             8 => MoeTile::Rows64Wide,
+            9 => MoeTile::Rows128Raster,
+            10 => MoeTile::Rows128Warps8Raster,
             _ => MoeTile::Auto,
         }
     }
@@ -508,6 +519,8 @@ impl MoeTile {
             MoeTile::Rows128K64 => ("moe_mma128k64", 128, 128, 128, 64, 3),
             MoeTile::Rows128Warps8 => ("moe_mma128x8", 128, 128, 256, 32, 4),
             MoeTile::Rows64Wide => ("moe_mma64w", 64, 256, 256, 32, 4),
+            MoeTile::Rows128Raster => ("moe_mma128r", 128, 128, 128, 32, 4),
+            MoeTile::Rows128Warps8Raster => ("moe_mma128xr", 128, 128, 256, 32, 4),
             MoeTile::Auto | MoeTile::Rows64 => ("moe_mma", 64, 128, 256, 0, 0),
         };
         MoeTileShape {

@@ -309,6 +309,8 @@ fn grouped_expert_tiles() {
         MoeTile::Rows128K64,
         MoeTile::Rows128Warps8,
         MoeTile::Rows64Wide,
+        MoeTile::Rows128Raster,
+        MoeTile::Rows128Warps8Raster,
     ];
     for dt in [DType::BF16, DType::F16] {
         for &(n, d, e, f, k) in cases {
