@@ -24,6 +24,15 @@ template <typename T> __device__ __forceinline__ float moe_ldcg_f(const T* p) {
 }
 template <> __device__ __forceinline__ float moe_ldcg_f<float>(const float* p) { return __ldcg(p); }
 
+// The shared expert needs no routing: its slot's warps ask L2 for their weight rows before
+// griddepcontrol.wait, so those bytes stream in while the router finishes (the routed pairs'
+// experts are known only after it). One 128-byte line per lane per step.
+__device__ __forceinline__ void moe_l2_prefetch(const void* p, u32 bytes, u32 lane) {
+    const char* c = static_cast<const char*>(p);
+    for (u32 o = lane * 128; o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
 // Variants (launch::MoeDecodeVariant, DAYONE_MOE_DEC): UG / UD weight chunks per row in flight
 // per lane (0: moe_gemv_unroll's), RPW down rows per warp, each with its own launch bounds
 // (LB: a minimum of resident blocks per SM is a register budget). The sums do not depend on them (moe_warp_dots), so every
@@ -36,10 +45,14 @@ __device__ __forceinline__ void moe_dec_gu_impl(const T* __restrict__ x, const u
                                                 u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,
                                                 u32 fmax) {
     constexpr int U = UG > 0 ? UG : moe_gemv_unroll<T>(2, 1);
-    grid_dep_wait();
     const u32 s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool shared = s >= n * k;
     const u32 o = blockIdx.x * MOE_GEMV_WARPS + warp, nout = shared ? fs : f;
+    if (shared && o < fs) {
+        moe_l2_prefetch(gate_s + (u64)o * d, d * sizeof(T), lane);
+        moe_l2_prefetch(up_s + (u64)o * d, d * sizeof(T), lane);
+    }
+    grid_dep_wait();
     if (o >= nout) return;
     const u32 t = shared ? s - n * k : s / k;
     const T* wr[2];
@@ -68,9 +81,14 @@ __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u
                                                 u32 n, u32 k, u32 e, u32 d, u32 f, u32 fs,
                                                 u32 fmax) {
     constexpr int U = UD > 0 ? UD : moe_gemv_unroll<T>(RPW, 1);
-    grid_dep_wait();
     const u32 s = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool shared = s >= n * k;
+    {
+        const u32 p0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
+        if (shared && p0 < d)
+            moe_l2_prefetch(down_s + (u64)p0 * fs, min((u32)RPW, d - p0) * fs * sizeof(T), lane);
+    }
+    grid_dep_wait();
     const u32 t = shared ? s - n * k : s / k;
     const u32 ex = shared ? 0 : ids[s];
     const u32 o0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
