@@ -181,6 +181,73 @@ pub fn short_conv_each<B: Backend>(
         .collect()
 }
 
+/// A KDA layer's step from its projections, as [`Backend::kda_from_projections`] takes it
+/// (Kimi Linear report §2, HF `KimiDeltaAttention.forward`): `N` tokens, `H` heads of width `K`
+/// (keys and values alike), gate factors of rank `R`.
+#[derive(Clone, Copy, Debug)]
+pub struct KdaProjections<'a, T> {
+    /// q, k, v projections before their short convolutions, `[N, H·K]` each, activation dtype.
+    pub qkv: [&'a T; 3],
+    /// Their convolution taps, `[H·K, W]` f32 each.
+    pub conv_w: [&'a T; 3],
+    /// Their convolution histories, `[slots, H·K, W − 1]` f32 each (updated).
+    pub conv_state: [&'a T; 3],
+    /// The forget gate's first factor `W_fa · x` `[N, R]`.
+    pub f: &'a T,
+    /// The forget gate's second weight `W_fb` `[H·K, R]`.
+    pub w_fb: &'a T,
+    /// The output gate's first factor `W_ga · x` `[N, R]`.
+    pub g: &'a T,
+    /// The output gate's second weight `W_gb` `[H·K, R]`.
+    pub w_gb: &'a T,
+    /// β logits `[N, H]`.
+    pub beta: &'a T,
+    /// `A_log` `[H]` f32.
+    pub a_log: &'a T,
+    /// `dt_bias` `[H, K]` f32.
+    pub dt_bias: &'a T,
+    /// The forget gate's lower bound, if the model has one.
+    pub lower_bound: Option<f32>,
+    /// Recurrent state `[slots, H, K, K]` f32 (updated).
+    pub state: &'a T,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Head width `K`.
+    pub head_dim: usize,
+}
+
+/// [`Backend::kda_from_projections`] as separate ops (the trait's default; a backend that fuses
+/// them falls back to it): [`Backend::short_conv_many`] of q, k, v, [`Backend::linear_each`] of
+/// the two gates' second factors, then [`Backend::kda`]. Returns (`o` `[N, H, K]`, the output
+/// gate `W_gb · g` `[N, H·K]`). Errors: as those calls.
+pub fn kda_from_projections_each<B: Backend>(
+    b: &B,
+    p: &KdaProjections<'_, B::Tensor>,
+    meta: &DeviceStepMeta<B::Tensor>,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let n = meta.host.num_tokens();
+    let heads = |t: &B::Tensor| b.reshape(t, &[n, p.heads, p.head_dim]);
+    let c = b.short_conv_many(&p.qkv, &p.conv_w, &p.conv_state, meta)?;
+    let [q, k, v] = <[B::Tensor; 3]>::try_from(c)
+        .map_err(|c| anyhow::anyhow!("short_conv_many: {} outputs for 3 parts", c.len()))?;
+    let f = b.linear_each(&[(p.f, p.w_fb), (p.g, p.w_gb)])?;
+    let [a, gate] = <[B::Tensor; 2]>::try_from(f)
+        .map_err(|f| anyhow::anyhow!("linear_each: {} outputs for 2 parts", f.len()))?;
+    let o = b.kda(
+        &heads(&q)?,
+        &heads(&k)?,
+        &heads(&v)?,
+        &heads(&a)?,
+        p.beta,
+        p.a_log,
+        p.dt_bias,
+        p.lower_bound,
+        p.state,
+        meta,
+    )?;
+    Ok((o, gate))
+}
+
 /// The rotary-embedding settings of one call, as [`Backend::rope`] takes them.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs<'a, T> {
@@ -803,6 +870,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
         meta: &DeviceStepMeta<Self::Tensor>,
     ) -> Result<Vec<Self::Tensor>> {
         short_conv_each(self, xs, ws, states, meta)
+    }
+
+    /// A KDA layer's step from its projections: the short convolutions of q, k, v, the two
+    /// gates' second factors and [`Backend::kda`] ([`KdaProjections`] has the shapes). Returns
+    /// (`o` `[N, H, K]`, the output gate `[N, H·K]`), bit-equal to those ops, which
+    /// [`kda_from_projections_each`] (the default) calls; a backend may run the step in one
+    /// launch (CUDA at decode). Errors: as those calls.
+    fn kda_from_projections(
+        &self,
+        p: &KdaProjections<'_, Self::Tensor>,
+        meta: &DeviceStepMeta<Self::Tensor>,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        kda_from_projections_each(self, p, meta)
     }
 
     /// Kimi Delta Attention over each sequence's tokens in order (Kimi Linear report §2; fla

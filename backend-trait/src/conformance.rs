@@ -12,7 +12,8 @@
 //! ```
 
 use crate::{
-    reference, rows, Backend, DType, HostTensor, RopeArgs, RopeStyle, StepMeta, TensorInfo,
+    kda_from_projections_each, reference, rows, Backend, DType, HostTensor, KdaProjections,
+    RopeArgs, RopeStyle, StepMeta, TensorInfo,
 };
 use anyhow::{bail, ensure, Context, Result};
 
@@ -1671,6 +1672,97 @@ pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
         check_kda(b, dt)?;
         check_gated_rms_norm(b, dt)?;
         check_gated_rms_norm_linear(b, dt)?;
+        check_kda_from_projections(b, dt)?;
+    }
+    Ok(())
+}
+
+/// `kda_from_projections`: the output, the output gate, the three updated convolution
+/// histories and the updated recurrent state bit-equal to [`kda_from_projections_each`] (the
+/// separate ops) on the same backend. Decode steps of fresh and continuing sequences in
+/// scattered slots, head widths 32, 64, 96 and 128 (Kimi-Linear-48B), gate ranks equal to the
+/// head width and not, convolution widths 4 and 2, both forget gates; and one prefill step.
+pub fn check_kda_from_projections<B: Backend>(b: &B, dt: DType) -> Result<()> {
+    let mut rng = Rng::new(43);
+    // (H, K, R, W, lower bound, slots, seqs (ctx, new))
+    type Case = (usize, usize, usize, usize, Option<f32>, usize, Seqs);
+    let cases: &[Case] = &[
+        (4, 128, 128, 4, None, 5, &[(7, 1), (0, 1), (30, 1)]),
+        (2, 64, 32, 4, Some(-5.0), 4, &[(0, 1), (3, 1)]),
+        (3, 32, 64, 2, None, 3, &[(1, 1), (12, 1), (0, 1)]),
+        (2, 96, 96, 4, None, 2, &[(5, 1)]),
+        (2, 64, 64, 4, None, 4, &[(0, 5), (9, 1), (4, 3)]),
+    ];
+    for &(h, k, r, w, lb, slots, seqs) in cases {
+        let meta = state_meta(&mut rng, seqs, slots);
+        let n = meta.num_tokens();
+        let dmeta = b.upload_meta(meta.clone())?;
+        let c = h * k;
+        let mut up = |shape: &[usize], dtype: DType, scale: f32| -> Result<B::Tensor> {
+            b.upload(&rand_tensor(&mut rng, shape, dtype, scale)?)
+        };
+        let qkv = [
+            up(&[n, c], dt, 2.0)?,
+            up(&[n, c], dt, 2.0)?,
+            up(&[n, c], dt, 2.0)?,
+        ];
+        let conv_w = [
+            up(&[c, w], DType::F32, 0.8)?,
+            up(&[c, w], DType::F32, 0.8)?,
+            up(&[c, w], DType::F32, 0.8)?,
+        ];
+        let (f, g) = (up(&[n, r], dt, 1.0)?, up(&[n, r], dt, 1.0)?);
+        let (w_fb, w_gb) = (up(&[c, r], dt, 0.3)?, up(&[c, r], dt, 0.3)?);
+        let beta = up(&[n, h], dt, 2.0)?;
+        let a_log = up(&[h], DType::F32, 1.0)?;
+        let dt_bias = up(&[h, k], DType::F32, 1.0)?;
+        let conv0: Vec<HostTensor> = (0..3)
+            .map(|_| rand_tensor(&mut rng, &[slots, c, w - 1], DType::F32, 2.0))
+            .collect::<Result<_>>()?;
+        let state0 = rand_tensor(&mut rng, &[slots, h, k, k], DType::F32, 0.5)?;
+        let run_one = |fused: bool| -> Result<Vec<HostTensor>> {
+            let cs = conv0
+                .iter()
+                .map(|t| b.upload(t))
+                .collect::<Result<Vec<_>>>()?;
+            let state = b.upload(&state0)?;
+            let p = KdaProjections {
+                qkv: [&qkv[0], &qkv[1], &qkv[2]],
+                conv_w: [&conv_w[0], &conv_w[1], &conv_w[2]],
+                conv_state: [&cs[0], &cs[1], &cs[2]],
+                f: &f,
+                w_fb: &w_fb,
+                g: &g,
+                w_gb: &w_gb,
+                beta: &beta,
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+                lower_bound: lb,
+                state: &state,
+                heads: h,
+                head_dim: k,
+            };
+            let (o, gate) = if fused {
+                b.kda_from_projections(&p, &dmeta)?
+            } else {
+                kda_from_projections_each(b, &p, &dmeta)?
+            };
+            [&o, &gate, &cs[0], &cs[1], &cs[2], &state]
+                .iter()
+                .map(|t| run(b, t))
+                .collect()
+        };
+        let (got, want) = (run_one(true)?, run_one(false)?);
+        let case = format!("{dt} H {h} K {k} R {r} W {w} lb {lb:?} seqs {seqs:?}");
+        for (i, what) in ["o", "gate", "q history", "k history", "v history", "state"]
+            .iter()
+            .enumerate()
+        {
+            ensure!(
+                got[i].shape == want[i].shape && got[i].data == want[i].data,
+                "kda_from_projections {case}: the {what} is not bit-equal to the separate ops'"
+            );
+        }
     }
     Ok(())
 }

@@ -11,9 +11,10 @@ mod dtype;
 
 pub use backend::{
     batch_invariant_from_env, gated_rms_norm_then_linear, host_available_memory,
-    linear_then_add_rms_norm, moe_experts_then_shared, rms_norm_then_moe_route, rope_then_write_kv,
-    short_conv_each, AttentionOptions, Backend, ExpertAct, ExpertOptions, MoeRouting,
-    NormedProjections, NormedRoute, RopeArgs, RopeStyle, TensorInfo,
+    kda_from_projections_each, linear_then_add_rms_norm, moe_experts_then_shared,
+    rms_norm_then_moe_route, rope_then_write_kv, short_conv_each, AttentionOptions, Backend,
+    ExpertAct, ExpertOptions, KdaProjections, MoeRouting, NormedProjections, NormedRoute, RopeArgs,
+    RopeStyle, TensorInfo,
 };
 pub use batch::{DeviceStepMeta, StepMeta};
 pub use dtype::{DType, HostTensor};

@@ -595,6 +595,232 @@ __device__ void kda_chunk_scan_impl(const float* __restrict__ rec, float* __rest
 DAYONE_FOR_FLOAT_TYPES(KDA)
 
 // ---------------------------------------------------------------------------------------------
+// A KDA decode step from its projections in one launch (Backend::kda_from_projections; every
+// sequence has one token): the three short convolutions with their history update, the forget
+// gate's and the output gate's second factors (W_fb · f, W_gb · g) and the token-recurrent
+// update — bit-equal to short_conv_decode3, the decode GEMV (gemv_many) and kda_recurrent,
+// whose arithmetic each part repeats in the same order. One block per (head, sequence) of
+// G = ceil(V / 32) groups of 128 threads: group g does kda_recurrent's work for value columns
+// 32g .. 32g + 31 (the same 4 warps × rows d = w + 4i split), so the q/k convolution of the head
+// runs once per block and its history can be rewritten after a barrier (four blocks per head
+// would race on it). Every thread of the block first asks L2 for its share of W_fb's rows of the
+// head and W_gb's (constant weights: before griddepcontrol.wait).
+// GEMV order of a factor row (K_r = R ≤ 256, as gemv.cu for one row of x): lane l < R/8 sums
+// its 8 products with fmaf from 0, then warp_sum, then 0 + that sum (gemv's partials over 8
+// warps of which only warp 0 is non-zero), rounded to T.
+struct KdaStepArgs {
+    const void* x[3];     // q, k, v projections before the convolution: [N, H·K], [N, H·K], [N, H·V]
+    const float* cw[3];   // taps [C, W] f32
+    float* cst[3];        // histories [slots, C, W − 1] f32
+    const void* f;        // [N, R]  forget gate's first factor
+    const void* wfb;      // [H·K, R]
+    const void* g;        // [N, R]  output gate's first factor
+    const void* wgb;      // [H·V, R]
+    void* gate;           // [N, H·V] out: W_gb · g
+    const void* b;        // [N, H]  β logits
+    const float* a_log;   // [H]
+    const float* dt_bias; // [H, K]
+    float* state;         // [slots, H, K, V]
+    void* o;              // [N, H, V] out
+    const u32* qs;        // query_start [S + 1]
+    const u32* pos;       // positions [N]
+    const u32* slots;     // state_slots [S]
+    u32 H, K, V, R, width, use_lb;
+    float lb, scale;
+};
+
+// One factor row: Σ_j w[j] · x[j] over R ≤ 256 values in decode-GEMV order, rounded to T
+// (all 32 lanes call it; lanes ≥ R / 8 add zero).
+template <typename T>
+__device__ __forceinline__ float kda_factor_row(const T* __restrict__ w, const T* __restrict__ x,
+                                                u32 r, u32 lane) {
+    float acc = 0.f;
+    if (lane * 8 < r) {
+        Vec8<T> wv, xv;
+        wv.load(w + lane * 8);
+        xv.load(x + lane * 8);
+        float wf[8], xf[8];
+        wv.to_float(wf);
+        xv.to_float(xf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc = fmaf(wf[e], xf[e], acc);
+    }
+    const float s = 0.f + warp_sum(acc);
+    return to_f(from_f<T>(s));
+}
+
+// The history entries of channel ch and the new input (short_conv_decode_elem's reads).
+struct KdaConvIn {
+    float old[8];
+    float xv;
+};
+template <typename T>
+__device__ __forceinline__ void kda_conv_read(const T* __restrict__ x, const float* __restrict__ state,
+                                              u32 row, u32 slot, bool fresh, u32 c, u32 ch,
+                                              u32 width, KdaConvIn& in) {
+    const u32 hh = width - 1;
+    const float* st = state + ((u64)slot * c + ch) * hh;
+#pragma unroll
+    for (u32 j = 0; j < 8; j++) in.old[j] = (j < hh && !fresh) ? st[j] : 0.f;
+    in.xv = to_f(x[(u64)row * c + ch]);
+}
+// y = T(silu(Σ_j w[ch, j] · u_j)) as f32 (short_conv_decode_elem's sum, in its order).
+__device__ __forceinline__ float kda_conv_value(const float* __restrict__ w, u32 ch, u32 width,
+                                                const KdaConvIn& in) {
+    const u32 hh = width - 1;
+    float acc = 0.f;
+#pragma unroll
+    for (u32 j = 0; j < 9; j++)
+        if (j < width) acc += w[(u64)ch * width + j] * (j < hh ? in.old[j] : in.xv);
+    return acc / (1.f + expf(-acc));
+}
+// The history shifted by one (short_conv_decode_elem's update).
+__device__ __forceinline__ void kda_conv_write(float* __restrict__ state, u32 slot, u32 c, u32 ch,
+                                               u32 width, const KdaConvIn& in) {
+    const u32 hh = width - 1;
+    float* st = state + ((u64)slot * c + ch) * hh;
+#pragma unroll
+    for (u32 j = 0; j < 8; j++)
+        if (j < hh) st[j] = j + 1 < hh ? in.old[j + 1] : in.xv;
+}
+
+// KPT = 32 (K ≤ 128); G groups (V ≤ 32·G). Shared: q, k, e^g of the head, v of the block.
+template <typename T, int G>
+__device__ void kda_step_impl(const KdaStepArgs& p) {
+    constexpr int KPT = 32;
+    __shared__ float qs[4 * KPT], ks[4 * KPT], gs[4 * KPT], vs[32 * G];
+    __shared__ float red[G][3][4][32];
+    __shared__ float nrm[2][4];
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 grp = tid >> 7, gt = tid & 127, w = gt >> 5;
+    const u32 h = blockIdx.x, z = blockIdx.y, H = p.H, K = p.K, V = p.V, R = p.R;
+    const T* wfb = static_cast<const T*>(p.wfb) + (u64)h * K * R;
+    const T* wgb = static_cast<const T*>(p.wgb) + (u64)h * V * R;
+    {
+        // L2 prefetch of the head's factor rows (K·R and V·R values), one line per thread.
+        const char* a = reinterpret_cast<const char*>(wfb);
+        const char* b = reinterpret_cast<const char*>(wgb);
+        const u32 na = K * R * sizeof(T), nb = V * R * sizeof(T);
+        for (u32 o = tid * 128; o < na; o += blockDim.x * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + o));
+        for (u32 o = tid * 128; o < nb; o += blockDim.x * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + o));
+    }
+    grid_dep_wait();
+    const u32 row = p.qs[z], slot = p.slots[z];
+    const bool fresh = p.pos[row] == 0;
+    const u32 ck = H * K, cv = H * V;
+    // 1. q and k of the head (threads d < K), v of the block's columns (one per thread).
+    KdaConvIn cq, ck_in, cvin;
+    const bool qk = tid < K, vv = tid < V;
+    if (qk) {
+        kda_conv_read<T>(static_cast<const T*>(p.x[0]), p.cst[0], row, slot, fresh, ck, h * K + tid, p.width, cq);
+        kda_conv_read<T>(static_cast<const T*>(p.x[1]), p.cst[1], row, slot, fresh, ck, h * K + tid, p.width, ck_in);
+    }
+    if (vv) kda_conv_read<T>(static_cast<const T*>(p.x[2]), p.cst[2], row, slot, fresh, cv, h * V + tid, p.width, cvin);
+    const float braw = to_f(static_cast<const T*>(p.b)[(u64)row * H + h]);
+    __syncthreads();  // every old history entry of the head is read before any is rewritten
+    if (qk) {
+        qs[tid] = to_f(from_f<T>(kda_conv_value(p.cw[0], h * K + tid, p.width, cq)));
+        ks[tid] = to_f(from_f<T>(kda_conv_value(p.cw[1], h * K + tid, p.width, ck_in)));
+        kda_conv_write(p.cst[0], slot, ck, h * K + tid, p.width, cq);
+        kda_conv_write(p.cst[1], slot, ck, h * K + tid, p.width, ck_in);
+    }
+    if (vv) {
+        vs[tid] = to_f(from_f<T>(kda_conv_value(p.cw[2], h * V + tid, p.width, cvin)));
+        kda_conv_write(p.cst[2], slot, cv, h * V + tid, p.width, cvin);
+    }
+    // 2. The forget gate e^g for the head's K rows and the output gate for its V rows: one warp
+    // per row, in decode-GEMV order.
+    const T* fr = static_cast<const T*>(p.f) + (u64)row * R;
+    const T* gr = static_cast<const T*>(p.g) + (u64)row * R;
+    const float rate = expf(p.a_log[h]);
+    const u32 nwarps = blockDim.x >> 5;
+    for (u32 d = warp; d < K; d += nwarps) {
+        const float a = kda_factor_row<T>(wfb + (u64)d * R, fr, R, lane);
+        if (lane == 0) gs[d] = expf(kda_gate(a, p.dt_bias[(u64)h * K + d], rate, p.lb, p.use_lb));
+    }
+    T* gate = static_cast<T*>(p.gate) + (u64)row * cv + (u64)h * V;
+    for (u32 d = warp; d < V; d += nwarps) {
+        const float a = kda_factor_row<T>(wgb + (u64)d * R, gr, R, lane);
+        if (lane == 0) gate[d] = from_f<T>(a);
+    }
+    // 3. kda_recurrent's token step, group grp owning columns e = 32·grp + lane: its state
+    // slice, loaded now (its loads overlap the barrier's wait), then group 0's norm sums.
+    const u32 e = grp * 32 + lane;
+    float* st = p.state + ((u64)slot * H + h) * K * V;
+    float S[KPT];
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        S[i] = (!fresh && d < K && e < V) ? st[(u64)d * V + e] : 0.f;
+    }
+    __syncthreads();  // qs, ks, vs, gs written
+    if (grp == 0) {
+        float sq = 0.f, sk = 0.f;
+        for (u32 d = gt; d < K; d += 128) {
+            const float qf = qs[d], kf = ks[d];
+            sq += qf * qf;
+            sk += kf * kf;
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            nrm[0][w] = sq;
+            nrm[1][w] = sk;
+        }
+    }
+    __syncthreads();
+    const float iq = p.scale / sqrtf(nrm[0][0] + nrm[0][1] + nrm[0][2] + nrm[0][3] + 1e-6f);
+    const float ik = 1.f / sqrtf(nrm[1][0] + nrm[1][1] + nrm[1][2] + nrm[1][3] + 1e-6f);
+    const float beta = 1.f / (1.f + expf(-braw));
+    const float ve = e < V ? vs[e] : 0.f;
+    float p1 = 0.f, p2 = 0.f, pk = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        if (d < K) {
+            const float kd = ks[d] * ik, qd = qs[d] * iq;
+            S[i] *= gs[d];
+            p1 += S[i] * kd;
+            p2 += S[i] * qd;
+            pk += kd * qd;
+        }
+    }
+    red[grp][0][w][lane] = p1;
+    red[grp][1][w][lane] = p2;
+    red[grp][2][w][lane] = pk;
+    __syncthreads();
+    const float kv = red[grp][0][0][lane] + red[grp][0][1][lane] + red[grp][0][2][lane] + red[grp][0][3][lane];
+    const float qo = red[grp][1][0][lane] + red[grp][1][1][lane] + red[grp][1][2][lane] + red[grp][1][3][lane];
+    const float kq = red[grp][2][0][lane] + red[grp][2][1][lane] + red[grp][2][2][lane] + red[grp][2][3][lane];
+    const float delta = (ve - kv) * beta;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        if (d < K) S[i] += ks[d] * ik * delta;
+    }
+    if (w == 0 && e < V) static_cast<T*>(p.o)[((u64)row * H + h) * V + e] = from_f<T>(qo + delta * kq);
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        if (d < K && e < V) st[(u64)d * V + e] = S[i];
+    }
+}
+
+// kda_step_g{G}_S: G groups of 128 threads (V ≤ 32·G ≤ 128), K ≤ 128, R ≤ 256 with R % 8 == 0,
+// conv width 2..9; grid (H, sequences).
+#define KDA_STEP(S, T)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) kda_step_g1_##S(KdaStepArgs p) {          \
+        kda_step_impl<T, 1>(p);                                                                \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) kda_step_g2_##S(KdaStepArgs p) {          \
+        kda_step_impl<T, 2>(p);                                                                \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512) kda_step_g4_##S(KdaStepArgs p) {          \
+        kda_step_impl<T, 4>(p);                                                                \
+    }
+DAYONE_FOR_FLOAT_TYPES(KDA_STEP)
+
+// ---------------------------------------------------------------------------------------------
 // Tensor-core chunked KDA (bf16/f16 activations, sm_80+; every product on mma.sync m16n8k16
 // bf16 → f32, whatever the activation half type). Record per (chunk c, head h), bytes, at
 // rec + (c·H + h)·RB, RB = 384K + 128V + 8192 + 4K:

@@ -53,7 +53,7 @@ impl KdaPath {
         }
     }
 
-    fn from_u8(v: u8) -> Self {
+    pub(crate) fn from_u8(v: u8) -> Self {
         match v {
             1 => KdaPath::Recurrent,
             2 => KdaPath::Chunked,
@@ -241,7 +241,7 @@ fn check_conv(
 }
 
 /// Whether every sequence of the step has exactly one token (a decode step).
-fn one_row_each(meta: &StepMeta) -> bool {
+pub(crate) fn one_row_each(meta: &StepMeta) -> bool {
     meta.num_tokens() == meta.query_start.len().saturating_sub(1)
         && meta.query_start.windows(2).all(|q| q[1] == q[0] + 1)
 }
@@ -251,7 +251,7 @@ fn shape_is(t: &CudaTensor, n: usize) -> bool {
 }
 
 /// Checks the meta fields the KDA ops read and returns the number of sequences.
-fn check_meta(op: &str, meta: &StepMeta, n: usize, slots: usize) -> Result<usize> {
+pub(crate) fn check_meta(op: &str, meta: &StepMeta, n: usize, slots: usize) -> Result<usize> {
     let s = meta.query_start.len().saturating_sub(1);
     if meta.query_start.len() != s + 1 || meta.state_slots.len() != s {
         bail!(

@@ -105,6 +105,9 @@ pub enum DecodeFusion {
     /// A sublayer's last projection with the residual add and the next sublayer's norm in its
     /// launch (`linear_add_rms_norm`, `gemv_addnorm_*`): the GEMV's last block normalises once.
     AddNorm,
+    /// A KDA decode step from its projections in one launch (`kda_from_projections`,
+    /// `kda_step_*`): the convolutions, both gates' second factors and the recurrent update.
+    KdaStep,
 }
 
 impl DecodeFusion {
@@ -120,6 +123,7 @@ impl DecodeFusion {
             DecodeFusion::RouterNorm => "router_norm",
             DecodeFusion::GatedNorm => "gated_norm",
             DecodeFusion::AddNorm => "add_norm",
+            DecodeFusion::KdaStep => "kda_step",
         }
     }
 
@@ -135,6 +139,7 @@ impl DecodeFusion {
             DecodeFusion::RouterNorm => 64,
             DecodeFusion::GatedNorm => 128,
             DecodeFusion::AddNorm => 256,
+            DecodeFusion::KdaStep => 512,
         }
     }
 }
@@ -155,6 +160,7 @@ pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RouterTopk,
     DecodeFusion::RouterNorm,
     DecodeFusion::AddNorm,
+    DecodeFusion::KdaStep,
 ];
 
 /// Every fusion, in `DAYONE_DECODE_FUSION`'s order.
@@ -168,6 +174,7 @@ pub const ALL_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RouterNorm,
     DecodeFusion::GatedNorm,
     DecodeFusion::AddNorm,
+    DecodeFusion::KdaStep,
 ];
 
 /// The bitmask of `fusions` ([`DecodeFusion::bit`]).
@@ -176,7 +183,7 @@ pub fn decode_fusions_mask(fusions: &[DecodeFusion]) -> u16 {
 }
 
 /// The fusions `DAYONE_DECODE_FUSION` lists (`norm,rope_kv,attn_merge,moe_block,conv3,
-/// router_topk,router_norm,gated_norm,add_norm`; `0` or `none`: none;
+/// router_topk,router_norm,gated_norm,add_norm,kda_step`; `0` or `none`: none;
 /// unset: [`DEFAULT_DECODE_FUSIONS`]) as a mask, so a benchmark can measure what each saves in
 /// one run; an unknown name warns and is ignored.
 pub fn decode_fusions_from_env() -> u16 {
@@ -191,7 +198,8 @@ pub fn decode_fusions_from_env() -> u16 {
                     None if x == "0" || x == "none" => {}
                     None => eprintln!(
                         "warning: DAYONE_DECODE_FUSION lists {x:?}, not one of norm, rope_kv, \
-                         attn_merge, moe_block, conv3, router_topk, router_norm, gated_norm, add_norm (or 0 / \
+                         attn_merge, moe_block, conv3, router_topk, router_norm, gated_norm, add_norm, \
+                         kda_step (or 0 / \
                          none); ignored"
                     ),
                 }

@@ -78,6 +78,7 @@ pub use flash::FlashVariant;
 mod host_rows;
 mod invariant;
 mod kda;
+mod kda_step;
 mod linear;
 mod mla_moe;
 mod moe_decode;
@@ -1210,6 +1211,14 @@ impl Backend for CudaBackend {
         meta: &DeviceStepMeta<CudaTensor>,
     ) -> Result<CudaTensor> {
         self.kda_impl(q, k, v, a, b, a_log, dt_bias, lower_bound, state, meta)
+    }
+
+    fn kda_from_projections(
+        &self,
+        p: &dayone_backend::KdaProjections<'_, CudaTensor>,
+        meta: &DeviceStepMeta<CudaTensor>,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.kda_from_projections_impl(p, meta)
     }
 
     fn gated_rms_norm(

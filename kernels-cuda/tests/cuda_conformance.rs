@@ -39,6 +39,7 @@ fn conformance_suite() {
             conformance::check_moe_route(&b, dt).unwrap();
             conformance::check_rms_norm_moe_route(&b, dt).unwrap();
             conformance::check_gated_rms_norm_linear(&b, dt).unwrap();
+            conformance::check_kda_from_projections(&b, dt).unwrap();
         }
     }
     // f16 activations too (the suite covers f32 and bf16).
@@ -55,6 +56,7 @@ fn conformance_suite() {
         conformance::check_rms_norm_moe_route,
         conformance::check_gated_rms_norm_linear,
         conformance::check_linear_add_rms_norm,
+        conformance::check_kda_from_projections,
     ] {
         check(&b, DType::F16).unwrap();
     }

@@ -12,7 +12,7 @@
 use super::{Linear, PreNorm, RowLinear, Weight};
 use crate::weights::WeightLoader;
 use anyhow::{bail, Result};
-use dayone_backend::{Backend, DeviceStepMeta, HostTensor};
+use dayone_backend::{Backend, DeviceStepMeta, HostTensor, KdaProjections};
 
 /// Widths of a KDA layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +180,6 @@ impl<B: Backend> Kda<B> {
     ) -> Result<B::Tensor> {
         let s = self.shape;
         let n = meta.host.num_tokens();
-        let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
         // Every projection of x at once, its norm included (one decode GEMV launch on CUDA).
         let [q, k, v, f, beta, g] = x.linear_n(
             b,
@@ -193,34 +192,40 @@ impl<B: Backend> Kda<B> {
                 &self.g_a,
             ],
         )?;
-        // The three short convolutions in one call (one decode launch on CUDA).
-        let c = &self.conv;
-        let [q, k, v] = super::outputs(
-            "short_conv_many",
-            b.short_conv_many(
-                &[&q, &k, &v],
-                &[&c[0], &c[1], &c[2]],
-                &[&conv_state[0], &conv_state[1], &conv_state[2]],
-                meta,
-            )?,
-        )?;
-        let (q, k, v) = (heads(&q)?, heads(&k)?, heads(&v)?);
-        // The forget gate's and the output gate's second factors in one call (one decode GEMV
-        // launch on CUDA).
-        let [a, gate] = self.gate_second_factors(b, &f, &g)?;
-        let a = heads(&a)?;
-        let o = b.kda(
-            &q,
-            &k,
-            &v,
-            &a,
-            &beta,
-            &self.a_log,
-            &self.dt_bias,
-            self.lower_bound,
-            state,
-            meta,
-        )?;
+        let (o, gate) = match (&self.f_b, &self.g_b) {
+            (
+                Linear {
+                    weight: Weight::Dense(w_fb),
+                    bias: None,
+                },
+                Linear {
+                    weight: Weight::Dense(w_gb),
+                    bias: None,
+                },
+            ) => {
+                // The convolutions, both gates' second factors and the recurrent step in one
+                // call (one decode launch on CUDA).
+                let c = &self.conv;
+                let p = KdaProjections {
+                    qkv: [&q, &k, &v],
+                    conv_w: [&c[0], &c[1], &c[2]],
+                    conv_state: [&conv_state[0], &conv_state[1], &conv_state[2]],
+                    f: &f,
+                    w_fb,
+                    g: &g,
+                    w_gb,
+                    beta: &beta,
+                    a_log: &self.a_log,
+                    dt_bias: &self.dt_bias,
+                    lower_bound: self.lower_bound,
+                    state,
+                    heads: s.heads,
+                    head_dim: s.head_dim,
+                };
+                b.kda_from_projections(&p, meta)?
+            }
+            _ => self.step_unfused(b, [q, k, v], &f, &g, &beta, meta, conv_state, state)?,
+        };
         let o = b.reshape(&o, &[n, s.heads * s.head_dim])?;
         // The gated output norm inside o_proj's call where the weight is dense (one decode GEMV
         // launch on CUDA with the `gated_norm` fusion).
@@ -251,22 +256,47 @@ impl<B: Backend> Kda<B> {
             .forward(b, &b.reshape(&o, &[n, s.heads * s.head_dim])?)
     }
 
-    /// `W_fb · f` and `W_gb · g` `[N, H·K]` each, through one [`Backend::linear_each`] when both
-    /// weights are dense and bias-free.
-    fn gate_second_factors(&self, b: &B, f: &B::Tensor, g: &B::Tensor) -> Result<[B::Tensor; 2]> {
-        match (&self.f_b, &self.g_b) {
-            (
-                Linear {
-                    weight: Weight::Dense(wf),
-                    bias: None,
-                },
-                Linear {
-                    weight: Weight::Dense(wg),
-                    bias: None,
-                },
-            ) => super::outputs("linear_each", b.linear_each(&[(f, wf), (g, wg)])?),
-            _ => Ok([self.f_b.forward(b, f)?, self.g_b.forward(b, g)?]),
-        }
+    /// The step from the projections with a quantized or biased gate factor: the
+    /// convolutions, each factor's own projection, then `kda` → (`o` `[N, H, K]`, gate `[N, H·K]`).
+    #[allow(clippy::too_many_arguments)]
+    fn step_unfused(
+        &self,
+        b: &B,
+        [q, k, v]: [B::Tensor; 3],
+        f: &B::Tensor,
+        g: &B::Tensor,
+        beta: &B::Tensor,
+        meta: &DeviceStepMeta<B::Tensor>,
+        conv_state: &[B::Tensor],
+        state: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let s = self.shape;
+        let n = meta.host.num_tokens();
+        let heads = |t: &B::Tensor| b.reshape(t, &[n, s.heads, s.head_dim]);
+        let c = &self.conv;
+        let [q, k, v] = super::outputs(
+            "short_conv_many",
+            b.short_conv_many(
+                &[&q, &k, &v],
+                &[&c[0], &c[1], &c[2]],
+                &[&conv_state[0], &conv_state[1], &conv_state[2]],
+                meta,
+            )?,
+        )?;
+        let a = heads(&self.f_b.forward(b, f)?)?;
+        let o = b.kda(
+            &heads(&q)?,
+            &heads(&k)?,
+            &heads(&v)?,
+            &a,
+            beta,
+            &self.a_log,
+            &self.dt_bias,
+            self.lower_bound,
+            state,
+            meta,
+        )?;
+        Ok((o, self.g_b.forward(b, g)?))
     }
 }
 
