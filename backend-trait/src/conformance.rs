@@ -1681,7 +1681,8 @@ pub fn check_kda_ops<B: Backend>(b: &B) -> Result<()> {
 /// histories and the updated recurrent state bit-equal to [`kda_from_projections_each`] (the
 /// separate ops) on the same backend. Decode steps of fresh and continuing sequences in
 /// scattered slots, head widths 32, 64, 96 and 128 (Kimi-Linear-48B), gate ranks equal to the
-/// head width and not, convolution widths 4 and 2, both forget gates; and one prefill step.
+/// head width and not, convolution widths 4 and 2, both forget gates; one prefill step, and a
+/// decode step of nine sequences.
 pub fn check_kda_from_projections<B: Backend>(b: &B, dt: DType) -> Result<()> {
     let mut rng = Rng::new(43);
     // (H, K, R, W, lower bound, slots, seqs (ctx, new))
@@ -1692,6 +1693,26 @@ pub fn check_kda_from_projections<B: Backend>(b: &B, dt: DType) -> Result<()> {
         (3, 32, 64, 2, None, 3, &[(1, 1), (12, 1), (0, 1)]),
         (2, 96, 96, 4, None, 2, &[(5, 1)]),
         (2, 64, 64, 4, None, 4, &[(0, 5), (9, 1), (4, 3)]),
+        // More sequences than the decode GEMV takes (CUDA: the separate ops).
+        (
+            2,
+            32,
+            32,
+            4,
+            None,
+            10,
+            &[
+                (1, 1),
+                (0, 1),
+                (2, 1),
+                (3, 1),
+                (4, 1),
+                (5, 1),
+                (6, 1),
+                (7, 1),
+                (8, 1),
+            ],
+        ),
     ];
     for &(h, k, r, w, lb, slots, seqs) in cases {
         let meta = state_meta(&mut rng, seqs, slots);

@@ -53,8 +53,8 @@ impl CudaBackend {
     /// [`dayone_backend::Backend::kda_from_projections`]: one `kda_step_g*` launch for a decode
     /// step (one token per sequence) with the `kda_step` fusion where the shapes fit it (K ≤
     /// 128, gate rank R ≤ 256 with R % 8 == 0, convolution width 2..=9, one dtype, the
-    /// recurrent path, not batch-invariant), else the separate ops, which also report any
-    /// shape error.
+    /// recurrent path, not batch-invariant, few enough sequences for the decode GEMV whose sums
+    /// the gate factors repeat), else the separate ops, which also report any shape error.
     ///
     /// Errors: as `short_conv_many`, `linear_each` and `kda`.
     pub(crate) fn kda_from_projections_impl(
@@ -114,6 +114,8 @@ impl CudaBackend {
             && r > 0
             && r <= 256
             && r.is_multiple_of(8)
+            // The factors in the decode GEMV's order: where linear_each takes that GEMV too.
+            && launch::gemv_mt(n, r).is_some()
             && (2..=9).contains(&width)
             && (0..3).all(|i| {
                 p.qkv[i].shape == [n, c]
