@@ -17,7 +17,9 @@ h200=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -c H200)
 B=.bin/dayone
 bench() { timeout 150 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
 moe() { DAYONE_MOE_TILE=$1 timeout 90 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 --tokens $2 2>&1 | grep -v "^\s*$" | tail -5; }
-OLD=rope_kv,moe_block,conv3,router_topk,router_norm   # the defaults before this session
+OLD=rope_kv,moe_block,conv3,router_topk,router_norm   # the defaults
+NEW=$OLD,add_norm,kda_step                            # with this session's fusions
+export DAYONE_DECODE_FUSION=$NEW                      # the tests and the figures run them
 if [ "$h200" != 0 ]; then KIMI=/tmp/kimi48b; KL=benches/gpu/kimi48b_layout.json
 else KIMI=/tmp/kimi14; python3 benches/gpu/shallow_layout.py benches/gpu/kimi48b_layout.json 14 /tmp/kimi14.json; KL=/tmp/kimi14.json; fi
 ( python3 benches/gpu/write_sparse_safetensors.py benches/gpu/llama8b_layout.json /tmp/llama8b > $OUT/w.txt 2>&1
@@ -32,31 +34,29 @@ if [ "$h200" = 0 ]; then
     echo "== $1 $2" | say; timeout $3 $b $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|differ|not bit" | head -5 | say
   done
   waitf /tmp/kimi.done
-  for f in default $OLD,add_norm; do
+  for f in $NEW $OLD; do
     echo "== kimi14 DAYONE_DECODE_FUSION=$f $(date -u +%T)" | say
-    if [ $f = default ]; then bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
-    else DAYONE_DECODE_FUSION=$f bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say; fi
+    DAYONE_DECODE_FUSION=$f bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
   done
-  for f in default $OLD,kda_step; do
+  for f in $NEW $OLD; do
     echo "== llama8b DAYONE_DECODE_FUSION=$f $(date -u +%T)" | say
-    if [ $f = default ]; then bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128 | say
-    else DAYONE_DECODE_FUSION=$f bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128 | say; fi
+    DAYONE_DECODE_FUSION=$f bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128 | say
   done
   for t in 128 128r; do echo "== moe 8192 DAYONE_MOE_TILE=$t $(date -u +%T)" | say; moe $t 8192 | say; done
 else
   echo "== decode_graphs $(date -u +%T)" | say; timeout 40 .bin/test-tests-decode_graphs cuda --test-threads 1 2>&1 | grep -E "test result|panicked" | say
   waitf /tmp/llama.done
-  echo "== llama8b $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128 | say
+  echo "== llama8b DAYONE_DECODE_FUSION=$NEW $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128 | say
   waitf /tmp/kimi.done
-  echo "== kimi48b $(date -u +%T)" | say; bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
+  echo "== kimi48b DAYONE_DECODE_FUSION=$NEW $(date -u +%T)" | say; bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
   mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
   echo "== llama8b cuda b1, prompt 128 (beside WGSL) $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 64 | say
   echo "== llama8b wgsl b1 $(date -u +%T)" | say; LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp \
     timeout 100 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 128 --gen-len 64 --json 2>>$OUT/wgsl_err.txt | bench_summary | say; tail -2 $OUT/wgsl_err.txt
   echo "== moe auto $(date -u +%T)" | say; moe auto 64,512,8192 | say
   echo "== torch grouped_mm $(date -u +%T)" | say; timeout 80 python3 benches/gpu/torch_deepseek.py --tokens 64,512,8192 2>&1 | grep grouped_mm | say
-  echo "== kimi48b DAYONE_DECODE_FUSION=$OLD,add_norm $(date -u +%T)" | say; DAYONE_DECODE_FUSION=$OLD,add_norm bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
-  echo "== llama8b DAYONE_DECODE_FUSION=$OLD,kda_step $(date -u +%T)" | say; DAYONE_DECODE_FUSION=$OLD,kda_step bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128 | say
+  echo "== kimi48b DAYONE_DECODE_FUSION=$OLD $(date -u +%T)" | say; DAYONE_DECODE_FUSION=$OLD bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say
+  echo "== llama8b DAYONE_DECODE_FUSION=$OLD $(date -u +%T)" | say; DAYONE_DECODE_FUSION=$OLD bench -m /tmp/llama8b --batch 1,8 --prompt-len 512 --gen-len 128 | say
   echo "== moe 8192 DAYONE_MOE_TILE=128r $(date -u +%T)" | say; moe 128r 8192 | say
   echo "== torch llama8b $(date -u +%T)" | say; timeout 80 python3 benches/gpu/torch_llama8b.py --batch 1 --attn sdpa --prompt-len 512 --gen-len 16 2>&1 | tail -2 | say
 fi

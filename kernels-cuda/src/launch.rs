@@ -152,15 +152,14 @@ impl DecodeFusion {
 /// 3.9 % slower with it (5.83 against 5.60 ms, 2026-12-07) — every split block fences and counts,
 /// and the last one's merge runs serially after the step's slowest split. Not KDA's gated norm
 /// inside `o_proj`'s GEMV: 3.5 % slower on an H100 (Kimi-Linear-48B's first 14 layers, batch 1,
-/// 2026-12-07), for the same reason as the norm.
+/// 2026-12-07), for the same reason as the norm. Not yet `add_norm` and `kda_step` (2026-12-07,
+/// fourth session): bit-equal on the CPU-side checks but not yet run on a GPU.
 pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RopeKv,
     DecodeFusion::MoeBlock,
     DecodeFusion::Conv3,
     DecodeFusion::RouterTopk,
     DecodeFusion::RouterNorm,
-    DecodeFusion::AddNorm,
-    DecodeFusion::KdaStep,
 ];
 
 /// Every fusion, in `DAYONE_DECODE_FUSION`'s order.
