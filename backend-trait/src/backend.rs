@@ -558,6 +558,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
         })
     }
 
+    /// Whether [`Backend::linear_add_rms_norm`] of these operands runs fused here (one launch).
+    /// A model hands a sublayer's last projection over uncomputed only then; otherwise it
+    /// computes the projection first, so the next sublayer's own norm fusions
+    /// ([`Backend::rms_norm_linear_many`], [`Backend::rms_norm_moe_route`]) still apply. The
+    /// default: no.
+    fn fuses_linear_add_rms_norm(
+        &self,
+        _x: &Self::Tensor,
+        _w: &Self::Tensor,
+        _bias: Option<&Self::Tensor>,
+        _h: &Self::Tensor,
+        _norm_w: &Self::Tensor,
+    ) -> bool {
+        false
+    }
+
     /// A sublayer's last projection, the residual add after it and the next sublayer's norm:
     /// `y = x·wᵀ (+ bias)`, `s = h + y`, `n = rms_norm(s, norm_w, eps)`; returns `(s, n)`.
     /// `x` `[M, K]`, `w` `[N, K]`, `bias` `[N]`, `h` `[M, N]`, `norm_w` `[N]`, all of one

@@ -91,9 +91,19 @@ struct GemvNorm {
 
 // The rows' pass: the sums a + r (rounded to T) go to `xs` (and `sum` when store_sum, if xs is
 // not `sum` itself), then the normed rows to `dst` (and `x_out`). The prologue passes shared
-// memory as both xs and dst; gemv_add_norm_tail passes the `sum` output as xs (global memory,
+// memory as both xs and dst; gemv_add_norm_impl passes the `sum` output as xs (global memory,
 // each thread reading back only what it wrote) and the normed output as dst.
-template <typename T, int MT>
+// Eight values through L2 only (ld.global.cg): values other blocks of this launch wrote.
+__device__ __forceinline__ void vec8_load_cg(Vec8<float>& v, const float* p) {
+    v.a = __ldcg(reinterpret_cast<const float4*>(p));
+    v.b = __ldcg(reinterpret_cast<const float4*>(p + 4));
+}
+template <typename H> __device__ __forceinline__ void vec8_load_cg(Vec8<H>& v, const H* p) {
+    v.r = __ldcg(reinterpret_cast<const uint4*>(p));
+}
+
+// CG: `r` was written by other blocks of this launch (gemv_add_norm_impl's y): read through L2.
+template <typename T, int MT, bool CG = false>
 __device__ __forceinline__ void gemv_norm_rows(const T* __restrict__ a, const GemvNorm& nm,
                                                u32 m, u32 k, T* xs, T* dst, bool store_sum) {
     __shared__ float nred[MT][16];
@@ -114,7 +124,8 @@ __device__ __forceinline__ void gemv_norm_rows(const T* __restrict__ a, const Ge
             if (r) {
                 Vec8<T> va, vb;
                 va.load(a + base + j);
-                vb.load(r + base + j);
+                if (CG) vec8_load_cg(vb, r + base + j);
+                else vb.load(r + base + j);
                 float fa[8], fb[8];
                 va.to_float(fa);
                 vb.to_float(fb);
@@ -439,7 +450,7 @@ __device__ __forceinline__ void gemv_add_norm_impl(const T* x, const T* w, const
     __syncthreads();
     if (!last) return;
     __threadfence();
-    gemv_norm_rows<T, MT>(static_cast<const T*>(an.h), an.nm, m, n, static_cast<T*>(an.nm.sum),
+    gemv_norm_rows<T, MT, true>(static_cast<const T*>(an.h), an.nm, m, n, static_cast<T*>(an.nm.sum),
                           static_cast<T*>(an.xn), true);
     if (threadIdx.x == 0) *an.counter = 0;
 }

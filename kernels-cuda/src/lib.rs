@@ -1043,6 +1043,17 @@ impl Backend for CudaBackend {
         self.gated_rms_norm_linear_impl(x, gate, norm_w, eps, head_dim, w, bias)
     }
 
+    fn fuses_linear_add_rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        h: &CudaTensor,
+        norm_w: &CudaTensor,
+    ) -> bool {
+        self.add_norm_fits(x, w, bias, h, norm_w).is_some()
+    }
+
     fn linear_add_rms_norm(
         &self,
         x: &CudaTensor,

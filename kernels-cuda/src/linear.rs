@@ -530,6 +530,35 @@ impl CudaBackend {
         dayone_backend::gated_rms_norm_then_linear(self, x, gate, norm_w, eps, head_dim, w, bias)
     }
 
+    /// `(M, K, N, MT)` when `linear_add_rms_norm` of these operands takes the fused
+    /// `gemv_addnorm` launch: the `add_norm` fusion on, not batch-invariant, decode-sized M,
+    /// shapes and dtypes that agree, N a multiple of 8.
+    pub(crate) fn add_norm_fits(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        h: &CudaTensor,
+        norm_w: &CudaTensor,
+    ) -> Option<(usize, usize, usize, u32)> {
+        let (m, k) = rows_last("linear_add_rms_norm", "x [M, K]", x).ok()?;
+        let n = w.shape.first().copied().unwrap_or(0);
+        let mt = launch::gemv_mt(m, k)?;
+        let fits = !self.invariant()
+            && self.fusion(launch::DecodeFusion::AddNorm)
+            && m > 0
+            && w.shape == [n, k]
+            && n > 0
+            && n.is_multiple_of(8)
+            && w.dtype == x.dtype
+            && bias.is_none_or(|b| b.shape == [n] && b.dtype == x.dtype)
+            && h.shape == [m, n]
+            && h.dtype == x.dtype
+            && norm_w.shape == [n]
+            && norm_w.dtype == x.dtype;
+        fits.then_some((m, k, n, mt))
+    }
+
     /// [`dayone_backend::Backend::linear_add_rms_norm`]: one `gemv_addnorm` launch for
     /// decode-sized M with the `add_norm` fusion (the GEMV's last block adds `h` and normalises
     /// the rows, bit-equal to `linear` then `add_rms_norm`, see `gemv_add_norm_impl`) where the
@@ -547,64 +576,51 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<(CudaTensor, CudaTensor)> {
         const OP: &str = "linear_add_rms_norm";
-        if let (Ok((m, k)), Ok(sfx)) = (rows_last(OP, "x [M, K]", x), dtype_suffix(OP, x.dtype)) {
-            let n = w.shape.first().copied().unwrap_or(0);
-            let mt = launch::gemv_mt(m, k).filter(|_| {
-                !self.invariant()
-                    && self.fusion(launch::DecodeFusion::AddNorm)
-                    && m > 0
-                    && w.shape == [n, k]
-                    && n > 0
-                    && n.is_multiple_of(8)
-                    && w.dtype == x.dtype
-                    && bias.is_none_or(|b| b.shape == [n] && b.dtype == x.dtype)
-                    && h.shape == [m, n]
-                    && h.dtype == x.dtype
-                    && norm_w.shape == [n]
-                    && norm_w.dtype == x.dtype
-            });
-            if let Some(mt) = mt {
-                if let Some(counters) = self.decode_counters()? {
-                    self.bind()?;
-                    let y = self.alloc(vec![m, n], x.dtype)?;
-                    let sum = self.alloc(vec![m, n], x.dtype)?;
-                    let xn = self.alloc(vec![m, n], x.dtype)?;
-                    let rpw = launch::gemv_rpw(n, self.info.sms);
-                    let f = self.func("gemv", sfx, &format!("gemv_addnorm_{sfx}_m{mt}_r{rpw}"))?;
-                    let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
-                    let an = GemvAddNorm {
-                        nm: GemvNorm {
-                            r: y.device_ptr(),
-                            g: norm_w.device_ptr(),
-                            sum: sum.device_ptr(),
-                            x_out: 0,
-                            eps,
-                            vt: launch::norm_threads(n),
-                        },
-                        h: h.device_ptr(),
-                        xn: xn.device_ptr(),
-                        counter: counters.device_ptr(),
-                    };
-                    self.launch(
-                        OP,
-                        &f,
-                        (grid, 1, 1),
-                        (launch::GEMV_THREADS, 1, 1),
-                        0,
-                        kparams![
-                            x.device_ptr(),
-                            w.device_ptr(),
-                            bias.map_or(0u64, |b| b.device_ptr()),
-                            y.device_ptr(),
-                            m as u32,
-                            to_u32(OP, "N", n)?,
-                            to_u32(OP, "K", k)?,
-                            w.buf.weight as u32,
-                            an
-                        ],
-                    )?;
-                    return Ok((sum, xn));
-                }
+        if let (Some((m, k, n, mt)), Ok(sfx)) = (
+            self.add_norm_fits(x, w, bias, h, norm_w),
+            dtype_suffix(OP, x.dtype),
+        ) {
+            // y is the GEMV's output, the tail's input (not returned).
+            if let Some(counters) = self.decode_counters()? {
+                self.bind()?;
+                let y = self.alloc(vec![m, n], x.dtype)?;
+                let sum = self.alloc(vec![m, n], x.dtype)?;
+                let xn = self.alloc(vec![m, n], x.dtype)?;
+                let rpw = launch::gemv_rpw(n, self.info.sms);
+                let f = self.func("gemv", sfx, &format!("gemv_addnorm_{sfx}_m{mt}_r{rpw}"))?;
+                let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
+                let an = GemvAddNorm {
+                    nm: GemvNorm {
+                        r: y.device_ptr(),
+                        g: norm_w.device_ptr(),
+                        sum: sum.device_ptr(),
+                        x_out: 0,
+                        eps,
+                        vt: launch::norm_threads(n),
+                    },
+                    h: h.device_ptr(),
+                    xn: xn.device_ptr(),
+                    counter: counters.device_ptr(),
+                };
+                self.launch(
+                    OP,
+                    &f,
+                    (grid, 1, 1),
+                    (launch::GEMV_THREADS, 1, 1),
+                    0,
+                    kparams![
+                        x.device_ptr(),
+                        w.device_ptr(),
+                        bias.map_or(0u64, |b| b.device_ptr()),
+                        y.device_ptr(),
+                        m as u32,
+                        to_u32(OP, "N", n)?,
+                        to_u32(OP, "K", k)?,
+                        w.buf.weight as u32,
+                        an
+                    ],
+                )?;
+                return Ok((sum, xn));
             }
         }
         dayone_backend::linear_then_add_rms_norm(self, x, w, bias, h, norm_w, eps)

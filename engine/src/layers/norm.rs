@@ -57,6 +57,9 @@ pub struct PreNorm<'a, B: Backend> {
     m: Option<&'a Addend<'a, B>>,
     /// `h + m` once some call computed it.
     sum: OnceCell<B::Tensor>,
+    /// `m` itself once computed, when it was handed over as a projection the backend does not
+    /// fuse with the add and the norm.
+    y: OnceCell<B::Tensor>,
     /// `x` once materialised.
     x: OnceCell<B::Tensor>,
 }
@@ -69,24 +72,33 @@ impl<'a, B: Backend> PreNorm<'a, B> {
             h,
             m,
             sum: OnceCell::new(),
+            y: OnceCell::new(),
             x: OnceCell::new(),
         }
     }
 
     /// The rows still to normalise and the addend still to add: `(h + m, None)` once the sum
-    /// exists, else `(h, m)`. An addend still to project is projected first, with the add and
-    /// the norm in the same call (which sets the sum and `x`).
+    /// exists, else `(h, m)`. An addend still to project is projected first: with the add and
+    /// the norm in the same call where the backend fuses them (which sets the sum and `x`),
+    /// else on its own (so the caller's norm fusions still apply).
     fn operands(&self, b: &B) -> Result<(&B::Tensor, Option<&B::Tensor>)> {
-        if let (None, Some(Addend::Projection { x, w, bias })) = (self.sum.get(), self.m) {
-            let (s, x) =
-                b.linear_add_rms_norm(x, w, *bias, self.h, &self.norm.weight, self.norm.eps)?;
-            self.keep_sum(Some(s));
-            let _ = self.x.set(x);
+        if let (None, None, Some(Addend::Projection { x, w, bias })) =
+            (self.sum.get(), self.y.get(), self.m)
+        {
+            let g = &self.norm.weight;
+            if b.fuses_linear_add_rms_norm(x, w, *bias, self.h, g) {
+                let (s, x) = b.linear_add_rms_norm(x, w, *bias, self.h, g, self.norm.eps)?;
+                self.keep_sum(Some(s));
+                let _ = self.x.set(x);
+            } else {
+                let _ = self.y.set(b.linear(x, w, *bias)?);
+            }
         }
         Ok(match (self.sum.get(), self.m) {
             (Some(s), _) => (s, None),
             (None, Some(Addend::Ready(m))) => (self.h, Some(m)),
-            (None, _) => (self.h, None),
+            (None, Some(Addend::Projection { .. })) => (self.h, self.y.get()),
+            (None, None) => (self.h, None),
         })
     }
 
@@ -187,10 +199,11 @@ impl<'a, B: Backend> PreNorm<'a, B> {
 
     /// The residual `h + m` (`h` without `m`), adding it now if no call did.
     pub fn into_sum(self, b: &B) -> Result<B::Tensor> {
-        match (self.sum.into_inner(), self.m) {
-            (Some(s), _) => Ok(s),
-            (None, Some(m)) => m.add_to(b, self.h),
-            (None, None) => Ok(self.h.clone()),
+        match (self.sum.into_inner(), self.y.into_inner(), self.m) {
+            (Some(s), _, _) => Ok(s),
+            (None, Some(y), _) => b.add(self.h, &y),
+            (None, None, Some(m)) => m.add_to(b, self.h),
+            (None, None, None) => Ok(self.h.clone()),
         }
     }
 }
