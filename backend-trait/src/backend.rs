@@ -558,12 +558,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
         })
     }
 
-    /// Whether [`Backend::linear_add_rms_norm`] of these operands runs fused here (one launch).
-    /// A model hands a sublayer's last projection over uncomputed only then; otherwise it
-    /// computes the projection first, so the next sublayer's own norm fusions
-    /// ([`Backend::rms_norm_linear_many`], [`Backend::rms_norm_moe_route`]) still apply. The
-    /// default: no.
-    fn fuses_linear_add_rms_norm(
+    /// Whether a model should hand a sublayer's last projection of these operands to
+    /// [`Backend::linear_add_rms_norm`] (with the residual add and the next norm) rather than
+    /// compute it first: `false` where the backend would fuse the next norm into the next
+    /// sublayer's own call instead ([`Backend::rms_norm_linear_many`],
+    /// [`Backend::rms_norm_moe_route`]) and `linear_add_rms_norm` would not be one launch.
+    /// The default, `true`, suits a backend without those fusions: the default
+    /// `linear_add_rms_norm` makes the same calls as computing the projection first.
+    fn prefers_linear_add_rms_norm(
         &self,
         _x: &Self::Tensor,
         _w: &Self::Tensor,
@@ -571,7 +573,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         _h: &Self::Tensor,
         _norm_w: &Self::Tensor,
     ) -> bool {
-        false
+        true
     }
 
     /// A sublayer's last projection, the residual add after it and the next sublayer's norm:

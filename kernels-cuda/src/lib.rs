@@ -1043,7 +1043,7 @@ impl Backend for CudaBackend {
         self.gated_rms_norm_linear_impl(x, gate, norm_w, eps, head_dim, w, bias)
     }
 
-    fn fuses_linear_add_rms_norm(
+    fn prefers_linear_add_rms_norm(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,

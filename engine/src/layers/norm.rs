@@ -79,14 +79,14 @@ impl<'a, B: Backend> PreNorm<'a, B> {
 
     /// The rows still to normalise and the addend still to add: `(h + m, None)` once the sum
     /// exists, else `(h, m)`. An addend still to project is projected first: with the add and
-    /// the norm in the same call where the backend fuses them (which sets the sum and `x`),
-    /// else on its own (so the caller's norm fusions still apply).
+    /// the norm in one [`Backend::linear_add_rms_norm`] where the backend prefers that (which
+    /// sets the sum and `x`), else on its own (so the caller's norm fusions still apply).
     fn operands(&self, b: &B) -> Result<(&B::Tensor, Option<&B::Tensor>)> {
         if let (None, None, Some(Addend::Projection { x, w, bias })) =
             (self.sum.get(), self.y.get(), self.m)
         {
             let g = &self.norm.weight;
-            if b.fuses_linear_add_rms_norm(x, w, *bias, self.h, g) {
+            if b.prefers_linear_add_rms_norm(x, w, *bias, self.h, g) {
                 let (s, x) = b.linear_add_rms_norm(x, w, *bias, self.h, g, self.norm.eps)?;
                 self.keep_sum(Some(s));
                 let _ = self.x.set(x);
