@@ -108,6 +108,14 @@ __device__ __forceinline__ void grid_dep_wait() {
 #endif
 }
 
+// Asks L2 for `bytes` from p (a hint: nothing is loaded into registers, nothing can fault the
+// kernel), thread `i` of `n` taking every n-th 128-byte line — for weights a kernel may fetch
+// before griddepcontrol.wait.
+__device__ __forceinline__ void l2_prefetch(const void* p, u32 bytes, u32 i, u32 n) {
+    const char* c = static_cast<const char*>(p);
+    for (u32 o = i * 128; o < bytes; o += n * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -426,6 +426,19 @@ __device__ __forceinline__ void gemv_many_impl(const T* x, const GemvSegs& sg, u
                                              (blockIdx.x - sg.first[i]) * RPW, nullptr, nm);
 }
 
+// Whether this block is the last of the grid to finish (the launch's `counter`, zero before
+// it): every block publishes its writes (fence), counts itself, and the last one fences again
+// before reading the others' — the entry to a last-block epilogue, which zeroes the counter.
+__device__ __forceinline__ bool gemv_last_block(u32* counter) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // A sublayer's last projection with the residual add and the next sublayer's norm
 // (`gemv_addnorm_*`, Backend::linear_add_rms_norm): the GEMV's blocks write y [M, N], count
 // themselves done, and the last block computes sum = h + y and rms_norm(sum) ⊙ g over the M
@@ -443,13 +456,7 @@ __device__ __forceinline__ void gemv_add_norm_impl(const T* x, const T* w, const
                                                    u32 m, u32 n, u32 k, u32 w_const,
                                                    const GemvAddNorm& an) {
     gemv_impl<T, MT, RPW, U>(x, w, bias, y, m, n, k, w_const, blockIdx.x * RPW);
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(an.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!gemv_last_block(an.counter)) return;
     gemv_norm_rows<T, MT, true>(static_cast<const T*>(an.h), an.nm, m, n, static_cast<T*>(an.nm.sum),
                           static_cast<T*>(an.xn), true);
     if (threadIdx.x == 0) *an.counter = 0;
@@ -529,13 +536,7 @@ __device__ __forceinline__ void gemv_x_topk_impl(const T* x, const float* w, flo
                                                  const GemvNorm* nm = nullptr) {
     gemv_impl<float, MT, RPW, U, T, false, NORM>(x, w, nullptr, y, m, n, k, w_const,
                                                   blockIdx.x * RPW, nullptr, nm);
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!gemv_last_block(a.counter)) return;
     moe_topk_tokens(y, a.bias, a.ids, a.weights, m, n, a.k, a.g, a.topk_group, a.norm, a.scale,
                     0, 1);
     if (threadIdx.x == 0) *a.counter = 0;

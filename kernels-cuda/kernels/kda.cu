@@ -233,6 +233,43 @@ __device__ void gated_rms_norm_impl(const T* __restrict__ x, const T* __restrict
     }
 DAYONE_FOR_FLOAT_TYPES(GATED_RMS_NORM)
 
+// One token of the recurrent update on a thread's state slice S (value column `lane` of its
+// 128-thread group, rows d = w + 4i): the decay, the group's cross-warp sums Sᵀk, Sᵀq, k·q
+// through `red` [3][4][32] (one __syncthreads: every thread of the block calls it), then
+// δ = β(v − Sᵀk) and S += k δ; returns o = Sᵀq + δ (k·q). q, k, e^g of the head in qs, ks, gs.
+template <int KPT>
+__device__ __forceinline__ float kda_token_update(float (&S)[KPT], const float* qs, const float* ks,
+                                                  const float* gs, float (*red)[4][32], u32 w,
+                                                  u32 lane, u32 K, float iq, float ik, float beta,
+                                                  float ve) {
+    float p1 = 0.f, p2 = 0.f, pk = 0.f;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        if (d < K) {
+            const float kd = ks[d] * ik, qd = qs[d] * iq;
+            S[i] *= gs[d];
+            p1 += S[i] * kd;
+            p2 += S[i] * qd;
+            pk += kd * qd;
+        }
+    }
+    red[0][w][lane] = p1;
+    red[1][w][lane] = p2;
+    red[2][w][lane] = pk;
+    __syncthreads();
+    const float kv = red[0][0][lane] + red[0][1][lane] + red[0][2][lane] + red[0][3][lane];
+    const float qo = red[1][0][lane] + red[1][1][lane] + red[1][2][lane] + red[1][3][lane];
+    const float kq = red[2][0][lane] + red[2][1][lane] + red[2][2][lane] + red[2][3][lane];
+    const float delta = (ve - kv) * beta;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        const u32 d = w + 4 * i;
+        if (d < K) S[i] += ks[d] * ik * delta;
+    }
+    return qo + delta * kq;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Token-recurrent KDA. desc[4·i..] = (first row, token count, state slot, fresh) of sequence i
 // (blockIdx.z); with desc null they come from the step's metadata on the device instead
@@ -301,32 +338,8 @@ __device__ void kda_recurrent_impl(const T* __restrict__ q, const T* __restrict_
         const float iq = scale / sqrtf(nrm[0][0] + nrm[0][1] + nrm[0][2] + nrm[0][3] + 1e-6f);
         const float ik = 1.f / sqrtf(nrm[1][0] + nrm[1][1] + nrm[1][2] + nrm[1][3] + 1e-6f);
         const float beta = 1.f / (1.f + expf(-braw));
-        float p1 = 0.f, p2 = 0.f, pk = 0.f;
-#pragma unroll
-        for (int i = 0; i < KPT; i++) {
-            const u32 d = w + 4 * i;
-            if (d < K) {
-                const float kd = ks[d] * ik, qd = qs[d] * iq;
-                S[i] *= gs[d];
-                p1 += S[i] * kd;
-                p2 += S[i] * qd;
-                pk += kd * qd;
-            }
-        }
-        red[0][w][lane] = p1;
-        red[1][w][lane] = p2;
-        red[2][w][lane] = pk;
-        __syncthreads();
-        const float kv = red[0][0][lane] + red[0][1][lane] + red[0][2][lane] + red[0][3][lane];
-        const float qo = red[1][0][lane] + red[1][1][lane] + red[1][2][lane] + red[1][3][lane];
-        const float kq = red[2][0][lane] + red[2][1][lane] + red[2][2][lane] + red[2][3][lane];
-        const float delta = (ve - kv) * beta;
-#pragma unroll
-        for (int i = 0; i < KPT; i++) {
-            const u32 d = w + 4 * i;
-            if (d < K) S[i] += ks[d] * ik * delta;
-        }
-        if (w == 0 && e < V) o[(row * H + h) * V + e] = from_f<T>(qo + delta * kq);
+        const float ov = kda_token_update<KPT>(S, qs, ks, gs, red, w, lane, K, iq, ik, beta, ve);
+        if (w == 0 && e < V) o[(row * H + h) * V + e] = from_f<T>(ov);
         __syncthreads();  // qs/ks/gs/red are rewritten by the next token
     }
 #pragma unroll
@@ -696,14 +709,8 @@ __device__ void kda_step_impl(const KdaStepArgs& p) {
     const u32 h = blockIdx.x, z = blockIdx.y, H = p.H, K = p.K, V = p.V, R = p.R;
     const T* wfb = static_cast<const T*>(p.wfb) + (u64)h * K * R;
     const T* wgb = static_cast<const T*>(p.wgb) + (u64)h * V * R;
-    {
-        // L2 prefetch of the head's factor rows (K·R and V·R values), one line per thread.
-        const char* a = reinterpret_cast<const char*>(wfb);
-        const char* b = reinterpret_cast<const char*>(wgb);
-        const u32 na = K * R * sizeof(T), nb = V * R * sizeof(T);
-        for (u32 o = tid * 128; o < na; o += blockDim.x * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + o));
-        for (u32 o = tid * 128; o < nb; o += blockDim.x * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + o));
-    }
+    l2_prefetch(wfb, K * R * sizeof(T), tid, blockDim.x);  // the head's factor rows
+    l2_prefetch(wgb, V * R * sizeof(T), tid, blockDim.x);
     grid_dep_wait();
     const u32 row = p.qs[z], slot = p.slots[z];
     const bool fresh = p.pos[row] == 0;
@@ -773,32 +780,8 @@ __device__ void kda_step_impl(const KdaStepArgs& p) {
     const float ik = 1.f / sqrtf(nrm[1][0] + nrm[1][1] + nrm[1][2] + nrm[1][3] + 1e-6f);
     const float beta = 1.f / (1.f + expf(-braw));
     const float ve = e < V ? vs[e] : 0.f;
-    float p1 = 0.f, p2 = 0.f, pk = 0.f;
-#pragma unroll
-    for (int i = 0; i < KPT; i++) {
-        const u32 d = w + 4 * i;
-        if (d < K) {
-            const float kd = ks[d] * ik, qd = qs[d] * iq;
-            S[i] *= gs[d];
-            p1 += S[i] * kd;
-            p2 += S[i] * qd;
-            pk += kd * qd;
-        }
-    }
-    red[grp][0][w][lane] = p1;
-    red[grp][1][w][lane] = p2;
-    red[grp][2][w][lane] = pk;
-    __syncthreads();
-    const float kv = red[grp][0][0][lane] + red[grp][0][1][lane] + red[grp][0][2][lane] + red[grp][0][3][lane];
-    const float qo = red[grp][1][0][lane] + red[grp][1][1][lane] + red[grp][1][2][lane] + red[grp][1][3][lane];
-    const float kq = red[grp][2][0][lane] + red[grp][2][1][lane] + red[grp][2][2][lane] + red[grp][2][3][lane];
-    const float delta = (ve - kv) * beta;
-#pragma unroll
-    for (int i = 0; i < KPT; i++) {
-        const u32 d = w + 4 * i;
-        if (d < K) S[i] += ks[d] * ik * delta;
-    }
-    if (w == 0 && e < V) static_cast<T*>(p.o)[((u64)row * H + h) * V + e] = from_f<T>(qo + delta * kq);
+    const float ov = kda_token_update<KPT>(S, qs, ks, gs, red[grp], w, lane, K, iq, ik, beta, ve);
+    if (w == 0 && e < V) static_cast<T*>(p.o)[((u64)row * H + h) * V + e] = from_f<T>(ov);
 #pragma unroll
     for (int i = 0; i < KPT; i++) {
         const u32 d = w + 4 * i;

@@ -24,14 +24,9 @@ template <typename T> __device__ __forceinline__ float moe_ldcg_f(const T* p) {
 }
 template <> __device__ __forceinline__ float moe_ldcg_f<float>(const float* p) { return __ldcg(p); }
 
-// The shared expert needs no routing: its slot's warps ask L2 for their weight rows before
-// griddepcontrol.wait, so those bytes stream in while the router finishes (the routed pairs'
-// experts are known only after it). One 128-byte line per lane per step.
-__device__ __forceinline__ void moe_l2_prefetch(const void* p, u32 bytes, u32 lane) {
-    const char* c = static_cast<const char*>(p);
-    for (u32 o = lane * 128; o < bytes; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
-}
+// The shared expert needs no routing: its slot's warps ask L2 for their weight rows
+// (l2_prefetch) before griddepcontrol.wait, so those bytes stream in while the router finishes
+// (the routed pairs' experts are known only after it).
 
 // Variants (launch::MoeDecodeVariant, DAYONE_MOE_DEC): UG / UD weight chunks per row in flight
 // per lane (0: moe_gemv_unroll's), RPW down rows per warp, each with its own launch bounds
@@ -49,8 +44,8 @@ __device__ __forceinline__ void moe_dec_gu_impl(const T* __restrict__ x, const u
     const bool shared = s >= n * k;
     const u32 o = blockIdx.x * MOE_GEMV_WARPS + warp, nout = shared ? fs : f;
     if (shared && o < fs) {
-        moe_l2_prefetch(gate_s + (u64)o * d, d * sizeof(T), lane);
-        moe_l2_prefetch(up_s + (u64)o * d, d * sizeof(T), lane);
+        l2_prefetch(gate_s + (u64)o * d, d * sizeof(T), lane, 32);
+        l2_prefetch(up_s + (u64)o * d, d * sizeof(T), lane, 32);
     }
     grid_dep_wait();
     if (o >= nout) return;
@@ -86,7 +81,7 @@ __device__ __forceinline__ void moe_dec_dn_impl(const T* __restrict__ h, const u
     {
         const u32 p0 = (blockIdx.x * MOE_GEMV_WARPS + warp) * RPW;
         if (shared && p0 < d)
-            moe_l2_prefetch(down_s + (u64)p0 * fs, min((u32)RPW, d - p0) * fs * sizeof(T), lane);
+            l2_prefetch(down_s + (u64)p0 * fs, min((u32)RPW, d - p0) * fs * sizeof(T), lane, 32);
     }
     grid_dep_wait();
     const u32 t = shared ? s - n * k : s / k;

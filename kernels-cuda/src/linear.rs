@@ -94,6 +94,64 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// One launch of a single-weight decode GEMV `{kernel}_{sfx}_m{mt}_r{rpw}` (kernels/gemv.cu:
+    /// `x, w, bias, y, M, N, K, w_const`, then `extra` — a fused op's parameter struct — when
+    /// given), `rpw` rows per block from [`launch::gemv_rpw`]. `x` `[M, K]`, `w` `[N, K]`, `y`
+    /// `[M, N]`; `smem` bytes of dynamic shared memory.
+    ///
+    /// Errors: sizes past u32, the kernel's lookup or launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemv_launch<E>(
+        &self,
+        op: &str,
+        kernel: &str,
+        (x, w, bias, y): (&CudaTensor, &CudaTensor, Option<&CudaTensor>, &CudaTensor),
+        (m, n, k, mt): (usize, usize, usize, u32),
+        smem: u32,
+        extra: Option<&E>,
+    ) -> Result<()> {
+        let sfx = dtype_suffix(op, x.dtype)?;
+        let rpw = launch::gemv_rpw(n, self.info.sms);
+        let f = self.func("gemv", sfx, &format!("{kernel}_{sfx}_m{mt}_r{rpw}"))?;
+        let grid = to_u32(op, "N / rows per block", n.div_ceil(rpw as usize))?;
+        let (xp, wp, bp, yp) = (
+            x.device_ptr(),
+            w.device_ptr(),
+            bias.map_or(0u64, |b| b.device_ptr()),
+            y.device_ptr(),
+        );
+        let (mu, nu, ku, wc) = (
+            to_u32(op, "M", m)?,
+            to_u32(op, "N", n)?,
+            to_u32(op, "K", k)?,
+            w.buf.weight as u32,
+        );
+        fn arg<A>(v: &A) -> *mut c_void {
+            v as *const A as *mut c_void
+        }
+        // On the stack: this runs for every decode projection.
+        let mut params = [
+            arg(&xp),
+            arg(&wp),
+            arg(&bp),
+            arg(&yp),
+            arg(&mu),
+            arg(&nu),
+            arg(&ku),
+            arg(&wc),
+            extra.map_or(std::ptr::null_mut(), arg),
+        ];
+        let used = if extra.is_some() { 9 } else { 8 };
+        self.launch(
+            op,
+            &f,
+            (grid, 1, 1),
+            (launch::GEMV_THREADS, 1, 1),
+            smem,
+            &mut params[..used],
+        )
+    }
+
     pub(crate) fn linear_impl(
         &self,
         x: &CudaTensor,
@@ -129,26 +187,7 @@ impl CudaBackend {
         let gemv = launch::gemv_mt(m, k).filter(|_| allow_gemv && !self.invariant());
         if let Some(mt) = gemv {
             // Decode-sized M: the streaming GEMV kernel (bias fused).
-            let rpw = launch::gemv_rpw(n, self.info.sms);
-            let f = self.func("gemv", sfx, &format!("gemv_{sfx}_m{mt}_r{rpw}"))?;
-            let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
-            self.launch(
-                OP,
-                &f,
-                (grid, 1, 1),
-                (launch::GEMV_THREADS, 1, 1),
-                0,
-                kparams![
-                    x.device_ptr(),
-                    w.device_ptr(),
-                    bias.map_or(0u64, |b| b.device_ptr()),
-                    out.device_ptr(),
-                    m as u32,
-                    to_u32(OP, "N", n)?,
-                    to_u32(OP, "K", k)?,
-                    w.buf.weight as u32
-                ],
-            )?;
+            self.gemv_launch::<()>(OP, "gemv", (x, w, bias, &out), (m, n, k, mt), 0, None)?;
             return Ok(out);
         }
         if self.invariant() {
@@ -472,7 +511,7 @@ impl CudaBackend {
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
         const OP: &str = "gated_rms_norm_linear";
-        if let (Ok((m, k)), Ok(sfx)) = (rows_last(OP, "x [M, K]", x), dtype_suffix(OP, x.dtype)) {
+        if let (Ok((m, k)), Ok(_)) = (rows_last(OP, "x [M, K]", x), dtype_suffix(OP, x.dtype)) {
             let mt = launch::gemv_mt(m, k);
             let smem = m.min(mt.unwrap_or(0) as usize) * k * x.dtype.size();
             let n = w.shape.first().copied().unwrap_or(0);
@@ -495,9 +534,6 @@ impl CudaBackend {
                 let mut shape = x.shape.clone();
                 *shape.last_mut().expect("rank >= 2") = n;
                 let out = self.alloc(shape, x.dtype)?;
-                let rpw = launch::gemv_rpw(n, self.info.sms);
-                let f = self.func("gemv", sfx, &format!("gemv_gnorm_{sfx}_m{mt}_r{rpw}"))?;
-                let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
                 let gn = GemvGatedNorm {
                     gate: gate.device_ptr(),
                     w: norm_w.device_ptr(),
@@ -506,24 +542,9 @@ impl CudaBackend {
                     eps,
                     _pad: 0,
                 };
-                self.launch(
-                    OP,
-                    &f,
-                    (grid, 1, 1),
-                    (launch::GEMV_THREADS, 1, 1),
-                    smem as u32,
-                    kparams![
-                        x.device_ptr(),
-                        w.device_ptr(),
-                        bias.map_or(0u64, |b| b.device_ptr()),
-                        out.device_ptr(),
-                        m as u32,
-                        to_u32(OP, "N", n)?,
-                        to_u32(OP, "K", k)?,
-                        w.buf.weight as u32,
-                        gn
-                    ],
-                )?;
+                let dims = (m, n, k, mt);
+                let io = (x, w, bias, &out);
+                self.gemv_launch(OP, "gemv_gnorm", io, dims, smem as u32, Some(&gn))?;
                 return Ok(out);
             }
         }
@@ -576,19 +597,13 @@ impl CudaBackend {
         eps: f32,
     ) -> Result<(CudaTensor, CudaTensor)> {
         const OP: &str = "linear_add_rms_norm";
-        if let (Some((m, k, n, mt)), Ok(sfx)) = (
-            self.add_norm_fits(x, w, bias, h, norm_w),
-            dtype_suffix(OP, x.dtype),
-        ) {
+        if let Some((m, k, n, mt)) = self.add_norm_fits(x, w, bias, h, norm_w) {
             // y is the GEMV's output, the tail's input (not returned).
             if let Some(counters) = self.decode_counters()? {
                 self.bind()?;
                 let y = self.alloc(vec![m, n], x.dtype)?;
                 let sum = self.alloc(vec![m, n], x.dtype)?;
                 let xn = self.alloc(vec![m, n], x.dtype)?;
-                let rpw = launch::gemv_rpw(n, self.info.sms);
-                let f = self.func("gemv", sfx, &format!("gemv_addnorm_{sfx}_m{mt}_r{rpw}"))?;
-                let grid = to_u32(OP, "N / rows per block", n.div_ceil(rpw as usize))?;
                 let an = GemvAddNorm {
                     nm: GemvNorm {
                         r: y.device_ptr(),
@@ -602,24 +617,8 @@ impl CudaBackend {
                     xn: xn.device_ptr(),
                     counter: counters.device_ptr(),
                 };
-                self.launch(
-                    OP,
-                    &f,
-                    (grid, 1, 1),
-                    (launch::GEMV_THREADS, 1, 1),
-                    0,
-                    kparams![
-                        x.device_ptr(),
-                        w.device_ptr(),
-                        bias.map_or(0u64, |b| b.device_ptr()),
-                        y.device_ptr(),
-                        m as u32,
-                        to_u32(OP, "N", n)?,
-                        to_u32(OP, "K", k)?,
-                        w.buf.weight as u32,
-                        an
-                    ],
-                )?;
+                let io = (x, w, bias, &y);
+                self.gemv_launch(OP, "gemv_addnorm", io, (m, n, k, mt), 0, Some(&an))?;
                 return Ok((sum, xn));
             }
         }
