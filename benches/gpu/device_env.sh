@@ -1,6 +1,6 @@
 # Sourced by the run_*.sh scripts of one device call: unpacks the binaries that
 # build_for_device.sh put in .bin/ (gzip or xz), restores the NVRTC disk cache from
-# .kcache/cuda.tgz when carried, sets the environment the CUDA tests expect, and defines
+# .kcache/cuda.tgz (or .txz) when carried, sets the environment the CUDA tests expect, and defines
 # `cuda_tests` (each .bin/test-* binary, its CUDA cases only; a summary on stdout, the detail
 # in $OUT/tests.txt). Carry [".bin", ".kcache"].
 set -uo pipefail
@@ -10,6 +10,7 @@ for f in .bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 chmod +x .bin/* 2>/dev/null
 kc=$HOME/.cache/dayone; mkdir -p "$kc"
 [ -f .kcache/cuda.tgz ] && tar xzf .kcache/cuda.tgz -C "$kc"
+[ -f .kcache/cuda.txz ] && tar xJf .kcache/cuda.txz -C "$kc"
 export NCCL_NVLS_ENABLE=0 DAYONE_FIXTURES=$PWD/tests/fixtures RUST_BACKTRACE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 

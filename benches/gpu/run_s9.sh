@@ -45,6 +45,8 @@ if [ "$h200" = 0 ]; then
   for t in 128 128r; do echo "== moe 8192 DAYONE_MOE_TILE=$t $(date -u +%T)" | say; moe $t 8192 | say; done
 else
   echo "== decode_graphs $(date -u +%T)" | say; timeout 40 .bin/test-tests-decode_graphs cuda --test-threads 1 2>&1 | grep -E "test result|panicked" | say
+  for g in golden golden_kimi; do echo "== $g cuda (fusions $NEW) $(date -u +%T)" | say
+    timeout 60 .bin/test-tests-$g cuda --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | head -4 | say; done
   waitf /tmp/llama.done
   echo "== llama8b DAYONE_DECODE_FUSION=$NEW $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128 | say
   waitf /tmp/kimi.done
