@@ -77,7 +77,10 @@ pub struct BenchArgs {
 
 /// Runs `dayone bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
-    // A plot name the bench cannot write is refused before any run (not after minutes of them).
+    // An output the bench cannot write is refused before any run (not after minutes of them).
+    if let Some(p) = &a.csv {
+        crate::bench_plot::check_output_dir("--csv", p)?;
+    }
     if let Some(p) = &a.plot {
         crate::bench_plot::check_plot_path(p)?;
     }

@@ -80,6 +80,7 @@ const PANELS: [Panel; 4] = [
 /// Checks a `--plot` file name before anything runs: a `.svg` or `.png` name in an existing
 /// directory. Errors: another extension, a missing directory (naming the path).
 pub fn check_plot_path(path: &Path) -> Result<()> {
+    check_output_dir("--plot", path)?;
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -91,11 +92,23 @@ pub fn check_plot_path(path: &Path) -> Result<()> {
             path.display()
         );
     }
+    Ok(())
+}
+
+/// Refuses an output file (`flag` names it in the error) whose directory does not exist or that
+/// is a directory, before a bench spends minutes on runs it then could not save.
+pub fn check_output_dir(flag: &str, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        bail!(
+            "{flag} {}: is a directory, expected a file name",
+            path.display()
+        );
+    }
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     if let Some(d) = dir {
         if !d.is_dir() {
             bail!(
-                "--plot {}: the directory {} does not exist",
+                "{flag} {}: the directory {} does not exist",
                 path.display(),
                 d.display()
             );

@@ -106,13 +106,23 @@ fn chat<B: Backend>(b: B, ckpt: &Checkpoint, cfg: &EngineConfig, s: &Session) ->
     }
     let mut messages = s.fresh();
     let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut lines = stdin.lock().split(b'\n');
+    let mut lineno = 0usize;
     loop {
         if interactive {
             eprint!("> ");
         }
         let Some(line) = lines.next() else { break };
-        let line = line.context("reading stdin")?;
+        lineno += 1;
+        let line = match String::from_utf8(line.context("reading stdin")?) {
+            Ok(l) => l,
+            // A typed line in another encoding costs that turn, not the conversation.
+            Err(_) if interactive => {
+                eprintln!("error: that line is not UTF-8 text; type it again");
+                continue;
+            }
+            Err(_) => bail!("stdin line {lineno} is not UTF-8 text"),
+        };
         let text = line.trim_end_matches(['\r', '\n']);
         match text.trim() {
             "" => continue,

@@ -644,6 +644,35 @@ impl Saved {
     }
 }
 
+/// KL(base ‖ this) of one scored token, in nats: over the base's saved top tokens plus the rest
+/// of the mass (this run's rest computed as the saved one was, so a run against itself gives
+/// exactly 0). `dense` `[V]` holds this run's log-probabilities. NaN when this run's are NaN
+/// (non-finite logits): `max(0)` would turn NaN into a perfect 0.
+fn token_kl(b: &SavedToken, dense: &[f32]) -> f64 {
+    let mut kl = 0.0f64;
+    let q_top: Vec<(u32, f32)> = b
+        .top
+        .iter()
+        .map(|&(id, _)| (id, dense[id as usize]))
+        .collect();
+    for (&(_, p), &(_, q)) in b.top.iter().zip(&q_top) {
+        if p.is_finite() {
+            kl += (p as f64).exp() * (p as f64 - q as f64);
+        }
+    }
+    if b.rest.is_finite() {
+        let p_rest = b.rest as f64;
+        let q_rest = rest_logmass(&q_top, false).max(-69.0) as f64;
+        kl += p_rest.exp() * (p_rest - q_rest);
+    }
+    // KL ≥ 0; a tiny negative sum is the rounding of log-probabilities saved as f32.
+    if kl.is_nan() {
+        kl
+    } else {
+        kl.max(0.0)
+    }
+}
+
 /// The KL comparison against a saved run, token by token.
 #[derive(Default)]
 struct Kl {
@@ -677,26 +706,7 @@ impl Kl {
             for &(id, p) in &c.top {
                 dense[id as usize] = p;
             }
-            // KL(base ‖ this) over the base's top tokens plus the rest of the mass (this run's
-            // rest computed as the saved one was, so a run against itself gives exactly 0).
-            let mut kl = 0.0f64;
-            let q_top: Vec<(u32, f32)> = b
-                .top
-                .iter()
-                .map(|&(id, _)| (id, dense[id as usize]))
-                .collect();
-            for (&(_, p), &(_, q)) in b.top.iter().zip(&q_top) {
-                if p.is_finite() {
-                    kl += (p as f64).exp() * (p as f64 - q as f64);
-                }
-            }
-            if b.rest.is_finite() {
-                let p_rest = b.rest as f64;
-                let q_rest = rest_logmass(&q_top, false).max(-69.0) as f64;
-                kl += p_rest.exp() * (p_rest - q_rest);
-            }
-            // KL ≥ 0; a tiny negative sum is the rounding of log-probabilities saved as f32.
-            self.kls.push(kl.max(0.0));
+            self.kls.push(token_kl(b, &dense));
             let cur_top1 = c.top.first().map(|t| t.0);
             if b.top.first().map(|t| t.0) == cur_top1 {
                 self.top1_same += 1;
@@ -724,5 +734,35 @@ impl Kl {
             "base_ppl": base_ppl,
             "tokens": self.kls.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(top: Vec<(u32, f32)>) -> SavedToken {
+        SavedToken {
+            token: top[0].0,
+            logprob: top[0].1,
+            rest: rest_logmass(&top, false),
+            top,
+        }
+    }
+
+    #[test]
+    fn token_kl_is_zero_against_itself_and_nan_for_nan_logprobs() {
+        let half = 0.5f32.ln();
+        let quarter = 0.25f32.ln();
+        let b = saved(vec![(0, half), (2, quarter)]);
+        let same = [half, quarter, quarter, f32::NEG_INFINITY];
+        assert_eq!(token_kl(&b, &same), 0.0);
+        let other = [quarter, half, quarter, f32::NEG_INFINITY];
+        assert!(token_kl(&b, &other) > 0.0);
+        let nan = [f32::NAN; 4];
+        assert!(
+            token_kl(&b, &nan).is_nan(),
+            "NaN log-probabilities must not read as KL 0"
+        );
     }
 }

@@ -73,6 +73,26 @@ fn missing_model_path() {
 }
 
 #[test]
+fn bench_output_in_a_missing_directory_is_refused_before_any_run() {
+    // The model path does not exist either: the output check comes first, so the error is the
+    // flag's (a long bench would otherwise run to the end and then fail to save).
+    for flag in ["--csv", "--plot"] {
+        fails_with(
+            &[
+                "bench",
+                "--backend",
+                "cpu",
+                "-m",
+                "/nonexistent/model",
+                flag,
+                "/nonexistent/dir/out.svg",
+            ],
+            &[flag, "/nonexistent/dir", "does not exist"],
+        );
+    }
+}
+
+#[test]
 fn directory_without_config() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().to_str().unwrap();
@@ -159,6 +179,19 @@ fn invalid_config_field() {
 }
 
 #[test]
+fn non_positive_norm_eps() {
+    // ε ≤ 0 would fill the logits with NaN, which greedy decoding reads as token 0.
+    for eps in [-1.0, 0.0] {
+        let d = copy_fixture("llama_tiny");
+        edit_config(d.path(), |v| v["rms_norm_eps"] = eps.into());
+        fails_with(
+            &gen(d.path().to_str().unwrap(), &["--prompt-ids", "1"]),
+            &["config.json", "rms_norm_eps", "> 0"],
+        );
+    }
+}
+
+#[test]
 fn tensor_with_wrong_shape() {
     // A config that promises a wider MLP than the weights have.
     let d = copy_fixture("llama_tiny");
@@ -188,6 +221,31 @@ fn tensor_with_wrong_dtype() {
     fails_with(
         &gen(d.path().to_str().unwrap(), &["--prompt-ids", "1"]),
         &["model.norm.weight"],
+    );
+}
+
+#[test]
+fn tensor_shape_that_does_not_fill_its_bytes_is_named() {
+    // Rewrite one tensor's first dimension in the header (same width, another value): the header
+    // no longer matches the data, and the error says which tensor.
+    let d = copy_fixture("llama_tiny");
+    let f = d.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let at = header
+        .find("\"model.norm.weight\"")
+        .expect("fixture has model.norm.weight");
+    let shape = at + header[at..].find("\"shape\":[").unwrap() + "\"shape\":[".len();
+    let dim_len = header[shape..].find(|c: char| !c.is_ascii_digit()).unwrap();
+    let nines = "9".repeat(dim_len);
+    assert_ne!(&header[shape..shape + dim_len], nines);
+    let patched = format!("{}{nines}{}", &header[..shape], &header[shape + dim_len..]);
+    bytes.splice(8..8 + n, patched.into_bytes());
+    std::fs::write(&f, bytes).unwrap();
+    fails_with(
+        &gen(d.path().to_str().unwrap(), &["--prompt-ids", "1"]),
+        &["model.safetensors", "model.norm.weight", "data_offsets"],
     );
 }
 

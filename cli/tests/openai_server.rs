@@ -905,6 +905,8 @@ fn auth_and_bad_input() {
             ("max_tokens = \"x\"", "c", json!({"max_tokens": "x"}), "max_tokens"),
             ("max_completion_tokens = 10^12", "m", json!({"max_completion_tokens": 1_000_000_000_000u64}), "max_completion_tokens"),
             ("messages as a string", "m", json!({"messages": "hello"}), "messages"),
+            ("a user message without content", "m", json!({"messages": [{"role": "user"}]}), "messages[0].content"),
+            ("a user message with null content", "m", json!({"messages": [{"role": "user", "content": null}]}), "messages[0].content"),
             ("top_p = 0", "c", json!({"top_p": 0}), "top_p"),
             ("stop as a number", "c", json!({"stop": 5}), "stop"),
             ("top_logprobs 100", "m", json!({"logprobs": true, "top_logprobs": 100}), "top_logprobs"),
@@ -1117,6 +1119,50 @@ fn stream_token_ids_keep_tokens_without_text() {
             .map(|c| c["token_ids"].as_array().map_or(0, Vec::len))
             .sum();
         assert_eq!(got, want, "chat: streamed token_ids count == non-stream");
+    });
+}
+
+/// A tokenizer without a post-processor whose `tokenizer_config.json` asks for BOS
+/// (`add_bos_token`): `/tokenize` of a text prompt counts the BOS that generation adds, so its
+/// ids equal the prompt `/v1/completions` runs; `add_special_tokens: false` leaves it out.
+#[test]
+fn tokenize_counts_the_bos_generation_adds() {
+    let model = word_model();
+    let cfg_path = model.path().join("tokenizer_config.json");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["add_bos_token"] = json!(true);
+    write_json(&cfg_path, &cfg);
+    let server = Server::start(&["--model", model.path().to_str().unwrap()]);
+    let rt = runtime();
+    let c = http();
+    rt.block_on(async {
+        let prompt = "hello world a b";
+        let (s, t) = post_json(
+            &c,
+            &format!("{}/tokenize", server.url),
+            &json!({"prompt": prompt}),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{t}");
+        let body = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
+        let (s, v) = post_json(&c, &format!("{}/v1/completions", server.url), &body, None).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(
+            t["count"], v["usage"]["prompt_tokens"],
+            "/tokenize {t} vs usage {v}"
+        );
+        assert_eq!(t["tokens"], json!([1, 6, 7, 8, 9]), "BOS (<s> = 1) first");
+        let (s, raw) = post_json(
+            &c,
+            &format!("{}/tokenize", server.url),
+            &json!({"prompt": prompt, "add_special_tokens": false}),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{raw}");
+        assert_eq!(raw["tokens"], json!([6, 7, 8, 9]));
     });
 }
 

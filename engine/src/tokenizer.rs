@@ -24,8 +24,21 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Loads a `tokenizer.json`. Errors name the file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| anyhow!("{}: invalid tokenizer file: {e}", path.display()))?;
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            // Valid JSON of another layout makes the library report a syntax error at the first
+            // unexpected key; say what is missing instead.
+            let layout = std::fs::read(path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .filter(|v| v.get("model").is_none());
+            match layout {
+                Some(_) => anyhow!(
+                    "{}: invalid tokenizer file: valid JSON but no `model` field (expected a Hugging Face tokenizers file with `model`, `added_tokens`, `normalizer`, …)",
+                    path.display()
+                ),
+                None => anyhow!("{}: invalid tokenizer file: {e}", path.display()),
+            }
+        })?;
         Ok(Self { inner })
     }
 
@@ -202,5 +215,14 @@ mod tests {
             e.starts_with(&format!("{shown}: invalid tokenizer file: ")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn json_of_another_layout_says_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        std::fs::write(&p, r#"{"hello": 1}"#).unwrap();
+        let e = format!("{:#}", super::load_optional(&p).unwrap_err());
+        assert!(e.contains("no `model` field"), "{e}");
     }
 }

@@ -205,7 +205,8 @@ fn normalize_messages(
             ));
         };
         let mut obj = obj.clone();
-        match obj.get("role").and_then(Value::as_str) {
+        let role = obj.get("role").and_then(Value::as_str).map(str::to_owned);
+        match role.as_deref() {
             Some("system" | "user" | "assistant" | "tool" | "developer") => {}
             Some(r) => {
                 return Err(ApiError::bad_field(
@@ -218,6 +219,17 @@ fn normalize_messages(
             None => return Err(ApiError::bad_field(&at(".role"), "role must be a string")),
         }
         let content = match obj.get("content") {
+            // Only an assistant turn may go without content (it made tool calls); a template
+            // would print another's missing content as the text `None`.
+            None | Some(Value::Null) if role.as_deref() != Some("assistant") => {
+                return Err(ApiError::bad_field(
+                    &at(".content"),
+                    format!(
+                        "a {} message needs content (a string or a list of parts)",
+                        role.as_deref().unwrap_or_default()
+                    ),
+                ))
+            }
             None | Some(Value::Null) => Value::Null,
             Some(Value::String(s)) => Value::String(s.clone()),
             Some(Value::Array(parts)) => {

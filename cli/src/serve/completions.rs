@@ -45,15 +45,9 @@ fn prompts(v: &Value, loaded: &Loaded, tok: &Tokenizer) -> Result<Vec<Vec<u32>>,
         )
     };
     let text = |s: &str| -> Result<Vec<u32>, ApiError> {
-        let mut ids = tok
-            .encode(s, true)
-            .map_err(|e| ApiError::bad_field("prompt", format!("{e:#}")))?;
-        if loaded.add_bos {
-            if let Some(b) = loaded.bos_id.filter(|b| ids.first() != Some(b)) {
-                ids.insert(0, b);
-            }
-        }
-        Ok(ids)
+        loaded
+            .encode_prompt(tok, s, true)
+            .map_err(|e| ApiError::bad_field("prompt", format!("{e:#}")))
     };
     let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
         a.iter()

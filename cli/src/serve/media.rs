@@ -6,6 +6,7 @@ use super::errors::ApiError;
 use super::state::Settings;
 use base64::Engine as _;
 use dayone_engine::vision::{decode_image, RgbImage};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 /// Decodes the image `url` names; `field` names the request field in errors.
@@ -38,27 +39,15 @@ pub fn load_image_url(
             .map_err(|e| {
                 ApiError::bad_field(field, format!("invalid base64 in the data: URL: {e}"))
             })?
-    } else if let Some(path) = url.strip_prefix("file://") {
+    } else if let Some(rest) = url.strip_prefix("file://") {
         let Some(root) = &settings.allowed_local_media_path else {
             return Err(ApiError::bad_field(
                 field,
                 "local image files are refused: start the server with --allowed-local-media-path DIR to allow files under DIR",
             ));
         };
-        let p = std::path::Path::new(path)
-            .canonicalize()
-            .map_err(|e| ApiError::bad_field(field, format!("cannot read {path}: {e}")))?;
-        if !p.starts_with(root) {
-            return Err(ApiError::bad_field(
-                field,
-                format!(
-                    "{path} is outside --allowed-local-media-path {}",
-                    root.display()
-                ),
-            ));
-        }
-        std::fs::read(&p)
-            .map_err(|e| ApiError::bad_field(field, format!("cannot read {path}: {e}")))?
+        let path = file_url_path(rest).map_err(|e| ApiError::bad_field(field, e))?;
+        read_under(&path, root).map_err(|e| ApiError::bad_field(field, e))?
     } else if url.starts_with("http://") || url.starts_with("https://") {
         return Err(ApiError::bad_field(
             field,
@@ -73,4 +62,113 @@ pub fn load_image_url(
     decode_image(&bytes)
         .map(Arc::new)
         .map_err(|e| ApiError::bad_field(field, format!("bad image: {e}")))
+}
+
+/// The local path of a `file://` URL's remainder `rest` (RFC 8089): an empty host or
+/// `localhost`, then an absolute path, percent-decoded (`my%20cat.png` is `my cat.png`).
+///
+/// Errors (as text for the 400): another host, a path that is not absolute, or one that does not
+/// decode to UTF-8.
+fn file_url_path(rest: &str) -> Result<PathBuf, String> {
+    let (host, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
+        return Err(format!(
+            "file://{host}/… names the host '{host}': only local files are read (file:///path or file://localhost/path)"
+        ));
+    }
+    if path.is_empty() {
+        return Err("a file:// URL needs an absolute path (file:///dir/image.png)".into());
+    }
+    let decoded = percent_encoding::percent_decode_str(path)
+        .decode_utf8()
+        .map_err(|_| format!("file://{rest}: the percent-decoded path is not UTF-8"))?;
+    Ok(PathBuf::from(decoded.as_ref()))
+}
+
+/// `path` with `.` and `..` resolved by name alone (no file system access).
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads `path` if it lies under the canonical directory `root` once symbolic links are
+/// resolved. A path outside `root` is refused as outside whether or not it exists, so the
+/// answer does not tell a client which files exist elsewhere.
+fn read_under(path: &Path, root: &Path) -> Result<Vec<u8>, String> {
+    let shown = path.display();
+    let outside = || {
+        format!(
+            "{shown} is outside --allowed-local-media-path {}",
+            root.display()
+        )
+    };
+    let canonical = match path.canonicalize() {
+        Ok(p) => p,
+        Err(_) if !lexically_normal(path).starts_with(root) => return Err(outside()),
+        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+    };
+    if !canonical.starts_with(root) {
+        return Err(outside());
+    }
+    std::fs::read(&canonical).map_err(|e| format!("cannot read {shown}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_urls_decode_their_path_and_host() {
+        assert_eq!(
+            file_url_path("/tmp/my%20cat.png").unwrap(),
+            PathBuf::from("/tmp/my cat.png")
+        );
+        assert_eq!(
+            file_url_path("localhost/tmp/a.png").unwrap(),
+            PathBuf::from("/tmp/a.png")
+        );
+        assert_eq!(
+            file_url_path("LOCALHOST/tmp/a.png").unwrap(),
+            PathBuf::from("/tmp/a.png")
+        );
+        assert!(file_url_path("example.com/tmp/a.png")
+            .unwrap_err()
+            .contains("example.com"));
+        assert!(file_url_path("").unwrap_err().contains("absolute path"));
+        assert!(file_url_path("/tmp/%ff.png").unwrap_err().contains("UTF-8"));
+    }
+
+    #[test]
+    fn paths_outside_the_root_are_outside_whether_or_not_they_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("media");
+        std::fs::create_dir(&root).unwrap();
+        let root = root.canonicalize().unwrap();
+        std::fs::write(root.join("in.png"), b"x").unwrap();
+        std::fs::write(dir.path().join("out.png"), b"x").unwrap();
+        assert_eq!(read_under(&root.join("in.png"), &root).unwrap(), b"x");
+        for p in [
+            dir.path().join("out.png"),
+            dir.path().join("missing.png"),
+            root.join("../out.png"),
+            root.join("../missing.png"),
+        ] {
+            let e = read_under(&p, &root).unwrap_err();
+            assert!(e.contains("outside"), "{}: {e}", p.display());
+        }
+        let e = read_under(&root.join("missing.png"), &root).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+    }
 }

@@ -235,8 +235,8 @@ async fn tokenize(State(state): State<&'static AppState>, body: Bytes) -> Respon
         .check_model(&state.settings)?;
         let (loaded, tok) = ready(state)?;
         let ids = match (&f.prompt, &f.messages) {
-            (Some(p), None) => tok
-                .encode(p, f.add_special_tokens.unwrap_or(true))
+            (Some(p), None) => loaded
+                .encode_prompt(tok, p, f.add_special_tokens.unwrap_or(true))
                 .map_err(|e| ApiError::bad_field("prompt", format!("{e:#}")))?,
             (None, Some(m)) => {
                 let t = loaded.template.as_ref().ok_or_else(|| {

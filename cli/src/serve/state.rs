@@ -60,6 +60,29 @@ pub struct Loaded {
     pub json_table: OnceLock<Arc<TokenTable>>,
 }
 
+impl Loaded {
+    /// Token ids of a text prompt as generation sees it: the tokenizer's special tokens when
+    /// `add_special` (its post-processor's BOS), and BOS in front where `tokenizer_config.json`
+    /// asks for it (`add_bos_token`) and the post-processor did not add it. `/v1/completions`
+    /// and `/tokenize` share it, so a prompt's count there is the count generation uses.
+    ///
+    /// Errors: the tokenizer's, as text.
+    pub fn encode_prompt(
+        &self,
+        tok: &Tokenizer,
+        text: &str,
+        add_special: bool,
+    ) -> anyhow::Result<Vec<u32>> {
+        let mut ids = tok.encode(text, add_special)?;
+        if add_special && self.add_bos {
+            if let Some(b) = self.bos_id.filter(|b| ids.first() != Some(b)) {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
+    }
+}
+
 /// The state behind every route.
 pub struct AppState {
     /// Fixed settings.

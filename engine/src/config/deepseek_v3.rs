@@ -245,6 +245,7 @@ impl DeepseekV3Config {
 
     /// The checks shared by `deepseek_v3` and `deepseek_v32`.
     fn validate_common(&self) -> Result<()> {
+        super::check_norm_eps(self.rms_norm_eps)?;
         if self.scoring_func != "sigmoid" {
             bail!(
                 "scoring_func '{}' is not supported (expected 'sigmoid')",

@@ -365,6 +365,7 @@ impl Glm5NextConfig {
 
     /// Checks what transformers validates, plus the list lengths and the `shared` rule.
     pub fn validate(&self) -> Result<()> {
+        super::check_norm_eps(self.rms_norm_eps)?;
         let n = self.num_hidden_layers;
         if let Some(kv) = self.num_key_value_heads {
             if kv != self.num_attention_heads {

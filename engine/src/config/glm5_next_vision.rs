@@ -150,6 +150,7 @@ impl Glm5NextVision {
     }
 
     fn validate(&self) -> Result<()> {
+        super::check_norm_eps(self.vision.rms_norm_eps)?;
         let v = &self.vision;
         for (name, n) in [
             ("depth", v.depth),

@@ -110,6 +110,7 @@ impl GptOssConfig {
 
     /// Checks the invariants the model code relies on; errors name the field.
     pub fn validate(&self) -> Result<()> {
+        super::check_norm_eps(self.rms_norm_eps)?;
         let (h, kv) = (self.num_attention_heads, self.num_key_value_heads);
         if h == 0 || kv == 0 || !h.is_multiple_of(kv) {
             bail!("num_attention_heads ({h}) must be a positive multiple of num_key_value_heads ({kv})");

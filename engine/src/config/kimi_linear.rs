@@ -248,6 +248,7 @@ impl KimiLinearConfig {
 
     /// Checks the invariants the model code relies on; errors name the field.
     pub fn validate(&self) -> Result<()> {
+        super::check_norm_eps(self.rms_norm_eps)?;
         if self.scoring_func != "sigmoid" {
             bail!(
                 "moe_router_activation_func '{}' is not supported (expected 'sigmoid')",

@@ -121,6 +121,7 @@ impl LlamaConfig {
 
     /// Checks the invariants the model code relies on; errors name the field.
     pub fn validate(&self) -> Result<()> {
+        super::check_norm_eps(self.rms_norm_eps)?;
         let h = self.num_attention_heads;
         let kv = self.kv_heads();
         if h == 0 || kv == 0 || !h.is_multiple_of(kv) {

@@ -44,6 +44,16 @@ pub(crate) fn check_mlp_layer_types(types: Option<&[String]>, n: usize) -> anyho
     Ok(())
 }
 
+/// `rms_norm_eps` (the RMSNorm's ε, `x / sqrt(mean(x²) + ε)`): a finite number > 0 — at 0 an
+/// all-zero row divides 0 by 0, below 0 a small row takes the root of a negative number, and
+/// either fills the logits with NaN (which greedy decoding reads as token 0).
+pub(crate) fn check_norm_eps(eps: f64) -> Result<()> {
+    if !(eps.is_finite() && eps > 0.0) {
+        anyhow::bail!("rms_norm_eps must be a finite number > 0, got {eps}");
+    }
+    Ok(())
+}
+
 /// transformers' attention `layer_types`, when present: one entry per layer, each
 /// `full_attention` or `sliding_attention`. Errors name the field.
 pub(crate) fn check_attention_layer_types(types: Option<&[String]>, n: usize) -> Result<()> {

@@ -184,10 +184,16 @@ impl SafetensorsSource {
         for (fi, path) in paths.iter().enumerate() {
             let map = map_file(path)?;
             let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}: not a valid safetensors file ({e}); the file may be truncated or corrupt",
-                    path.display()
-                )
+                match header_mismatch(&map) {
+                    Some(which) => anyhow::anyhow!(
+                        "{}: not a valid safetensors file ({e}): {which}",
+                        path.display()
+                    ),
+                    None => anyhow::anyhow!(
+                        "{}: not a valid safetensors file ({e}); the file may be truncated or corrupt",
+                        path.display()
+                    ),
+                }
             })?;
             let data_start = 8 + header_len;
             for (name, info) in meta.tensors() {
@@ -253,6 +259,54 @@ impl SafetensorsSource {
         }
         out
     }
+}
+
+/// Which tensor of a safetensors header (`map`: the whole file) has a shape that does not fill
+/// its byte range (`shape` × the dtype's width ≠ `data_offsets[1] − data_offsets[0]`), for the
+/// error when the safetensors crate refuses the header without naming the tensor. `None` when
+/// the header cannot be read as JSON or no such tensor is found.
+fn header_mismatch(map: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Value =
+        serde_json::from_slice(map.get(8..8usize.checked_add(n)?)?).ok()?;
+    for (name, t) in header.as_object()? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = t["dtype"].as_str()?;
+        let bits: u128 = match dtype {
+            "F4" => 4,
+            "F6_E2M3" | "F6_E3M2" => 6,
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => 8,
+            "F16" | "BF16" | "I16" | "U16" => 16,
+            "F32" | "I32" | "U32" => 32,
+            "F64" | "I64" | "U64" => 64,
+            _ => return Some(format!("tensor {name} has the unknown dtype {dtype}")),
+        };
+        let shape: Option<Vec<u128>> = t["shape"]
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64().map(u128::from))
+            .collect();
+        let offsets = t["data_offsets"].as_array()?;
+        let (a, b) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        let Some(shape) = shape else {
+            return Some(format!(
+                "tensor {name}: shape {} is not a list of sizes",
+                t["shape"]
+            ));
+        };
+        let need = shape.iter().product::<u128>() * bits;
+        let have = u128::from(b.saturating_sub(a)) * 8;
+        if b < a || need != have {
+            return Some(format!(
+                "tensor {name}: shape {shape:?} of {dtype} needs {} bytes, but its data_offsets [{a}, {b}] hold {}",
+                need.div_ceil(8),
+                b.saturating_sub(a)
+            ));
+        }
+    }
+    None
 }
 
 impl SafetensorsSource {
