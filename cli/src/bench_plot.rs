@@ -74,9 +74,6 @@ const PANELS: [Panel; 4] = [
     },
 ];
 
-/// Draws the four curves, each against the prompt length on a log axis, into `path` (`.svg`
-/// or `.png`). Errors: another extension, no font for a PNG (naming what was tried), fewer
-/// than one run.
 /// Checks a `--plot` file name before anything runs: a `.svg` or `.png` name in an existing
 /// directory. Errors: another extension, a missing directory (naming the path).
 pub fn check_plot_path(path: &Path) -> Result<()> {
@@ -117,6 +114,9 @@ pub fn check_output_dir(flag: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Draws the four curves, each against the prompt length on a log axis, into `path` (`.svg`
+/// or `.png`). Errors: another extension, no font for a PNG (naming what was tried), fewer
+/// than one run.
 pub fn write_plot(path: &Path, reports: &[Value], title: &str) -> Result<()> {
     if reports.is_empty() {
         bail!("--plot: no runs to plot");

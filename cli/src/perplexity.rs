@@ -667,7 +667,9 @@ fn token_kl(b: &SavedToken, dense: &[f32]) -> f64 {
     }
     // KL ≥ 0; a tiny negative sum is the rounding of log-probabilities saved as f32.
     if kl.is_nan() {
-        kl
+        // A positive NaN: `total_cmp` sorts it last, so p99 and max show it (a NaN from x86
+        // arithmetic has its sign bit set and would sort first).
+        f64::NAN
     } else {
         kl.max(0.0)
     }
@@ -763,6 +765,12 @@ mod tests {
         assert!(
             token_kl(&b, &nan).is_nan(),
             "NaN log-probabilities must not read as KL 0"
+        );
+        let negative_nan = [-f32::NAN; 4];
+        let kl = token_kl(&b, &negative_nan);
+        assert!(
+            kl.is_nan() && kl.is_sign_positive(),
+            "a NaN that total_cmp sorts last"
         );
     }
 }

@@ -140,6 +140,35 @@ fn stop_strings_cut_the_answer() {
     assert_eq!(cut[0], lines[0][..first], "{cut:?} vs {lines:?}");
 }
 
+/// Piped input is a script: a line that is not UTF-8 stops it with an error naming the line
+/// (after the turns before it were answered), without a panic.
+#[test]
+fn a_piped_line_that_is_not_utf8_is_named() {
+    let model = chat_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dayone"))
+        .args(["chat", "--backend", "cpu", "--max-tokens", "2", "--model"])
+        .arg(model.path())
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dayone");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello\n\xff\xfe\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("stdin line 2 is not UTF-8"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        1,
+        "the first turn's answer"
+    );
+}
+
 #[test]
 fn a_checkpoint_without_a_chat_template_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_dayone"))

@@ -1163,6 +1163,16 @@ fn tokenize_counts_the_bos_generation_adds() {
         .await;
         assert_eq!(s, 200, "{raw}");
         assert_eq!(raw["tokens"], json!([6, 7, 8, 9]));
+        // Messages are checked as /v1/chat/completions checks them.
+        let (s, e) = post_json(
+            &c,
+            &format!("{}/tokenize", server.url),
+            &json!({"messages": [{"role": "user"}]}),
+            None,
+        )
+        .await;
+        assert_eq!(s, 400, "{e}");
+        assert_eq!(e["error"]["param"], "messages[0].content", "{e}");
     });
 }
 

@@ -184,7 +184,7 @@ fn parser_choice(loaded: &Loaded, chat: &ChatFields) -> Result<ParserChoice, Api
 /// joined; each `image_url` part becomes the model's image markup, its image decoded and
 /// returned in order), tool-call `arguments` parsed into objects (templates print them with
 /// `tojson`, as vLLM passes them), `reasoning` renamed `reasoning_content`.
-fn normalize_messages(
+pub(super) fn normalize_messages(
     messages: &[Value],
     settings: &super::state::Settings,
 ) -> Result<(Value, Vec<std::sync::Arc<dayone_engine::vision::RgbImage>>), ApiError> {
@@ -272,7 +272,7 @@ fn normalize_messages(
             Some(_) => {
                 return Err(ApiError::bad_field(
                     &at(".content"),
-                    "content must be a string, null or a list of parts",
+                    "content must be a string or a list of parts (null only for an assistant turn)",
                 ))
             }
         };

@@ -88,19 +88,15 @@ fn file_url_path(rest: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(decoded.as_ref()))
 }
 
-/// `path` with `.` and `..` resolved by name alone (no file system access).
-fn lexically_normal(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            c => out.push(c),
-        }
-    }
-    out
+/// Where a path that does not exist would be: its deepest existing ancestor with symbolic links
+/// resolved, then the rest by name. `None` when the rest climbs (`..`: where that lands depends
+/// on links that do not exist yet) or no ancestor resolves.
+fn resolve_missing(path: &Path) -> Option<PathBuf> {
+    path.ancestors().skip(1).find_map(|anc| {
+        let real = anc.canonicalize().ok()?;
+        let rest = path.strip_prefix(anc).ok()?;
+        (!rest.components().any(|c| c == Component::ParentDir)).then(|| real.join(rest))
+    })
 }
 
 /// Reads `path` if it lies under the canonical directory `root` once symbolic links are
@@ -116,8 +112,10 @@ fn read_under(path: &Path, root: &Path) -> Result<Vec<u8>, String> {
     };
     let canonical = match path.canonicalize() {
         Ok(p) => p,
-        Err(_) if !lexically_normal(path).starts_with(root) => return Err(outside()),
-        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        Err(e) if resolve_missing(path).is_some_and(|p| p.starts_with(root)) => {
+            return Err(format!("cannot read {shown}: {e}"))
+        }
+        Err(_) => return Err(outside()),
     };
     if !canonical.starts_with(root) {
         return Err(outside());
@@ -170,5 +168,15 @@ mod tests {
         }
         let e = read_under(&root.join("missing.png"), &root).unwrap_err();
         assert!(e.contains("cannot read"), "{e}");
+        // A link inside the root to a directory outside it: a missing file behind it is outside
+        // too (else the answer would tell which files exist there).
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("there.png"), b"x").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join("link")).unwrap();
+        for name in ["link/there.png", "link/missing.png", "link/../missing.png"] {
+            let e = read_under(&root.join(name), &root).unwrap_err();
+            assert!(e.contains("outside"), "{name}: {e}");
+        }
     }
 }

@@ -242,9 +242,12 @@ async fn tokenize(State(state): State<&'static AppState>, body: Bytes) -> Respon
                 let t = loaded.template.as_ref().ok_or_else(|| {
                     ApiError::bad_field("messages", "this model has no chat template")
                 })?;
+                // The messages as /v1/chat/completions shapes them (checks, parts joined, tool
+                // arguments parsed), so the count is the one a chat request would run.
+                let (messages, _images) = super::chat::normalize_messages(m, &state.settings)?;
                 let text = t
                     .render_json(
-                        &Value::from(m.clone()),
+                        &messages,
                         f.add_generation_prompt.unwrap_or(true),
                         &loaded.bos_token,
                         &loaded.eos_token,
