@@ -5,7 +5,10 @@
 #         (auto tiles: the rasterised 128 × 128 from 2 048 tokens) beside torch._grouped_mm.
 #   H100 (none of the four figures: the card is the H200): the grouped expert GEMM's
 #         tiles test, the MoE block beside torch._grouped_mm.
-# Every summary line also goes to $OUT/summary.txt as it comes. Carry [".bin", ".gl", ".kcache"].
+# Every summary line also goes to $OUT/summary.txt as it comes. Carry [".bin", ".gl", ".kcache"]:
+#   TESTS="decode_graphs golden golden_kimi cuda_conformance" BENCH_BINS=moe-bench \
+#     bash benches/gpu/build_for_device.sh
+# (.gl: `apt-get download libvulkan1` there, for WGSL through the NVIDIA Vulkan driver).
 . benches/gpu/device_env.sh
 S=$OUT/summary.txt
 say() { tee -a $S; }
