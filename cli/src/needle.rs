@@ -28,8 +28,9 @@ pub struct NeedleArgs {
     /// The engine flags (--model, --backend, --dtype, --kv-cache-tokens, --no-prefix-caching, …).
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Prompt lengths in tokens (each prompt, chat template included, has at most this many).
-    #[arg(long, value_delimiter = ',', default_value = "512,1024,2048", value_parser = parse::at_least_one, allow_negative_numbers = true)]
+    /// Prompt lengths in tokens (each prompt, chat template included, has at most this many)
+    /// [default: 512,1024,2048, those that fit the context window with --max-tokens].
+    #[arg(long, value_delimiter = ',', value_parser = parse::at_least_one, allow_negative_numbers = true)]
     pub lengths: Vec<usize>,
     /// Needle depths in percent of the haystack (0 = first sentence, 100 = last).
     #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100", value_parser = depth, allow_negative_numbers = true)]
@@ -74,8 +75,11 @@ struct Outcome {
     correct: bool,
 }
 
+/// `--lengths` when none is given (those that fit the window are kept).
+const DEFAULT_LENGTHS: [usize; 3] = [512, 1024, 2048];
+
 /// Runs `dayone needle`.
-pub fn run(a: NeedleArgs) -> Result<()> {
+pub fn run(mut a: NeedleArgs) -> Result<()> {
     if let Some(l) = first_duplicate(&a.lengths) {
         return Err(usage(format!(
             "--lengths lists {l} twice: give each length once"
@@ -105,6 +109,27 @@ pub fn run(a: NeedleArgs) -> Result<()> {
         .engine
         .max_model_len
         .map_or(config_window, |m| m.min(config_window));
+    if a.lengths.is_empty() {
+        // The defaults are for real models; a small window keeps those that fit.
+        a.lengths = DEFAULT_LENGTHS
+            .into_iter()
+            .filter(|&l| l + a.max_tokens <= window)
+            .collect();
+        let shown = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        if a.lengths.is_empty() {
+            return Err(usage(format!(
+                "none of the default --lengths {} fits the context window of {window} tokens with --max-tokens {}: give --lengths",
+                shown(&DEFAULT_LENGTHS),
+                a.max_tokens
+            )));
+        }
+        if a.lengths.len() < DEFAULT_LENGTHS.len() {
+            eprintln!(
+                "note: --lengths {} (the defaults that fit the {window}-token window)",
+                shown(&a.lengths)
+            );
+        }
+    }
     for &l in &a.lengths {
         if l + a.max_tokens > window {
             return Err(usage(format!(

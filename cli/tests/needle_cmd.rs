@@ -47,6 +47,9 @@ fn lengths_must_fit_the_prompt_and_the_window() {
         "context window",
     );
     assert_usage_error(&["--lengths", "16"], "too short");
+    // Without --lengths the defaults (512, 1024, 2048) are clipped to the window; an error only
+    // when none fits, saying they were the defaults.
+    assert_usage_error(&["--max-model-len", "300"], "default --lengths");
 }
 
 #[test]
