@@ -94,6 +94,15 @@ pub mod parse {
         fit(v, s, usize::MAX)
     }
 
+    /// A top-k: 0 or more, or -1 for all tokens as vLLM spells it (read as 0, which also
+    /// means all).
+    pub fn top_k(s: &str) -> Result<usize, String> {
+        if integer(s)? == -1 {
+            return Ok(0);
+        }
+        non_negative(s).map_err(|e| format!("{e} (or -1: all tokens)"))
+    }
+
     /// An integer in `0..=u64::MAX` (a seed).
     pub fn seed(s: &str) -> Result<u64, String> {
         let v = integer(s)?;

@@ -19,8 +19,8 @@ pub struct SamplingArgs {
     /// Nucleus sampling mass, in (0, 1].
     #[arg(long, default_value_t = 1.0, value_parser = parse::probability, allow_negative_numbers = true)]
     pub top_p: f32,
-    /// Keep only the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 0, value_parser = parse::non_negative, allow_negative_numbers = true)]
+    /// Keep only the k most likely tokens (0 or -1 = all, as in vLLM).
+    #[arg(long, default_value_t = 0, value_parser = parse::top_k, allow_negative_numbers = true)]
     pub top_k: usize,
     /// Drop tokens less likely than min-p × the most likely one, in [0, 1] (0 = off).
     #[arg(long, default_value_t = 0.0, value_parser = unit_interval, allow_negative_numbers = true)]

@@ -93,6 +93,57 @@ fn bench_output_in_a_missing_directory_is_refused_before_any_run() {
 }
 
 #[test]
+fn top_k_minus_one_means_all_tokens_as_in_vllm() {
+    let m = fixture("llama_tiny");
+    let run = |k: &str| {
+        Command::new(env!("CARGO_BIN_EXE_dayone"))
+            .args([
+                "generate",
+                "--backend",
+                "cpu",
+                "-n",
+                "4",
+                "--seed",
+                "3",
+                "--temperature",
+                "1",
+            ])
+            .args([
+                "--prompt-ids",
+                "1,2,3",
+                "--output",
+                "json",
+                "--top-k",
+                k,
+                "--model",
+            ])
+            .arg(&m)
+            .output()
+            .expect("run dayone")
+    };
+    let (all, zero) = (run("-1"), run("0"));
+    assert!(
+        all.status.success(),
+        "{}",
+        String::from_utf8_lossy(&all.stderr)
+    );
+    let ids = |o: &std::process::Output| {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["generated_ids"].clone()
+    };
+    assert!(
+        ids(&all).is_array(),
+        "{}",
+        String::from_utf8_lossy(&all.stdout)
+    );
+    assert_eq!(ids(&all), ids(&zero), "-1 and 0 both keep every token");
+    fails_with(
+        &["generate", "--top-k", "-2", "--prompt-ids", "1"],
+        &["--top-k", "-1"],
+    );
+}
+
+#[test]
 fn directory_without_config() {
     let d = tempfile::tempdir().unwrap();
     let p = d.path().to_str().unwrap();
@@ -492,7 +543,7 @@ fn numeric_flags_name_the_flag_for_zero_and_negative_values() {
         ("--max-tokens", "-1"),
         ("--kv-cache-tokens", "0"),
         ("--kv-cache-tokens", "-5"),
-        ("--top-k", "-1"),
+        ("--top-k", "-2"),
         ("--seed", "-1"),
     ] {
         fails_with(&gen(p, &["--prompt-ids", "1", flag, v]), &[flag, v]);
