@@ -253,22 +253,30 @@ fn tensor_with_wrong_shape() {
     );
 }
 
+/// Rewrites the JSON header of the safetensors file `f` with `edit` (the data stays; offsets are
+/// relative to the header's end).
+fn patch_header(f: &Path, edit: impl FnOnce(&str) -> String) {
+    let mut bytes = std::fs::read(f).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    let patched = edit(&header).into_bytes();
+    bytes[..8].copy_from_slice(&(patched.len() as u64).to_le_bytes());
+    bytes.splice(8..8 + n, patched);
+    std::fs::write(f, bytes).unwrap();
+}
+
 #[test]
 fn tensor_with_wrong_dtype() {
     // Rewrite one tensor's dtype in the safetensors header to I32 (same byte width as F32).
     let d = copy_fixture("llama_tiny");
-    let f = d.path().join("model.safetensors");
-    let mut bytes = std::fs::read(&f).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
-    let key = "\"model.norm.weight\":{\"dtype\":\"F32\"";
-    assert!(
-        header.contains(key),
-        "fixture header layout changed: {header}"
-    );
-    let patched = header.replace(key, "\"model.norm.weight\":{\"dtype\":\"I32\"");
-    bytes.splice(8..8 + n, patched.into_bytes());
-    std::fs::write(&f, bytes).unwrap();
+    patch_header(&d.path().join("model.safetensors"), |header| {
+        let key = "\"model.norm.weight\":{\"dtype\":\"F32\"";
+        assert!(
+            header.contains(key),
+            "fixture header layout changed: {header}"
+        );
+        header.replace(key, "\"model.norm.weight\":{\"dtype\":\"I32\"")
+    });
     fails_with(
         &gen(d.path().to_str().unwrap(), &["--prompt-ids", "1"]),
         &["model.norm.weight"],
@@ -280,20 +288,16 @@ fn tensor_shape_that_does_not_fill_its_bytes_is_named() {
     // Rewrite one tensor's first dimension in the header (same width, another value): the header
     // no longer matches the data, and the error says which tensor.
     let d = copy_fixture("llama_tiny");
-    let f = d.path().join("model.safetensors");
-    let mut bytes = std::fs::read(&f).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
-    let at = header
-        .find("\"model.norm.weight\"")
-        .expect("fixture has model.norm.weight");
-    let shape = at + header[at..].find("\"shape\":[").unwrap() + "\"shape\":[".len();
-    let dim_len = header[shape..].find(|c: char| !c.is_ascii_digit()).unwrap();
-    let nines = "9".repeat(dim_len);
-    assert_ne!(&header[shape..shape + dim_len], nines);
-    let patched = format!("{}{nines}{}", &header[..shape], &header[shape + dim_len..]);
-    bytes.splice(8..8 + n, patched.into_bytes());
-    std::fs::write(&f, bytes).unwrap();
+    patch_header(&d.path().join("model.safetensors"), |header| {
+        let at = header
+            .find("\"model.norm.weight\"")
+            .expect("fixture has model.norm.weight");
+        let shape = at + header[at..].find("\"shape\":[").unwrap() + "\"shape\":[".len();
+        let dim_len = header[shape..].find(|c: char| !c.is_ascii_digit()).unwrap();
+        let nines = "9".repeat(dim_len);
+        assert_ne!(&header[shape..shape + dim_len], nines);
+        format!("{}{nines}{}", &header[..shape], &header[shape + dim_len..])
+    });
     fails_with(
         &gen(d.path().to_str().unwrap(), &["--prompt-ids", "1"]),
         &["model.safetensors", "model.norm.weight", "data_offsets"],

@@ -69,8 +69,21 @@ fn chat_model() -> tempfile::TempDir {
     dir
 }
 
-/// Runs `dayone chat` with `input` on stdin; returns (stdout lines, stderr).
+/// Runs `dayone chat` with `input` on stdin; returns (stdout lines, stderr) of a run that
+/// succeeded.
 fn chat(model: &Path, input: &str, extra: &[&str]) -> (Vec<String>, String) {
+    let out = chat_output(model, input.as_bytes(), extra);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (lines, stderr)
+}
+
+/// Runs `dayone chat` (CPU, 6 tokens per answer, EOS ignored) with the bytes `input` on stdin.
+fn chat_output(model: &Path, input: &[u8], extra: &[&str]) -> std::process::Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dayone"))
         .args([
             "chat",
@@ -89,20 +102,8 @@ fn chat(model: &Path, input: &str, extra: &[&str]) -> (Vec<String>, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run dayone");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "{stderr}");
-    let lines = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    (lines, stderr)
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
 }
 
 #[test]
@@ -145,19 +146,7 @@ fn stop_strings_cut_the_answer() {
 #[test]
 fn a_piped_line_that_is_not_utf8_is_named() {
     let model = chat_model();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dayone"))
-        .args(["chat", "--backend", "cpu", "--max-tokens", "2", "--model"])
-        .arg(model.path())
-        .env("XDG_RUNTIME_DIR", "/tmp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run dayone");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"hello\n\xff\xfe\n").unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = chat_output(model.path(), b"hello\n\xff\xfe\n", &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("stdin line 2 is not UTF-8"), "{err}");

@@ -53,13 +53,18 @@ pub fn prompt_ids(
     }
     let mut ids = tok.encode(text, false)?;
     if assets.add_bos {
-        if let Some(bos) = assets.bos_id {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
+        ensure_bos(&mut ids, assets.bos_id);
     }
     Ok(ids)
+}
+
+/// Puts `bos` in front of a prompt's `ids` unless it is already there (`tokenizer_config.json`'s
+/// `add_bos_token` for a tokenizer whose post-processor may or may not have added it). `None`:
+/// no BOS id known, nothing added.
+pub fn ensure_bos(ids: &mut Vec<u32>, bos: Option<u32>) {
+    if let Some(b) = bos.filter(|b| ids.first() != Some(b)) {
+        ids.insert(0, b);
+    }
 }
 
 /// Parses `--prompt-ids 1,2,3`.

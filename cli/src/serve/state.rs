@@ -75,9 +75,7 @@ impl Loaded {
     ) -> anyhow::Result<Vec<u32>> {
         let mut ids = tok.encode(text, add_special)?;
         if add_special && self.add_bos {
-            if let Some(b) = self.bos_id.filter(|b| ids.first() != Some(b)) {
-                ids.insert(0, b);
-            }
+            dayone_engine::prompt::ensure_bos(&mut ids, self.bos_id);
         }
         Ok(ids)
     }

@@ -45,9 +45,9 @@ pub(crate) fn check_mlp_layer_types(types: Option<&[String]>, n: usize) -> anyho
 }
 
 /// `rms_norm_eps` (the RMSNorm's ε, `x / sqrt(mean(x²) + ε)`): a number > 0 that stays finite and
-/// non-zero as f32 — at 0 an
-/// all-zero row divides 0 by 0, below 0 a small row takes the root of a negative number, and
-/// either fills the logits with NaN (which greedy decoding reads as token 0).
+/// non-zero as f32 — at 0 an all-zero row divides 0 by 0, below 0 a small row takes the root of a
+/// negative number, and either fills the logits with NaN (which greedy decoding reads as
+/// token 0).
 pub(crate) fn check_norm_eps(eps: f64) -> Result<()> {
     // The kernels take ε as f32: 1e-46 would become 0 there and 1e39 infinity.
     let e = eps as f32;
