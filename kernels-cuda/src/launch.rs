@@ -412,7 +412,7 @@ impl MoeKernel {
 }
 
 /// Tile of the tensor-core MoE kernel: by the step's shape, or forced
-/// (`DAYONE_MOE_TILE=auto|16|32|64|128|128w|128k64|128x8|64w`,
+/// (`DAYONE_MOE_TILE=auto|16|32|64|128|128w|128k64|128x8|64w|128r|128xr|wg|wg128`,
 /// [`crate::CudaBackend::set_moe_tile`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -441,6 +441,12 @@ pub enum MoeTile {
     Rows128Raster = 9,
     /// [`MoeTile::Rows128Warps8`] rasterised as [`MoeTile::Rows128Raster`] (`moe_mma128xr_*`).
     Rows128Warps8Raster = 10,
+    /// 128 × 256 on Hopper's warpgroup MMA (`moe_wg256_*`, kernels/moe_wgmma.cu: two warpgroups
+    /// of 64 × 256, 64-wide k slices, 4 stages, rasterised): sm_90 only, elsewhere
+    /// [`MoeTile::Rows128Raster`] runs instead ([`MoeTile::or_without_wgmma`]).
+    Wgmma256 = 11,
+    /// [`MoeTile::Wgmma256`] with 128 weight rows per block (`moe_wg128_*`).
+    Wgmma128 = 12,
 }
 
 /// Launch shape of one [`MoeTile`] ([`MoeTile::shape`]).
@@ -460,7 +466,7 @@ pub struct MoeTileShape {
 
 impl MoeTile {
     /// `DAYONE_MOE_TILE` (`auto`, `16`, `32`, `64`, `128`, `128w`, `128k64`, `128x8`, `64w`,
-    /// `128r`, `128xr`);
+    /// `128r`, `128xr`, `wg`, `wg128`);
     /// another value → auto, with
     /// one warning line on stderr (a mistyped tile in a sweep would otherwise time auto).
     pub fn from_env() -> Self {
@@ -469,7 +475,7 @@ impl MoeTile {
         if let Some(v) = v.filter(|v| !Self::known(v)) {
             eprintln!(
                 "warning: DAYONE_MOE_TILE={v:?} is not auto, 16, 32, 64, 128, 128w, 128k64, \
-                 128x8, 64w, 128r or 128xr; using auto"
+                 128x8, 64w, 128r, 128xr, wg or wg128; using auto"
             );
         }
         tile
@@ -488,6 +494,8 @@ impl MoeTile {
             Some("64w") => MoeTile::Rows64Wide,
             Some("128r") => MoeTile::Rows128Raster,
             Some("128xr") => MoeTile::Rows128Warps8Raster,
+            Some("wg") => MoeTile::Wgmma256,
+            Some("wg128") => MoeTile::Wgmma128,
             _ => MoeTile::Auto,
         }
     }
@@ -510,12 +518,31 @@ impl MoeTile {
             8 => MoeTile::Rows64Wide,
             9 => MoeTile::Rows128Raster,
             10 => MoeTile::Rows128Warps8Raster,
+            11 => MoeTile::Wgmma256,
+            12 => MoeTile::Wgmma128,
             _ => MoeTile::Auto,
         }
     }
 
+    /// Whether this tile runs Hopper's `wgmma` (`kernels/moe_wgmma.cu`).
+    pub fn is_wgmma(self) -> bool {
+        matches!(self, MoeTile::Wgmma256 | MoeTile::Wgmma128)
+    }
+
+    /// This tile where the kernels have `wgmma` (`has_wgmma`: the `moe` family compiled for
+    /// sm_90a, [`crate::nvrtc_cache::Target::has_wgmma`]); a `wgmma` tile elsewhere becomes
+    /// [`MoeTile::Rows128Raster`], the mma.sync kernel of the same rows.
+    pub fn or_without_wgmma(self, has_wgmma: bool) -> MoeTile {
+        if self.is_wgmma() && !has_wgmma {
+            MoeTile::Rows128Raster
+        } else {
+            self
+        }
+    }
+
     /// Launch shape for `elt`-byte elements: dynamic smem `STAGES · (BM + BN) · BK · elt` as in
-    /// `moe_mmat_impl` (`kernels/moe.cu`, whose `MOE_MMAT` lines these repeat).
+    /// `moe_mmat_impl` (`kernels/moe.cu`, whose `MOE_MMAT` lines these repeat), plus 1 KiB
+    /// for the `wgmma` tiles (`moe_wgmma_impl` aligns its operands to 1 024 bytes).
     /// [`MoeTile::Auto`] answers the 64-row kernel.
     pub fn shape(self, elt: usize) -> MoeTileShape {
         let (kernel, rows, weight_rows, threads, bk, stages) = match self {
@@ -528,6 +555,8 @@ impl MoeTile {
             MoeTile::Rows64Wide => ("moe_mma64w", 64, 256, 256, 32, 4),
             MoeTile::Rows128Raster => ("moe_mma128r", 128, 128, 128, 32, 4),
             MoeTile::Rows128Warps8Raster => ("moe_mma128xr", 128, 128, 256, 32, 4),
+            MoeTile::Wgmma256 => ("moe_wg256", 128, 256, 256, 64, 4),
+            MoeTile::Wgmma128 => ("moe_wg128", 128, 128, 256, 64, 4),
             MoeTile::Auto | MoeTile::Rows64 => ("moe_mma", 64, 128, 256, 0, 0),
         };
         MoeTileShape {
@@ -535,7 +564,8 @@ impl MoeTile {
             rows,
             weight_rows,
             threads,
-            smem: stages * (rows + weight_rows) as usize * bk * elt,
+            smem: stages * (rows + weight_rows) as usize * bk * elt
+                + if self.is_wgmma() { 1024 } else { 0 },
         }
     }
 }
@@ -940,6 +970,8 @@ mod tests {
             (MoeTile::Rows64, "64", 64),
             (MoeTile::Rows128, "128", 128),
             (MoeTile::Rows128Wide, "128w", 128),
+            (MoeTile::Wgmma256, "wg", 128),
+            (MoeTile::Wgmma128, "wg128", 128),
         ] {
             let p = moe_plan(70, 2, 6, 64, 40, true, 0, t, SMEM);
             assert_eq!((p.gate_up, p.down, p.bt), (mma(t), mma(t), rows));
@@ -966,7 +998,16 @@ mod tests {
         assert_eq!(smem(MoeTile::Rows128), 65536);
         assert_eq!(smem(MoeTile::Rows128Wide), 98304);
         assert_eq!(smem(MoeTile::Rows64), 0);
+        assert_eq!(smem(MoeTile::Wgmma256), 4 * 384 * 64 * 2 + 1024);
+        // wgmma only where the kernels have it; the same rows' mma.sync kernel elsewhere.
+        assert_eq!(MoeTile::Wgmma256.or_without_wgmma(true), MoeTile::Wgmma256);
+        assert_eq!(
+            MoeTile::Wgmma128.or_without_wgmma(false),
+            MoeTile::Rows128Raster
+        );
+        assert_eq!(MoeTile::Rows32.or_without_wgmma(false), MoeTile::Rows32);
         let fits = |t, blocks| blocks * (smem(t) + 1024) <= 228 * 1024;
+        assert!(fits(MoeTile::Wgmma256, 1) && !fits(MoeTile::Wgmma128, 2));
         assert!(fits(MoeTile::Rows16, 3) && !fits(MoeTile::Rows16, 4));
         assert!(fits(MoeTile::Rows32, 2) && fits(MoeTile::Rows128, 2));
         assert!(fits(MoeTile::Rows128Wide, 2));

@@ -467,15 +467,18 @@ impl CudaBackend {
         } else {
             vec![define.as_str()]
         };
+        let target = self.kernels.target.for_family(family);
         let bytes = nvrtc_cache::load_or_compile(
             family,
             src,
-            &self.kernels.target,
+            &target,
             &defines,
             self.kernels.dir.as_deref(),
         )?;
-        let image = match self.kernels.target {
-            Target::Cubin(_) => cudarc::nvrtc::Ptx::from_binary(bytes),
+        let image = match target {
+            Target::Cubin(_) | Target::CubinArchSpecific(_) => {
+                cudarc::nvrtc::Ptx::from_binary(bytes)
+            }
             Target::Ptx(_) => {
                 let s = String::from_utf8_lossy(&bytes)
                     .trim_end_matches('\0')

@@ -901,6 +901,7 @@ impl CudaBackend {
             return launch::MoeTile::Rows64;
         }
         launch::MoeTile::from_u8(self.moe_tile.load(std::sync::atomic::Ordering::Relaxed))
+            .or_without_wgmma(self.kernels.target.has_wgmma("moe"))
     }
 }
 

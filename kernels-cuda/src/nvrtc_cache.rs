@@ -15,7 +15,8 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 
 /// Every kernel family: `(name, source without the common header)`. The `moe` and `moe_fp8`
 /// sources start with `kernels/moe_common.cuh` (their shared tile map, activations, biases and
-/// GEMM epilogue); `moe` ends with `kernels/moe_decode.cu` (the fused decode block, which
+/// GEMM epilogue); `moe` ends with `kernels/moe_wgmma.cu` (the Hopper grouped GEMM) and
+/// `kernels/moe_decode.cu` (the fused decode block, which
 /// shares moe.cu's warp dot products). `moe` and `gemv` both take `kernels/moe_topk.cuh` (the
 /// router's top-k, run by `moe_topk` and by the router GEMV's last block).
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
@@ -44,6 +45,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/moe_common.cuh"),
             include_str!("../kernels/moe_topk.cuh"),
             include_str!("../kernels/moe.cu"),
+            include_str!("../kernels/moe_wgmma.cu"),
             include_str!("../kernels/moe_decode.cu")
         ),
     ),
@@ -79,7 +81,15 @@ pub enum Target {
     Cubin(u32),
     /// PTX for `compute_{0}`, left to the driver to compile (a device newer than NVRTC knows).
     Ptx(u32),
+    /// Machine code for `sm_{0}a`: the device's architecture with its architecture-specific
+    /// instructions (Hopper's `wgmma`), runnable on that architecture only
+    /// ([`Target::for_family`]).
+    CubinArchSpecific(u32),
 }
+
+/// Families that use architecture-specific instructions where the device has them: `moe`'s
+/// Hopper grouped GEMM (`kernels/moe_wgmma.cu`, `wgmma.mma_async`) needs `sm_90a`.
+pub const ARCH_SPECIFIC_FAMILIES: &[&str] = &["moe"];
 
 impl Target {
     /// The `--gpu-architecture` value, e.g. `sm_90` or `compute_90`.
@@ -87,13 +97,31 @@ impl Target {
         match self {
             Target::Cubin(a) => format!("sm_{a}"),
             Target::Ptx(a) => format!("compute_{a}"),
+            Target::CubinArchSpecific(a) => format!("sm_{a}a"),
         }
+    }
+
+    /// The target `family` compiles for: on an sm_90 device a family of
+    /// [`ARCH_SPECIFIC_FAMILIES`] compiles for `sm_90a` (the cubin runs on the device it was
+    /// compiled for, so nothing is lost), every other family and device as `self`.
+    pub fn for_family(&self, family: &str) -> Target {
+        match self {
+            Target::Cubin(90) if ARCH_SPECIFIC_FAMILIES.contains(&family) => {
+                Target::CubinArchSpecific(90)
+            }
+            t => t.clone(),
+        }
+    }
+
+    /// Whether `family`'s kernels for this target include Hopper's `wgmma` paths.
+    pub fn has_wgmma(&self, family: &str) -> bool {
+        self.for_family(family) == Target::CubinArchSpecific(90)
     }
 
     /// File extension of the cached artifact.
     pub fn extension(&self) -> &'static str {
         match self {
-            Target::Cubin(_) => "cubin",
+            Target::Cubin(_) | Target::CubinArchSpecific(_) => "cubin",
             Target::Ptx(_) => "ptx",
         }
     }
@@ -256,7 +284,7 @@ pub fn compile(family: &str, full_src: &str, target: &Target, defines: &[&str]) 
                 Target::Ptx(_) => result::get_ptx(prog)
                     .map(|v| v.into_iter().map(|c| c as u8).collect())
                     .map_err(|e| anyhow!("nvrtcGetPTX({family}): {e:?}")),
-                Target::Cubin(_) => {
+                Target::Cubin(_) | Target::CubinArchSpecific(_) => {
                     let mut size = 0usize;
                     sys::nvrtcGetCUBINSize(prog, &mut size)
                         .result()
@@ -350,6 +378,11 @@ mod tests {
         assert_eq!(arch_number(12, 0), 120);
         assert_eq!(Target::Cubin(90).arch_flag(), "sm_90");
         assert_eq!(Target::Ptx(90).arch_flag(), "compute_90");
+        assert_eq!(Target::Cubin(90).for_family("moe").arch_flag(), "sm_90a");
+        assert_eq!(Target::Cubin(90).for_family("gemv"), Target::Cubin(90));
+        assert_eq!(Target::Cubin(100).for_family("moe"), Target::Cubin(100));
+        assert_eq!(Target::Ptx(90).for_family("moe"), Target::Ptx(90));
+        assert!(Target::Cubin(90).has_wgmma("moe") && !Target::Cubin(80).has_wgmma("moe"));
     }
 
     #[test]

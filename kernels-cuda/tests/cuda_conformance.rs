@@ -313,6 +313,8 @@ fn grouped_expert_tiles() {
         MoeTile::Rows64Wide,
         MoeTile::Rows128Raster,
         MoeTile::Rows128Warps8Raster,
+        MoeTile::Wgmma256,
+        MoeTile::Wgmma128,
     ];
     for dt in [DType::BF16, DType::F16] {
         for &(n, d, e, f, k) in cases {

@@ -27,7 +27,7 @@ fn every_kernel_family_compiles() {
         version.0, version.1
     );
     // The H100/H200 architecture for every family (one dtype per module, as the backend
-    // compiles them), and PTX for sm_80 of the small families, to catch architecture-specific
+    // compiles them; `moe` as sm_90a, its wgmma kernels included), and PTX for sm_80 of the small families, to catch architecture-specific
     // syntax. Jobs run on all cores: the attention family takes ~6 s per dtype on one core.
     let mut jobs: Vec<(&str, &str, Target, Option<String>)> = Vec::new();
     for (family, src) in KERNEL_SOURCES {
@@ -38,7 +38,12 @@ fn every_kernel_family_compiles() {
         };
         for dt in dtypes {
             let define = dt.map(nvrtc_cache::dtype_define);
-            jobs.push((family, src, Target::Cubin(90), define.clone()));
+            jobs.push((
+                family,
+                src,
+                Target::Cubin(90).for_family(family),
+                define.clone(),
+            ));
             if *family != "attention_paged" {
                 jobs.push((family, src, Target::Ptx(80), define));
             }
