@@ -8,7 +8,8 @@
 # Every summary line also goes to $OUT/summary.txt as it comes. Carry [".bin", ".gl", ".kcache"]:
 #   TESTS="decode_graphs golden golden_kimi cuda_conformance" BENCH_BINS=moe-bench \
 #     bash benches/gpu/build_for_device.sh
-# (.gl: `apt-get download libvulkan1` there, for WGSL through the NVIDIA Vulkan driver).
+# (.gl: `apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2` there,
+# for WGSL through the NVIDIA Vulkan driver).
 . benches/gpu/device_env.sh
 S=$OUT/summary.txt
 say() { tee -a $S; }
@@ -30,9 +31,12 @@ if [ "$h200" != 0 ]; then
   echo "== torch grouped_mm $(date -u +%T)" | say; timeout 80 python3 benches/gpu/torch_deepseek.py --tokens 64,512,8192 2>&1 | grep grouped_mm | say
   waitf /tmp/llama.done
   echo "== llama8b default $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1,8,64 --prompt-len 512 --gen-len 128 | say
-  mkdir -p /tmp/vk && for d in .gl/*.deb; do dpkg -x "$d" /tmp/vk; done
+  # The Vulkan loader and glvnd (the NVIDIA ICD's libGLX_nvidia needs libGLdispatch), as the
+  # device README says: unpacked into /, then ldconfig.
+  for d in .gl/*.deb; do dpkg -x "$d" /; done; ldconfig
+  ls /usr/local/nvidia/share/vulkan/icd.d/ /etc/vulkan/icd.d/ 2>&1 | tr '\n' ' ' >> $OUT/wgsl_err.txt
   echo "== llama8b cuda b1, prompt 128 (beside WGSL) $(date -u +%T)" | say; bench -m /tmp/llama8b --batch 1 --prompt-len 128 --gen-len 64 | say
-  echo "== llama8b wgsl b1 $(date -u +%T)" | say; LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp \
+  echo "== llama8b wgsl b1 $(date -u +%T)" | say; VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json XDG_RUNTIME_DIR=/tmp \
     timeout 100 $B bench -m /tmp/llama8b --backend wgsl --batch 1 --prompt-len 128 --gen-len 64 --json 2>>$OUT/wgsl_err.txt | bench_summary | say; tail -2 $OUT/wgsl_err.txt
   waitf /tmp/kimi.done
   echo "== kimi48b default $(date -u +%T)" | say; bench -m $KIMI --batch 1 --prompt-len 512 --gen-len 48 | say

@@ -124,7 +124,7 @@ impl CudaBackend {
                 max_kv,
                 4 * self.info.sms as usize,
                 step,
-                (2 * step).max(64),
+                launch::decode_min_chunk(step),
             );
             let f = self.func(
                 "attention_paged",

@@ -280,6 +280,20 @@ pub struct DecodePlan {
     pub chunk: u32,
 }
 
+/// Fewest keys per split of the decode attention for a block step of `step` keys: twice the step
+/// and at least 64, or `DAYONE_DECODE_MIN_CHUNK` (read once; a tuning knob — more keys per split
+/// means fewer split blocks and a shorter in-kernel merge, but a longer serial key loop).
+pub fn decode_min_chunk(step: u32) -> u32 {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("DAYONE_DECODE_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&c: &u32| c > 0)
+    });
+    forced.unwrap_or((2 * step).max(64))
+}
+
 /// Splits `max_kv` keys so that `base_blocks` (tokens × KV heads × head chunks) times the
 /// split count reaches about `target_blocks`, with at least `min_chunk` keys per split.
 /// `step` = keys a block consumes per loop step (`128 / TPK · UNR`); chunks are multiples of it.

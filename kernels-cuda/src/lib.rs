@@ -530,6 +530,7 @@ impl CudaBackend {
             || name.starts_with("moe_mma32_")
             || name.starts_with("moe_mma128")
             || name.starts_with("moe_mma64w_")
+            || name.starts_with("moe_wg")
         {
             // SAFETY: `f` is a live function of a loaded module.
             unsafe {
