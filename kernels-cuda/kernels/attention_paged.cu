@@ -31,17 +31,24 @@
 __device__ __forceinline__ float attn_combine_elem(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_ml, u64 row,
                                                    u32 d, u32 hdv, u32 nsplit) {
+    // Unrolled, with every load ahead of its use: a split's three L2 loads do not wait for the
+    // previous split's arithmetic (one L2 round trip per split made the merge of a 512-key
+    // decode, 9 splits, cost microseconds per layer). The same sums in the same order.
     const float* ml = part_ml + row * nsplit * 2;
     float mm = NEG_INF_F;
+#pragma unroll 8
     for (u32 sp = 0; sp < nsplit; sp++) mm = fmaxf(mm, __ldcg(ml + 2 * sp));
     float ll = 0.f, aa = 0.f;
     if (mm != NEG_INF_F) {
+#pragma unroll 4
         for (u32 sp = 0; sp < nsplit; sp++) {
             const float ms = __ldcg(ml + 2 * sp);
+            const float ls = __ldcg(ml + 2 * sp + 1);
+            const float os = __ldcg(part_o + (row * nsplit + sp) * hdv + d);
             if (ms == NEG_INF_F) continue;
-            const float w = __ldcg(ml + 2 * sp + 1) * exp2f(ms - mm);
+            const float w = ls * exp2f(ms - mm);
             ll += w;
-            aa += w * __ldcg(part_o + (row * nsplit + sp) * hdv + d);
+            aa += w * os;
         }
     }
     return ll > 0.f ? aa / ll : 0.f;
