@@ -3,7 +3,8 @@
 # grouped GEMM checked against the reference (its launch lacked the shared-memory opt-in there)
 # and timed; Llama-8B batch 1 with more keys per decode split (DAYONE_DECODE_MIN_CHUNK) and
 # batch 8 with the GEMV instead of cuBLAS (DAYONE_CUDA_GEMV_MAX_M=8); WGSL beside CUDA with the
-# Vulkan loader and glvnd unpacked into / (run_s11's call found no adapter with the loader only).
+# Vulkan loader and glvnd unpacked into / (run_s11's call found no adapter with the loader only);
+# the goldens first (the decode attention's split merge changed its loads).
 # Carry [".bin", ".gl", ".kcache"]; the bundle as for run_s10.sh.
 . benches/gpu/device_env.sh
 S=$OUT/summary.txt
@@ -12,6 +13,8 @@ B=.bin/dayone
 bench() { timeout 150 $B bench --backend cuda --json "$@" 2>>$OUT/bench_err.txt | bench_summary; }
 moe() { DAYONE_MOE_TILE=$1 timeout 90 .bin/moe-bench --backend cuda --hidden 7168 --experts 256 --expert-dim 2048 --top-k 8 --groups 8 --topk-group 4 --shared 1 --tokens $2 2>&1 | grep -v "^\s*$" | tail -5; }
 ( python3 benches/gpu/write_sparse_safetensors.py benches/gpu/llama8b_layout.json /tmp/llama8b > $OUT/w.txt 2>&1; touch /tmp/llama.done ) &
+for t in "golden cuda" "golden_kimi cuda"; do set -- $t
+  echo "== $1 $2 $(date -u +%T)" | say; timeout 60 .bin/test-tests-$1 $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | head -4 | say; done
 echo "== cuda_conformance grouped_expert_tiles (wg, wg128 among the tiles) $(date -u +%T)" | say
 timeout 150 .bin/test-kernels-cuda-cuda_conformance grouped_expert_tiles --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err|moe_experts" | head -6 | say
 for t in wg wg128; do echo "== moe $t $(date -u +%T)" | say; moe $t 64,512,8192 | say; done
