@@ -56,6 +56,29 @@ pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
     }
 }
 
+/// Whether `DAYONE_CUDA_GEMV_TC=1` asks for the tensor-core skinny product ([`gemv_tc_plan`]).
+pub fn gemv_tc_from_env() -> bool {
+    std::env::var("DAYONE_CUDA_GEMV_TC").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Largest M (rows of x) of the tensor-core skinny product (`gemv_tc_*`, kernels/gemv_tc.cu):
+/// two MMA token tiles of 8.
+pub const GEMV_TC_MAX_M: usize = 16;
+
+/// The tensor-core skinny product's `(NT, RG)` for `m` rows of x, `n` weight rows, reduction
+/// `k`, on a device of `sms` SMs: `NT` token tiles of 8 (`m ≤ 8` → 1, else 2) and `RG` 16-row
+/// weight tiles per block (2, or 1 when N / 32 blocks would leave SMs idle, as for a k or v
+/// projection). `None` outside `gemv_max_m() < m ≤ 16` or when `k % 8 != 0`; the caller checks
+/// the dtype (16-bit only) and whether the kernel is enabled.
+pub fn gemv_tc_plan(m: usize, n: usize, k: usize, sms: u32) -> Option<(u32, u32)> {
+    if m <= gemv_max_m() || m > GEMV_TC_MAX_M || k == 0 || !k.is_multiple_of(8) {
+        return None;
+    }
+    let nt = if m <= 8 { 1 } else { 2 };
+    let rg = if n.div_ceil(32) >= sms as usize { 2 } else { 1 };
+    Some((nt, rg))
+}
+
 /// Threads per block of the RMSNorm kernels (`rms_norm_*`, `add_rms_norm_*`) for width `d`:
 /// 512 from 2048, else 256. The fused-norm GEMV reproduces these kernels' sums, so it reads the
 /// same choice.
@@ -797,6 +820,18 @@ mod tests {
         assert_eq!(elementwise_grid(8 * 256 * 3, 8, 256, 1000), 3);
         assert_eq!(elementwise_grid(8 * 256 * 3 + 1, 8, 256, 1000), 4);
         assert_eq!(elementwise_grid(usize::MAX / 2, 8, 256, 1000), 1000);
+    }
+
+    #[test]
+    fn gemv_tc_plans() {
+        // Above the FMA GEMV's rows (4 by default), up to 16; K a multiple of 8.
+        assert_eq!(gemv_tc_plan(4, 4096, 4096, 132), None);
+        assert_eq!(gemv_tc_plan(8, 4096, 4096, 132), Some((1, 1)));
+        assert_eq!(gemv_tc_plan(8, 14336, 4096, 132), Some((1, 2)));
+        assert_eq!(gemv_tc_plan(9, 128256, 4096, 132), Some((2, 2)));
+        assert_eq!(gemv_tc_plan(16, 1024, 4096, 132), Some((2, 1)));
+        assert_eq!(gemv_tc_plan(17, 4096, 4096, 132), None);
+        assert_eq!(gemv_tc_plan(8, 4096, 4100, 132), None);
     }
 
     #[test]

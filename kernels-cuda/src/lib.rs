@@ -147,6 +147,9 @@ pub struct CudaBackend {
     /// Tile rows of the tensor-core MoE kernel ([`MoeTile`] as u8; `DAYONE_MOE_TILE` or
     /// [`CudaBackend::set_moe_tile`]).
     moe_tile: std::sync::atomic::AtomicU8,
+    /// Tensor-core skinny product for 5–16 rows of x (`gemv_tc_*`; `DAYONE_CUDA_GEMV_TC=1` or
+    /// [`CudaBackend::set_gemv_tc`]; off by default until measured on the H200).
+    gemv_tc: std::sync::atomic::AtomicBool,
     /// Score scratch budget of `dsa_topk` in bytes ([`CudaBackend::set_dsa_score_bytes`]).
     dsa_score_bytes: std::sync::atomic::AtomicUsize,
     /// Batch-invariant kernels only (`DAYONE_BATCH_INVARIANT=1` or
@@ -272,6 +275,7 @@ impl CudaBackend {
             kda_path,
             dsa_score_bytes: std::sync::atomic::AtomicUsize::new(dsa::DSA_SCORE_BYTES),
             moe_tile: std::sync::atomic::AtomicU8::new(MoeTile::from_env() as u8),
+            gemv_tc: std::sync::atomic::AtomicBool::new(launch::gemv_tc_from_env()),
             batch_invariant: std::sync::atomic::AtomicBool::new(
                 dayone_backend::batch_invariant_from_env(),
             ),

@@ -190,6 +190,38 @@ impl CudaBackend {
             self.gemv_launch::<()>(OP, "gemv", (x, w, bias, &out), (m, n, k, mt), 0, None)?;
             return Ok(out);
         }
+        let tc = launch::gemv_tc_plan(m, n, k, self.info.sms).filter(|_| {
+            allow_gemv
+                && !self.invariant()
+                && x.dtype != DType::F32
+                && self.gemv_tc.load(std::sync::atomic::Ordering::Relaxed)
+        });
+        if let Some((nt, rg)) = tc {
+            // 5–16 rows: the weights streamed once through the tensor cores (bias fused).
+            let f = self.func("gemv", sfx, &format!("gemv_tc_{sfx}_n{nt}_g{rg}"))?;
+            self.launch(
+                OP,
+                &f,
+                (
+                    to_u32(OP, "N / rows per block", n.div_ceil(16 * rg as usize))?,
+                    1,
+                    1,
+                ),
+                (launch::GEMV_THREADS, 1, 1),
+                0,
+                kparams![
+                    x.device_ptr(),
+                    w.device_ptr(),
+                    bias.map_or(0u64, |b| b.device_ptr()),
+                    out.device_ptr(),
+                    to_u32(OP, "M", m)?,
+                    to_u32(OP, "N", n)?,
+                    to_u32(OP, "K", k)?,
+                    w.buf.weight as u32
+                ],
+            )?;
+            return Ok(out);
+        }
         if self.invariant() {
             // One reduction order per element whatever M (invariant.rs).
             self.gemm_inv(OP, x, w, &out, &InvGemm::plain(m, n, k))?;
@@ -248,6 +280,13 @@ struct GemvSegs {
 }
 
 impl CudaBackend {
+    /// Turns the tensor-core skinny product for 5–16 rows of x on or off for later `linear`
+    /// calls (tests, benchmarks); the default comes from `DAYONE_CUDA_GEMV_TC`
+    /// ([`launch::gemv_tc_plan`]).
+    pub fn set_gemv_tc(&self, on: bool) {
+        self.gemv_tc.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// [`dayone_backend::Backend::linear_many`]: one `gemv_many` launch when every projection
     /// takes the decode GEMV (same dtype and K, decode-sized M, at most `GEMV_SEGS` of them,
     /// not batch-invariant), else one [`CudaBackend::linear_impl`] each.

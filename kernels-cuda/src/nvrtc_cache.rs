@@ -17,7 +17,8 @@ pub const COMMON_HEADER: &str = include_str!("../kernels/common.cuh");
 /// sources start with `kernels/moe_common.cuh` (their shared tile map, activations, biases and
 /// GEMM epilogue); `moe` ends with `kernels/moe_wgmma.cu` (the Hopper grouped GEMM) and
 /// `kernels/moe_decode.cu` (the fused decode block, which
-/// shares moe.cu's warp dot products). `moe` and `gemv` both take `kernels/moe_topk.cuh` (the
+/// shares moe.cu's warp dot products); `gemv` ends with `kernels/gemv_tc.cu` (the tensor-core
+/// product for 5–16 rows). `moe` and `gemv` both take `kernels/moe_topk.cuh` (the
 /// router's top-k, run by `moe_topk` and by the router GEMV's last block).
 pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("embedding", include_str!("../kernels/embedding.cu")),
@@ -28,7 +29,8 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
         "gemv",
         concat!(
             include_str!("../kernels/moe_topk.cuh"),
-            include_str!("../kernels/gemv.cu")
+            include_str!("../kernels/gemv.cu"),
+            include_str!("../kernels/gemv_tc.cu")
         ),
     ),
     ("kv_cache", include_str!("../kernels/kv_cache.cu")),

@@ -243,6 +243,52 @@ fn large_linear() {
     }
 }
 
+/// The tensor-core skinny product (`gemv_tc_*`, 5–16 rows of x) against the reference: one and
+/// two token tiles, one and two 16-row weight tiles per block, N not a multiple of 16, K not a
+/// multiple of 32 (a step's tail loads zeros), with and without a bias, bf16 and f16.
+#[test]
+fn skinny_tensor_core_product() {
+    let Some(b) = backend("skinny_tensor_core_product") else {
+        return;
+    };
+    b.set_gemv_tc(true);
+    let mut rng = Rng::new(11);
+    for &(m, k, n) in &[
+        (5usize, 1024usize, 3000usize),
+        (8, 4096, 1000),
+        (8, 2056, 5000),
+        (9, 136, 33),
+        (12, 14336, 77),
+        (16, 4096, 4099),
+        (7, 8, 5),
+    ] {
+        for dt in [DType::BF16, DType::F16] {
+            let x = rand_tensor(&mut rng, &[m, k], dt, 1.0).unwrap();
+            let w = rand_tensor(&mut rng, &[n, k], dt, 0.05).unwrap();
+            let bias = rand_tensor(&mut rng, &[n], dt, 1.0).unwrap();
+            let (xd, wd, bd) = (
+                b.upload(&x).unwrap(),
+                b.upload_weight(&w).unwrap(),
+                b.upload(&bias).unwrap(),
+            );
+            for with_bias in [false, true] {
+                let bh = with_bias.then_some(&bias);
+                let want = reference::linear(&x, &w, bh).unwrap();
+                let got = b.linear(&xd, &wd, with_bias.then_some(&bd)).unwrap();
+                compare(
+                    "linear (tensor-core skinny product)",
+                    &format!("{dt} [{m},{k}]x[{n},{k}] bias {with_bias}"),
+                    &b.download(&got).unwrap(),
+                    &want,
+                    tolerance(dt),
+                )
+                .unwrap();
+            }
+        }
+    }
+    b.set_gemv_tc(false);
+}
+
 /// Bad inputs come back as errors naming the op, not panics.
 #[test]
 fn bad_inputs_are_errors() {
