@@ -231,6 +231,10 @@ __device__ __forceinline__ void moe_wgmma_impl(const T* __restrict__ a, const T*
             }
         }
     }
+#else
+    // Compiled without sm_90a: the host never launches these (MoeTile::or_without_wgmma); a
+    // launch by mistake fails loudly instead of leaving the output unwritten.
+    __trap();
 #endif
 }
 
