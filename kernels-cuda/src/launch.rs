@@ -57,8 +57,19 @@ pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
 }
 
 /// Whether `DAYONE_CUDA_GEMV_TC=1` asks for the tensor-core skinny product ([`gemv_tc_plan`]).
+/// Another value than `0` or `1` warns (a mistyped sweep would otherwise time the default).
 pub fn gemv_tc_from_env() -> bool {
-    std::env::var("DAYONE_CUDA_GEMV_TC").is_ok_and(|v| v.trim() == "1")
+    match std::env::var("DAYONE_CUDA_GEMV_TC")
+        .as_deref()
+        .map(str::trim)
+    {
+        Err(_) | Ok("0") => false,
+        Ok("1") => true,
+        Ok(v) => {
+            eprintln!("warning: DAYONE_CUDA_GEMV_TC={v:?} is not 0 or 1; off");
+            false
+        }
+    }
 }
 
 /// Largest M (rows of x) of the tensor-core skinny product (`gemv_tc_*`, kernels/gemv_tc.cu):
@@ -309,10 +320,15 @@ pub struct DecodePlan {
 pub fn decode_min_chunk(step: u32) -> u32 {
     static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
-        std::env::var("DAYONE_DECODE_MIN_CHUNK")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&c: &u32| c > 0)
+        let v = std::env::var("DAYONE_DECODE_MIN_CHUNK").ok()?;
+        let c = v.trim().parse().ok().filter(|&c: &u32| c > 0);
+        if c.is_none() {
+            // A mistyped sweep value would otherwise time the default.
+            eprintln!(
+                "warning: DAYONE_DECODE_MIN_CHUNK={v:?} is not a positive key count; ignored"
+            );
+        }
+        c
     });
     forced.unwrap_or((2 * step).max(64))
 }
