@@ -17,7 +17,7 @@ __device__ __forceinline__ void gemv_tc_impl(const T* __restrict__ x, const T* _
                                              const T* __restrict__ bias, T* __restrict__ y,
                                              u32 m, u32 n, u32 k) {
     constexpr int U = 4;  // steps in flight per warp
-    __shared__ float red[GEMV_WARPS][RG * NT * 32 * 4];
+    __shared__ __align__(16) float red[GEMV_WARPS][RG * NT * 32 * 4];
     const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const u32 row0 = blockIdx.x * (16 * RG);
     const T* wr[RG][2];
@@ -64,12 +64,13 @@ __device__ __forceinline__ void gemv_tc_impl(const T* __restrict__ x, const T* _
                 }
     }
     // acc[rg][j][c]: weight row 16·rg + g + 8·(c / 2), token 8·j + 2t + c % 2.
+    // One 16-byte store per tile (four scalar stores 16 bytes apart would conflict 4-way).
 #pragma unroll
     for (int rg = 0; rg < RG; rg++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) red[warp][((rg * NT + j) * 32 + lane) * 4 + c] = acc[rg][j][c];
+            *reinterpret_cast<float4*>(&red[warp][((rg * NT + j) * 32 + lane) * 4]) =
+                make_float4(acc[rg][j][0], acc[rg][j][1], acc[rg][j][2], acc[rg][j][3]);
     __syncthreads();
     for (u32 o = tid; o < RG * NT * 32 * 4; o += GEMV_THREADS) {
         float s = 0.f;
@@ -85,6 +86,8 @@ __device__ __forceinline__ void gemv_tc_impl(const T* __restrict__ x, const T* _
         }
     }
 }
+// mma.sync with 16-bit inputs needs sm_80 (the host launches these only there).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GEMV_TC(S, T, NT, RG)                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_tc_##S##_n##NT##_g##RG(  \
         const T* x, const T* w, const T* bias, T* y, u32 m, u32 n, u32 k, u32 w_const) {      \
@@ -96,4 +99,5 @@ GEMV_TC_ALL(bf16, bf16)
 #endif
 #if defined(DAYONE_ONLY_F16) || !(defined(DAYONE_ONLY_F32) || defined(DAYONE_ONLY_BF16))
 GEMV_TC_ALL(f16, f16)
+#endif
 #endif

@@ -35,8 +35,8 @@ pub mod nvrtc_cache;
 
 pub use device::{size_class, CudaTensor, LibraryPresence};
 pub use launch::{
-    decode_gb, decode_tpk, gemv_mt, gemv_rpw, mla_dv, mla_smem_bytes, mma_dv, mma_rows,
-    mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
+    decode_gb, decode_tpk, gemv_mt, gemv_rpw, gemv_tc_plan, mla_dv, mla_smem_bytes, mma_dv,
+    mma_rows, mma_smem_bytes, moe_auto_tile, moe_plan, plan_decode, tiled_rows, tiled_smem_bytes,
     DecodeFusion, DecodePlan, MoeKernel, MoePlan, MoeTile, MoeTileShape, ALL_DECODE_FUSIONS,
     DEFAULT_DECODE_FUSIONS,
 };

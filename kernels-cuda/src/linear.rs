@@ -193,6 +193,7 @@ impl CudaBackend {
         let tc = launch::gemv_tc_plan(m, n, k, self.info.sms).filter(|_| {
             allow_gemv
                 && !self.invariant()
+                && self.info.arch >= 80
                 && x.dtype != DType::F32
                 && self.gemv_tc.load(std::sync::atomic::Ordering::Relaxed)
         });

@@ -259,9 +259,17 @@ fn skinny_tensor_core_product() {
         (8, 2056, 5000),
         (9, 136, 33),
         (12, 14336, 77),
-        (16, 4096, 4099),
+        (13, 4096, 4099),
+        (16, 1032, 9000),
         (7, 8, 5),
     ] {
+        // The case reaches the kernel (and the plans cover NT 1 and 2, RG 1 and 2 on a
+        // 132-SM card), not a fallback.
+        let sms = b.device_info().sms;
+        assert!(
+            dayone_cuda::gemv_tc_plan(m, n, k, sms).is_some(),
+            "[{m},{k}]x[{n},{k}] does not take the tensor-core product"
+        );
         for dt in [DType::BF16, DType::F16] {
             let x = rand_tensor(&mut rng, &[m, k], dt, 1.0).unwrap();
             let w = rand_tensor(&mut rng, &[n, k], dt, 0.05).unwrap();
