@@ -410,6 +410,83 @@ __device__ __forceinline__ void moe_store2(T* orow, u32 col, u32 nout, float v0,
     }
 }
 
+// Outputs col and col + 1 of a row of the grouped GEMMs from their accumulators: GU
+// act(g + bias, u + bias) of the gate values g and the up values u, else g + bias; outputs past
+// nout are not stored (moe_store2).
+template <typename T, bool GU>
+__device__ __forceinline__ void moe_store_outputs(T* orow, u32 col, float g0, float g1, float u0,
+                                                  float u1, u32 expert, u32 nout, u32 wrows,
+                                                  float limit, const T* __restrict__ bias,
+                                                  u32 act, float alpha) {
+    const float gs[2] = {g0, g1}, us[2] = {u0, u1};
+    float v[2] = {0.f, 0.f};
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const u32 c = col + e;
+        if (c >= nout) continue;
+        if (GU) {
+            const float gv = gs[e] + moe_bias(bias, expert, wrows, moe_gu_row(c, false, nout, act));
+            const float uv = us[e] + moe_bias(bias, expert, wrows, moe_gu_row(c, true, nout, act));
+            v[e] = moe_act_f(gv, uv, limit, act, alpha);
+        } else {
+            v[e] = gs[e] + moe_bias(bias, expert, wrows, c);
+        }
+    }
+    moe_store2(orow, col, nout, v[0], v[1]);
+}
+
+// The cp.async copy jobs of a BM × BN × BK grouped-GEMM block of NTH threads (moe_mmat_impl,
+// moe_wgmma_impl): thread tid copies the 16-byte chunks tid + i · NTH of the A and B slices
+// (row idx / CH, chunk idx % CH) into moe_sw<BK>'s swizzled layout. A rows past the tile's rows,
+// weight rows past the outputs (moe_weight_row) and chunks past K load zeros.
+template <typename T, bool GU, int BM, int BN, int BK, int NTH>
+struct MoeCopies {
+    static constexpr int CH = BK / 8;  // 16-byte chunks per smem row
+    static constexpr int A_CH = BM * CH, B_CH = BN * CH;
+    static constexpr int A_IT = (A_CH + NTH - 1) / NTH, B_IT = B_CH / NTH;
+    static_assert(B_CH % NTH == 0 && NTH % CH == 0, "copy jobs");
+    u32 tid, kc;
+    const T* asrc[A_IT];
+    u32 adst[A_IT];  // byte offsets in a stage
+    bool aok[A_IT];
+    const T* bsrc[B_IT];
+    u32 bdst[B_IT];
+    bool bok[B_IT];
+
+    __device__ __forceinline__ MoeCopies(u32 tid_, const T* a, const T* wexp,
+                                         const u32* sorted, u32 gather_k, const MoeTile& tl,
+                                         u32 n0, u32 nout, u32 act, u32 kdim)
+        : tid(tid_), kc((tid_ % CH) * 8) {
+#pragma unroll
+        for (int i = 0; i < A_IT; i++) {
+            const u32 idx = tid + i * NTH, r = idx / CH;
+            aok[i] = idx < A_CH && r < tl.rows;
+            adst[i] = moe_sw<BK>(idx < A_CH ? r : 0, idx % CH) * (u32)sizeof(T);
+            asrc[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + (aok[i] ? r : 0)) * kdim + kc;
+        }
+#pragma unroll
+        for (int i = 0; i < B_IT; i++) {
+            const u32 idx = tid + i * NTH, br = idx / CH;
+            const u32 wrow = moe_weight_row<GU, BN / 2>(n0, br, nout, act, bok[i]);
+            bdst[i] = moe_sw<BK>(br, idx % CH) * (u32)sizeof(T);
+            bsrc[i] = wexp + (u64)(bok[i] ? wrow : 0) * kdim + kc;
+        }
+    }
+
+    // Slice kt's copies into the stage whose A and B start at shared addresses sa and sb.
+    __device__ __forceinline__ void load(u32 kt, u32 kdim, u32 sa, u32 sb) const {
+        const u32 k0 = kt * BK;
+        const bool kin = k0 + kc < kdim;
+#pragma unroll
+        for (int i = 0; i < A_IT; i++)
+            if (A_CH % NTH == 0 || tid + i * NTH < A_CH)
+                cp_async16(sa + adst[i], asrc[i] + k0, (aok[i] && kin) ? 16u : 0u);
+#pragma unroll
+        for (int i = 0; i < B_IT; i++)
+            cp_async16(sb + bdst[i], bsrc[i] + k0, (bok[i] && kin) ? 16u : 0u);
+    }
+};
+
 template <typename T, bool GU, int BM, int BN, int BK, int STAGES, int WM, int WN, int RG = 0>
 __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* __restrict__ w,
                                               T* __restrict__ out, const u32* __restrict__ offsets,
@@ -419,13 +496,10 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
                                               u32 nout, u32 kdim, u32 wrows, float limit,
                                               const T* __restrict__ bias, u32 act, float alpha) {
     constexpr int NTH = 32 * WM * WN;
-    constexpr int CH = BK / 8;  // 16-byte chunks per smem row
     constexpr int WTM = BM / WM, WTN = BN / WN;
     constexpr int MT = WTM / 16, NT = WTN / 8;
-    constexpr int A_CH = BM * CH, B_CH = BN * CH;
-    constexpr int A_IT = (A_CH + NTH - 1) / NTH, B_IT = B_CH / NTH;
     static_assert(BK == 32 || BK == 64, "BK is 32 or 64");
-    static_assert(WTM % 16 == 0 && NT % 2 == 0 && B_CH % NTH == 0 && NTH % CH == 0, "tile shape");
+    static_assert(WTM % 16 == 0 && NT % 2 == 0, "tile shape");
     static_assert(!GU || WN * (NT / 2) * 8 == BN / 2, "GU: a warp's gate and up halves");
     extern __shared__ __align__(128) unsigned char moe_dsmem[];
     T* sa = reinterpret_cast<T*>(moe_dsmem);  // [STAGES][BM · BK]
@@ -441,40 +515,9 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
     const u32 n0 = colb * (GU ? BN / 2 : BN);
     const T* wexp = w + (u64)tl.expert * wrows * kdim;
 
-    // Copy jobs: chunk tid + i · NTH of the A and B stages (row idx / CH, chunk idx % CH).
-    const u32 kc = (tid % CH) * 8;
-    const T* asrc[A_IT];
-    u32 adst[A_IT];
-    bool aok[A_IT];
-#pragma unroll
-    for (int i = 0; i < A_IT; i++) {
-        const u32 idx = tid + i * NTH, r = idx / CH;
-        aok[i] = idx < A_CH && r < tl.rows;
-        adst[i] = moe_sw<BK>(idx < A_CH ? r : 0, idx % CH);
-        asrc[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + (aok[i] ? r : 0)) * kdim + kc;
-    }
-    const T* bsrc[B_IT];
-    u32 bdst[B_IT];
-    bool bok[B_IT];
-#pragma unroll
-    for (int i = 0; i < B_IT; i++) {
-        const u32 idx = tid + i * NTH, br = idx / CH;
-        const u32 wrow = moe_weight_row<GU, BN / 2>(n0, br, nout, act, bok[i]);
-        bdst[i] = moe_sw<BK>(br, idx % CH);
-        bsrc[i] = wexp + (u64)(bok[i] ? wrow : 0) * kdim + kc;
-    }
+    const MoeCopies<T, GU, BM, BN, BK, NTH> cp(tid, a, wexp, sorted, gather_k, tl, n0, nout, act, kdim);
     auto load = [&](u32 kt, u32 st) {
-        const u32 k0 = kt * BK;
-        const bool kin = k0 + kc < kdim;
-        T* sas = sa + st * (BM * BK);
-        T* sbs = sb + st * (BN * BK);
-#pragma unroll
-        for (int i = 0; i < A_IT; i++)
-            if (A_CH % NTH == 0 || tid + i * NTH < A_CH)
-                cp_async16(smem_addr(sas + adst[i]), asrc[i] + k0, (aok[i] && kin) ? 16u : 0u);
-#pragma unroll
-        for (int i = 0; i < B_IT; i++)
-            cp_async16(smem_addr(sbs + bdst[i]), bsrc[i] + k0, (bok[i] && kin) ? 16u : 0u);
+        cp.load(kt, kdim, smem_addr(sa + st * (BM * BK)), smem_addr(sb + st * (BN * BK)));
     };
 
     float acc[MT][NT][4];
@@ -530,28 +573,19 @@ __device__ __forceinline__ void moe_mmat_impl(const T* __restrict__ a, const T* 
             T* orow = out + (u64)(tl.first + row) * nout;
             if (GU) {
 #pragma unroll
-                for (int j = 0; j < NT / 2; j++) {
-                    const u32 col = n0 + wn * (NT / 2) * 8 + j * 8 + t4 * 2;
-                    float v[2] = {0.f, 0.f};
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const u32 c = col + e;
-                        if (c < nout) {
-                            const float gv = acc[mt][j][2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, false, nout, act));
-                            const float uv = acc[mt][j + NT / 2][2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, true, nout, act));
-                            v[e] = moe_act_f(gv, uv, limit, act, alpha);
-                        }
-                    }
-                    moe_store2(orow, col, nout, v[0], v[1]);
-                }
+                for (int j = 0; j < NT / 2; j++)
+                    moe_store_outputs<T, true>(orow, n0 + wn * (NT / 2) * 8 + j * 8 + t4 * 2,
+                                               acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1],
+                                               acc[mt][j + NT / 2][2 * hh],
+                                               acc[mt][j + NT / 2][2 * hh + 1], tl.expert, nout,
+                                               wrows, limit, bias, act, alpha);
             } else {
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const u32 col = n0 + wn * WTN + j * 8 + t4 * 2;
-                    const float v0 = col < nout ? acc[mt][j][2 * hh] + moe_bias(bias, tl.expert, wrows, col) : 0.f;
-                    const float v1 = col + 1 < nout ? acc[mt][j][2 * hh + 1] + moe_bias(bias, tl.expert, wrows, col + 1) : 0.f;
-                    moe_store2(orow, col, nout, v0, v1);
-                }
+                for (int j = 0; j < NT; j++)
+                    moe_store_outputs<T, false>(orow, n0 + wn * WTN + j * 8 + t4 * 2,
+                                                acc[mt][j][2 * hh], acc[mt][j][2 * hh + 1], 0.f,
+                                                0.f, tl.expert, nout, wrows, limit, bias, act,
+                                                alpha);
             }
         }
 }

@@ -4,7 +4,7 @@
 // two warpgroups, each owning 64 of the rows, run `wgmma.mma_async m64nBNk16` straight from
 // shared memory. The operands sit in moe_sw<64>'s layout, which is the hardware's 128-byte
 // swizzled K-major layout (row r's 16-byte chunk c at c ^ (r % 8), 8-row atoms of 1 024 bytes),
-// filled by the same cp.async copies as moe_mmat_impl; a k step of 16 advances the descriptor's
+// filled by the same cp.async copies as moe_mmat_impl (MoeCopies); a k step of 16 advances the descriptor's
 // start by 32 bytes inside the swizzled rows (PTX ISA, "Matrix Descriptor Format").
 // Pipeline: STAGES slices in shared memory, STAGES − 2 copies in flight ahead of the slice being
 // multiplied. The copy issued at slice kt refills slice kt − 2's stage: every warpgroup has
@@ -103,11 +103,10 @@ __device__ __forceinline__ void moe_wgmma_impl(const T* __restrict__ a, const T*
                                                u32 nout, u32 kdim, u32 wrows, float limit,
                                                const T* __restrict__ bias, u32 act, float alpha) {
 #if defined(MOE_HAS_WGMMA)
-    constexpr int BM = 128, BK = 64, NTH = 256, CH = BK / 8;
-    constexpr int A_CH = BM * CH, B_CH = BN * CH, A_IT = A_CH / NTH, B_IT = B_CH / NTH;
+    constexpr int BM = 128, BK = 64, NTH = 256;
     constexpr u32 A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
     constexpr int NR = BN / 2;  // accumulators per thread: 64 rows × BN / 128 threads
-    static_assert(STAGES >= 3 && A_CH % NTH == 0 && B_CH % NTH == 0, "tile shape");
+    static_assert(STAGES >= 3, "two copies in flight beside the slice being multiplied");
     extern __shared__ __align__(1024) unsigned char moe_dsmem[];
     const u32 sa = (smem_addr(moe_dsmem) + 1023u) & ~1023u;  // [STAGES][BM · BK]
     const u32 sb = sa + STAGES * A_BYTES;                      // [STAGES][BN · BK]
@@ -120,41 +119,11 @@ __device__ __forceinline__ void moe_wgmma_impl(const T* __restrict__ a, const T*
     const u32 n0 = colb * (GU ? BN / 2 : BN);
     const T* wexp = w + (u64)tl.expert * wrows * kdim;
 
-    // Copy jobs as in moe_mmat_impl: chunk tid + i · NTH (row idx / CH, chunk idx % CH).
-    const u32 kc = (tid % CH) * 8;
-    const T* asrc[A_IT];
-    u32 adst[A_IT];
-    bool aok[A_IT];
-#pragma unroll
-    for (int i = 0; i < A_IT; i++) {
-        const u32 idx = tid + i * NTH, r = idx / CH;
-        aok[i] = r < tl.rows;
-        adst[i] = 2 * moe_sw<BK>(r, idx % CH);
-        asrc[i] = a + (u64)moe_src_row(sorted, gather_k, tl.first + (aok[i] ? r : 0)) * kdim + kc;
-    }
-    const T* bsrc[B_IT];
-    u32 bdst[B_IT];
-    bool bok[B_IT];
-#pragma unroll
-    for (int i = 0; i < B_IT; i++) {
-        const u32 idx = tid + i * NTH, br = idx / CH;
-        const u32 wrow = moe_weight_row<GU, BN / 2>(n0, br, nout, act, bok[i]);
-        bdst[i] = 2 * moe_sw<BK>(br, idx % CH);
-        bsrc[i] = wexp + (u64)(bok[i] ? wrow : 0) * kdim + kc;
-    }
+    const MoeCopies<T, GU, BM, BN, BK, NTH> cp(tid, a, wexp, sorted, gather_k, tl, n0, nout, act, kdim);
     const u32 nk = (kdim + BK - 1) / BK;
 #pragma unroll
     for (u32 s = 0; s < STAGES - 2; s++) {
-        if (s < nk) {
-            const u32 k0 = s * BK;
-            const bool kin = k0 + kc < kdim;
-#pragma unroll
-            for (int i = 0; i < A_IT; i++)
-                cp_async16(sa + s * A_BYTES + adst[i], asrc[i] + k0, (aok[i] && kin) ? 16u : 0u);
-#pragma unroll
-            for (int i = 0; i < B_IT; i++)
-                cp_async16(sb + s * B_BYTES + bdst[i], bsrc[i] + k0, (bok[i] && kin) ? 16u : 0u);
-        }
+        if (s < nk) cp.load(s, kdim, sa + s * A_BYTES, sb + s * B_BYTES);
         cp_async_commit();
     }
 
@@ -169,16 +138,7 @@ __device__ __forceinline__ void moe_wgmma_impl(const T* __restrict__ a, const T*
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncthreads();
         const u32 kn = kt + STAGES - 2;
-        if (kn < nk) {
-            const u32 st = kn % STAGES, k0 = kn * BK;
-            const bool kin = k0 + kc < kdim;
-#pragma unroll
-            for (int i = 0; i < A_IT; i++)
-                cp_async16(sa + st * A_BYTES + adst[i], asrc[i] + k0, (aok[i] && kin) ? 16u : 0u);
-#pragma unroll
-            for (int i = 0; i < B_IT; i++)
-                cp_async16(sb + st * B_BYTES + bdst[i], bsrc[i] + k0, (bok[i] && kin) ? 16u : 0u);
-        }
+        if (kn < nk) cp.load(kn, kdim, sa + (kn % STAGES) * A_BYTES, sb + (kn % STAGES) * B_BYTES);
         cp_async_commit();
         if (active) {
             const u32 st = kt % STAGES;
@@ -207,28 +167,17 @@ __device__ __forceinline__ void moe_wgmma_impl(const T* __restrict__ a, const T*
         T* orow = out + (u64)(tl.first + row) * nout;
         if (GU) {
 #pragma unroll
-            for (int j = 0; j < BN / 16; j++) {
-                const u32 col = n0 + j * 8 + t4 * 2;
-                float v[2] = {0.f, 0.f};
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const u32 c = col + e;
-                    if (c < nout) {
-                        const float gv = d[4 * j + 2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, false, nout, act));
-                        const float uv = d[4 * (j + BN / 16) + 2 * hh + e] + moe_bias(bias, tl.expert, wrows, moe_gu_row(c, true, nout, act));
-                        v[e] = moe_act_f(gv, uv, limit, act, alpha);
-                    }
-                }
-                moe_store2(orow, col, nout, v[0], v[1]);
-            }
+            for (int j = 0; j < BN / 16; j++)
+                moe_store_outputs<T, true>(orow, n0 + j * 8 + t4 * 2, d[4 * j + 2 * hh],
+                                           d[4 * j + 2 * hh + 1], d[4 * (j + BN / 16) + 2 * hh],
+                                           d[4 * (j + BN / 16) + 2 * hh + 1], tl.expert, nout,
+                                           wrows, limit, bias, act, alpha);
         } else {
 #pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                const u32 col = n0 + j * 8 + t4 * 2;
-                const float v0 = col < nout ? d[4 * j + 2 * hh] + moe_bias(bias, tl.expert, wrows, col) : 0.f;
-                const float v1 = col + 1 < nout ? d[4 * j + 2 * hh + 1] + moe_bias(bias, tl.expert, wrows, col + 1) : 0.f;
-                moe_store2(orow, col, nout, v0, v1);
-            }
+            for (int j = 0; j < BN / 8; j++)
+                moe_store_outputs<T, false>(orow, n0 + j * 8 + t4 * 2, d[4 * j + 2 * hh],
+                                            d[4 * j + 2 * hh + 1], 0.f, 0.f, tl.expert, nout,
+                                            wrows, limit, bias, act, alpha);
         }
     }
 #else
