@@ -186,8 +186,10 @@ impl DecodeFusion {
 /// 3.9 % slower with it (5.83 against 5.60 ms, 2026-12-07) — every split block fences and counts,
 /// and the last one's merge runs serially after the step's slowest split. Not KDA's gated norm
 /// inside `o_proj`'s GEMV: 3.5 % slower on an H100 (Kimi-Linear-48B's first 14 layers, batch 1,
-/// 2026-12-07), for the same reason as the norm. Not yet `add_norm` and `kda_step` (2026-12-07,
-/// fourth session): bit-equal on the CPU-side checks but not yet run on a GPU.
+/// 2026-12-07), for the same reason as the norm. Not `add_norm`: 2.0 % slower on an H100
+/// (Llama-8B shape, batch 1, 2026-12-07, fifth session) — each of the GEMV's blocks ends with a
+/// fence and an atomic, and the last block's add + norm no longer overlaps the next launch. Not
+/// `kda_step`: within the noise of a 14-layer Kimi step in the same call (483.8 vs 484.9 tok/s).
 pub const DEFAULT_DECODE_FUSIONS: &[DecodeFusion] = &[
     DecodeFusion::RopeKv,
     DecodeFusion::MoeBlock,
@@ -247,10 +249,17 @@ pub fn decode_fusions_from_env() -> u16 {
 pub fn gemv_rpw(n: usize, sms: u32) -> u32 {
     static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
-        std::env::var("DAYONE_GEMV_RPW")
+        let v = std::env::var("DAYONE_GEMV_RPW").ok()?;
+        let r = v
+            .trim()
+            .parse()
             .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|r| [1, 2, 4].contains(r))
+            .filter(|r: &u32| [1, 2, 4].contains(r));
+        if r.is_none() {
+            // A mistyped sweep value would otherwise time the default.
+            eprintln!("warning: DAYONE_GEMV_RPW={v:?} is not 1, 2 or 4; ignored");
+        }
+        r
     });
     if let Some(r) = forced {
         return *r;
