@@ -26,7 +26,7 @@ for t in "golden cuda" "golden_kimi cuda"; do set -- $t
   echo "== $1 $2 $(date -u +%T)" | say; timeout 60 .bin/test-tests-$1 $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | head -4 | say; done
 echo "== cuda_conformance grouped_expert_tiles, skinny_tensor_core_product $(date -u +%T)" | say
 for f in grouped_expert_tiles skinny_tensor_core_product; do
-  timeout 150 .bin/test-kernels-cuda-cuda_conformance $f --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err|linear|moe_experts" | head -6 | say; done
+  timeout 100 .bin/test-kernels-cuda-cuda_conformance $f --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err|linear|moe_experts" | head -6 | say; done
 for t in wg auto; do echo "== moe $t $(date -u +%T)" | say; moe $t 64,512,8192 | say; done
 echo "== torch grouped_mm $(date -u +%T)" | say; timeout 80 python3 benches/gpu/torch_deepseek.py --tokens 64,512,8192 2>&1 | grep grouped_mm | say
 waitf /tmp/llama.done
