@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The next device call (≤ 10 minutes) for issue [14], in order of need so that a call cut short
 # keeps its first parts (every summary line goes to $OUT/summary.txt as it comes):
-#   1. the goldens; the wgmma MoE tiles and the tensor-core skinny product against the reference;
+#   1. the goldens; the wgmma MoE tiles against the reference;
 #   2. the MoE block with `wg` beside the default (`128r` from 64 pairs per expert) and
 #      torch._grouped_mm at 64 / 512 / 8 192 tokens;
 #   3. Llama-8B batch 1 with 64 (default), 128 and 256 keys per decode split at least;
-#   4. Llama-8B batch 8 with cuBLAS (default), DAYONE_CUDA_GEMV_TC=1 and DAYONE_CUDA_GEMV_MAX_M=8;
+#   4. the tensor-core skinny product against the reference; Llama-8B batch 8 with cuBLAS
+#      (default), DAYONE_CUDA_GEMV_TC=1 and DAYONE_CUDA_GEMV_MAX_M=8;
 #   5. WGSL beside CUDA at batch 1 (the Vulkan loader with glvnd unpacked into /);
 #   6. on an H200, Kimi-Linear-48B batch 1; then the wg128 tiles.
 # Carry [".bin", ".gl", ".kcache"]; the bundle from
@@ -24,14 +25,15 @@ moe() { DAYONE_MOE_TILE=$1 timeout 90 .bin/moe-bench --backend cuda --hidden 716
 waitf() { while [ ! -f $1 ]; do sleep 1; done; }
 for t in "golden cuda" "golden_kimi cuda"; do set -- $t
   echo "== $1 $2 $(date -u +%T)" | say; timeout 60 .bin/test-tests-$1 $2 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | head -4 | say; done
-echo "== cuda_conformance grouped_expert_tiles, skinny_tensor_core_product $(date -u +%T)" | say
-for f in grouped_expert_tiles skinny_tensor_core_product; do
-  timeout 100 .bin/test-kernels-cuda-cuda_conformance $f --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err|linear|moe_experts" | head -6 | say; done
+conf() { echo "== cuda_conformance $1 $(date -u +%T)" | say
+  timeout 100 .bin/test-kernels-cuda-cuda_conformance $1 --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err|linear|moe_experts" | head -6 | say; }
+conf grouped_expert_tiles
 for t in wg auto; do echo "== moe $t $(date -u +%T)" | say; moe $t 64,512,8192 | say; done
 echo "== torch grouped_mm $(date -u +%T)" | say; timeout 80 python3 benches/gpu/torch_deepseek.py --tokens 64,512,8192 2>&1 | grep grouped_mm | say
 waitf /tmp/llama.done
 for c in 64 128 256; do echo "== llama8b b1 DAYONE_DECODE_MIN_CHUNK=$c $(date -u +%T)" | say
   DAYONE_DECODE_MIN_CHUNK=$c bench -m /tmp/llama8b --batch 1 --prompt-len 512 --gen-len 128 | say; done
+conf skinny_tensor_core_product
 for v in "DAYONE_CUDA_GEMV_MAX_M=4" "DAYONE_CUDA_GEMV_TC=1" "DAYONE_CUDA_GEMV_MAX_M=8"; do echo "== llama8b b8 $v $(date -u +%T)" | say
   ( export $v; bench -m /tmp/llama8b --batch 8 --prompt-len 512 --gen-len 128 ) | say; done
 for d in .gl/*.deb; do dpkg -x "$d" /; done; ldconfig
