@@ -28,17 +28,28 @@ pub const INV_ATTN_CHUNK: usize = 512;
 /// Threads per block of the skinny-GEMV kernel (`GEMV_THREADS` in `gemv.cu`).
 pub const GEMV_THREADS: u32 = 256;
 
+/// A numeric tuning knob from the environment: `None` when `name` is unset; a value that does not
+/// parse or fails `valid` is ignored with one warning line naming the variable, the value and
+/// `expected` (a mistyped sweep value would otherwise time the default without a word).
+pub(crate) fn env_knob<T: std::str::FromStr>(
+    name: &str,
+    valid: impl Fn(&T) -> bool,
+    expected: &str,
+) -> Option<T> {
+    let v = std::env::var(name).ok()?;
+    let parsed = v.trim().parse().ok().filter(|x| valid(x));
+    if parsed.is_none() {
+        eprintln!("warning: {name}={v:?} is not {expected}; ignored");
+    }
+    parsed
+}
+
 /// Largest M sent to the GEMV kernel (`DAYONE_CUDA_GEMV_MAX_M`, default 4). Measured on the
 /// H200 with Llama-3.1-8B shapes: an 8-row GEMV step took 9.4 ms against 8.4 ms for a 64-row
 /// cuBLAS step — at 8 rows the kernel's f32 FMAs, not memory, bound it.
 pub fn gemv_max_m() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("DAYONE_CUDA_GEMV_MAX_M")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(4)
-    })
+    *MAX.get_or_init(|| env_knob("DAYONE_CUDA_GEMV_MAX_M", |_| true, "a row count").unwrap_or(4))
 }
 
 /// The GEMV variant for `m` rows of x: `MT` = 1, 2, 4 or 8 (rows past `m` are masked);
@@ -249,17 +260,11 @@ pub fn decode_fusions_from_env() -> u16 {
 pub fn gemv_rpw(n: usize, sms: u32) -> u32 {
     static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
-        let v = std::env::var("DAYONE_GEMV_RPW").ok()?;
-        let r = v
-            .trim()
-            .parse()
-            .ok()
-            .filter(|r: &u32| [1, 2, 4].contains(r));
-        if r.is_none() {
-            // A mistyped sweep value would otherwise time the default.
-            eprintln!("warning: DAYONE_GEMV_RPW={v:?} is not 1, 2 or 4; ignored");
-        }
-        r
+        env_knob(
+            "DAYONE_GEMV_RPW",
+            |r: &u32| [1, 2, 4].contains(r),
+            "1, 2 or 4",
+        )
     });
     if let Some(r) = forced {
         return *r;
@@ -329,15 +334,11 @@ pub struct DecodePlan {
 pub fn decode_min_chunk(step: u32) -> u32 {
     static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
-        let v = std::env::var("DAYONE_DECODE_MIN_CHUNK").ok()?;
-        let c = v.trim().parse().ok().filter(|&c: &u32| c > 0);
-        if c.is_none() {
-            // A mistyped sweep value would otherwise time the default.
-            eprintln!(
-                "warning: DAYONE_DECODE_MIN_CHUNK={v:?} is not a positive key count; ignored"
-            );
-        }
-        c
+        env_knob(
+            "DAYONE_DECODE_MIN_CHUNK",
+            |&c: &u32| c > 0,
+            "a positive key count",
+        )
     });
     forced.unwrap_or((2 * step).max(64))
 }
@@ -835,6 +836,20 @@ pub fn moe_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_knobs() {
+        // Variables only this test reads.
+        std::env::set_var("DAYONE_TEST_KNOB_OK", " 8 ");
+        std::env::set_var("DAYONE_TEST_KNOB_TYPO", "8x");
+        std::env::set_var("DAYONE_TEST_KNOB_OUT", "3");
+        let any = |_: &u32| true;
+        assert_eq!(env_knob("DAYONE_TEST_KNOB_OK", any, "a count"), Some(8));
+        assert_eq!(env_knob("DAYONE_TEST_KNOB_TYPO", any, "a count"), None);
+        let rpw = |r: &u32| [1, 2, 4].contains(r);
+        assert_eq!(env_knob("DAYONE_TEST_KNOB_OUT", rpw, "1, 2 or 4"), None);
+        assert_eq!(env_knob("DAYONE_TEST_KNOB_UNSET", any, "a count"), None);
+    }
 
     #[test]
     fn grids() {

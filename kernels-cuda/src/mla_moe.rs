@@ -786,10 +786,7 @@ impl CudaBackend {
             // The tiled kernels for every token count: the GEMV reduces in another order.
             0
         } else {
-            std::env::var("DAYONE_MOE_GEMV_MAX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
+            moe_gemv_max()
         };
         let plan = launch::moe_plan(
             n,
@@ -1022,4 +1019,14 @@ impl CudaBackend {
             ],
         )
     }
+}
+
+/// Tokens up to which `moe_experts` takes the grouped GEMV: `DAYONE_MOE_GEMV_MAX` (read once;
+/// a value that is not a token count warns), else [`launch::MOE_GEMV_MAX_TOKENS`].
+fn moe_gemv_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        launch::env_knob("DAYONE_MOE_GEMV_MAX", |_| true, "a token count")
+            .unwrap_or(launch::MOE_GEMV_MAX_TOKENS)
+    })
 }

@@ -12,11 +12,8 @@ use dayone_backend::{DType, QuantTensor, TensorInfo};
 fn gemv_max_m() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("DAYONE_QUANT_GEMV_MAX_M")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        crate::launch::env_knob("DAYONE_QUANT_GEMV_MAX_M", |&m: &usize| m <= 32, "0 to 32")
             .unwrap_or(16)
-            .min(32)
     })
 }
 
