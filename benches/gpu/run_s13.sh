@@ -10,7 +10,7 @@
 #   5. WGSL beside CUDA at batch 1 (the Vulkan loader with glvnd unpacked into /);
 #   6. on an H200, Kimi-Linear-48B batch 1; then the wg128 tiles.
 # Carry [".bin", ".gl", ".kcache"]; the bundle from
-#   TESTS="decode_graphs golden golden_kimi cuda_conformance" BENCH_BINS=moe-bench \
+#   TESTS="decode_graphs golden golden_kimi cuda_conformance" BENCH_BINS="moe-bench op-bench" \
 #     bash benches/gpu/build_for_device.sh
 # (.gl: `apt-get download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2`).
 . benches/gpu/device_env.sh
