@@ -67,20 +67,10 @@ pub fn gemv_mt(m: usize, k: usize) -> Option<u32> {
     }
 }
 
-/// Whether `DAYONE_CUDA_GEMV_TC=1` asks for the tensor-core skinny product ([`gemv_tc_plan`]).
-/// Another value than `0` or `1` warns (a mistyped sweep would otherwise time the default).
+/// Whether `DAYONE_CUDA_GEMV_TC=1` asks for the tensor-core skinny product ([`gemv_tc_plan`]);
+/// another value than `0` or `1` warns ([`env_knob`]) and leaves it off.
 pub fn gemv_tc_from_env() -> bool {
-    match std::env::var("DAYONE_CUDA_GEMV_TC")
-        .as_deref()
-        .map(str::trim)
-    {
-        Err(_) | Ok("0") => false,
-        Ok("1") => true,
-        Ok(v) => {
-            eprintln!("warning: DAYONE_CUDA_GEMV_TC={v:?} is not 0 or 1; off");
-            false
-        }
-    }
+    env_knob("DAYONE_CUDA_GEMV_TC", |&v: &u8| v <= 1, "0 or 1") == Some(1)
 }
 
 /// Largest M (rows of x) of the tensor-core skinny product (`gemv_tc_*`, kernels/gemv_tc.cu):

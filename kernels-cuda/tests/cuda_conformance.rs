@@ -253,6 +253,7 @@ fn skinny_tensor_core_product() {
     };
     b.set_gemv_tc(true);
     let mut rng = Rng::new(11);
+    let sms = b.device_info().sms;
     for &(m, k, n) in &[
         (5usize, 1024usize, 3000usize),
         (8, 4096, 1000),
@@ -265,7 +266,6 @@ fn skinny_tensor_core_product() {
     ] {
         // The case reaches the kernel (and the plans cover NT 1 and 2, RG 1 and 2 on a
         // 132-SM card), not a fallback.
-        let sms = b.device_info().sms;
         assert!(
             dayone_cuda::gemv_tc_plan(m, n, k, sms).is_some(),
             "[{m},{k}]x[{n},{k}] does not take the tensor-core product"
